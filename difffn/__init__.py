@@ -1,0 +1,26 @@
+"""difffn: MATLAB Deep Learning Toolbox's custom-layer machinery, on JAX.
+
+This module only re-exports; each concept lives in one private module.
+"""
+
+from ._errors import AccelerationError as AccelerationError
+from ._errors import BackwardError as BackwardError
+from ._errors import CheckError as CheckError
+from ._errors import DifferentiableFunctionError as DifferentiableFunctionError
+from ._errors import Error as Error
+from ._errors import FormatError as FormatError
+from ._errors import ForwardError as ForwardError
+from ._errors import ForwardModeError as ForwardModeError
+from ._errors import LayerError as LayerError
+from ._errors import NetworkError as NetworkError
+from ._errors import OptionsError as OptionsError
+from ._errors import SerializationError as SerializationError
+from ._format import FormattedArray as FormattedArray
+from ._format import Layout as Layout
+from ._format import dims as dims
+from ._format import dlarray as dlarray
+from ._format import finddim as finddim
+from ._format import permute as permute
+from ._format import stripdims as stripdims
+
+__version__ = "0.1.0"

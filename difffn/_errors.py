@@ -1,0 +1,64 @@
+"""The difffn exception family.
+
+Every error difffn raises for a user's mistake is a subclass of :class:`Error`. Each also derives
+from the built-in exception a Python user would expect (``ValueError`` for a bad value,
+``TypeError`` for a bad type), so ``except ValueError`` keeps working.
+
+Messages follow one shape: *who* (the user's class, method, argument or parameter path), *what*
+was expected and what was got, and *how to fix it*.
+"""
+
+from __future__ import annotations
+
+
+class Error(Exception):
+    """Base class of every error difffn raises for a user's mistake."""
+
+
+class FormatError(Error, ValueError):
+    """A format string or a formatted array is not valid for the operation."""
+
+
+class DifferentiableFunctionError(Error, TypeError):
+    """A :class:`~difffn.DifferentiableFunction` subclass is defined or called incorrectly."""
+
+
+class ForwardError(Error, ValueError):
+    """A user ``forward``/``predict`` returned the wrong number or kind of values."""
+
+
+class BackwardError(Error, ValueError):
+    """A user ``backward`` returned the wrong number, shape or dtype of gradients."""
+
+
+class ForwardModeError(Error, TypeError):
+    """Forward-mode differentiation (``jax.jvp``, ``jax.jacfwd``) of an operation without ``jvp``."""
+
+
+class LayerError(Error, TypeError):
+    """A :class:`~difffn.Layer` subclass is defined or used incorrectly."""
+
+
+class AccelerationError(Error, TypeError):
+    """A layer cannot be traced (compiled) because of Python control flow on values."""
+
+
+class NetworkError(Error, ValueError):
+    """A :class:`~difffn.Network` is built or called incorrectly."""
+
+
+class OptionsError(Error, ValueError):
+    """A training option has an unknown name or a bad value."""
+
+
+class SerializationError(Error, ValueError):
+    """A file could not be saved or loaded safely."""
+
+
+class CheckError(Error, ValueError):
+    """``check_layer``/``check_function`` was called with arguments it cannot use."""
+
+
+def type_name(obj: object) -> str:
+    """The name of ``obj``'s class, for messages (``'SReLUFunction'``)."""
+    return type(obj).__name__
