@@ -22,5 +22,6 @@ from ._format import dlarray as dlarray
 from ._format import finddim as finddim
 from ._format import permute as permute
 from ._format import stripdims as stripdims
+from ._function import DifferentiableFunction as DifferentiableFunction
 
 __version__ = "0.1.0"

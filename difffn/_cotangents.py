@@ -1,0 +1,162 @@
+"""What a user backward hands back, made safe: shared by functions and layers.
+
+``jax.custom_vjp`` accepts a gradient of the wrong shape or dtype without a word, and inside
+``shard_map`` it rejects the (correct) cotangent of a replicated input because that cotangent
+varies over the mesh axes. Everything here runs at trace time, on abstract values, so the checks
+cost nothing when the compiled code runs.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax.custom_derivatives import SymbolicZero
+
+from ._errors import BackwardError
+
+try:  # the internal zero type that JAX's newer custom_vjp hands to rules
+    from jax._src.ad_util import Zero as _InternalZero
+except ImportError:  # pragma: no cover - depends on the JAX version
+    _InternalZero = SymbolicZero
+
+
+@jax.tree_util.register_static
+@dataclass(frozen=True)
+class Static:
+    """A hashable value carried through JAX as pytree structure, never as an array leaf."""
+
+    value: Any
+
+
+@dataclass(frozen=True)
+class Spec:
+    """Shape, dtype and mesh-axis variance of a value, recorded at trace time."""
+
+    shape: tuple[int, ...]
+    dtype: np.dtype
+    vma: frozenset[str]
+
+    @classmethod
+    def of(cls, x) -> Spec:
+        aval = jax.typeof(x)
+        return cls(tuple(aval.shape), np.dtype(aval.dtype), varying_axes(aval))
+
+    @property
+    def differentiable(self) -> bool:
+        return jnp.issubdtype(self.dtype, jnp.inexact)
+
+    def describe(self) -> str:
+        return f"shape {self.shape} and dtype {self.dtype}"
+
+
+def varying_axes(value_or_aval) -> frozenset[str]:
+    """The manual mesh axes (``shard_map``) over which a value varies; empty outside."""
+    aval = value_or_aval if isinstance(value_or_aval, jax.core.AbstractValue) else jax.typeof(
+        value_or_aval
+    )
+    vma = getattr(aval, "vma", None)
+    if vma is None:
+        vma = getattr(getattr(aval, "mat", None), "varying", frozenset())
+    return frozenset(vma)
+
+
+def is_symbolic_zero(ct) -> bool:
+    """True for JAX's symbolic zero cotangents (public and internal kinds)."""
+    return isinstance(ct, (SymbolicZero, _InternalZero))
+
+
+def instantiate(ct, spec: Spec):
+    """A real array for a cotangent that may be a symbolic zero."""
+    if is_symbolic_zero(ct):
+        return jnp.zeros(spec.shape, spec.dtype)
+    return ct
+
+
+def sum_to_variance(ct, spec: Spec):
+    """Sum a cotangent over the mesh axes its primal does not vary over.
+
+    Inside ``shard_map``, a replicated input used with sharded data gets a cotangent that varies
+    per device; its true cotangent is the sum over those devices (the transpose of JAX's implicit
+    ``pvary``). A user backward should never have to know this.
+    """
+    extra = varying_axes(ct) - spec.vma
+    if extra:
+        ct = jax.lax.psum(ct, tuple(sorted(extra)))
+    return ct
+
+
+def check_gradient(grad, spec: Spec, *, who: str, what: str, required: bool):
+    """Validate one gradient a user backward returned; return it ready for JAX (or ``None``).
+
+    Args:
+      grad: what the user returned (an array, ``None``, or something else).
+      spec: the primal value's shape and dtype.
+      who: ``"SReLUFunction.backward"``, for messages.
+      what: ``"the gradient of input 'tl' (2 of 5)"``, for messages.
+      required: whether JAX needs this gradient (the compute_gradients flag).
+    """
+    if not spec.differentiable:
+        if grad is not None:
+            raise BackwardError(
+                f"{who} returned {what}, but that value has integer/boolean dtype "
+                f"{spec.dtype} and cannot be differentiated; expected None. Fix: return None "
+                "for that position."
+            )
+        return None
+    if grad is None:
+        if required:
+            raise BackwardError(
+                f"{who} returned None for {what}, but compute_gradients is True for it: a JAX "
+                "transformation differentiates this value. Expected an array with "
+                f"{spec.describe()}. Fix: return its gradient (zeros if it truly has none)."
+            )
+        return None
+    if not required:
+        return None  # JAX discards it anyway; keeping it would only cost memory.
+    if not isinstance(grad, (jax.Array, np.ndarray, np.generic)):
+        raise BackwardError(
+            f"{who} returned a {type(grad).__name__} as {what}; expected an array with "
+            f"{spec.describe()}. Fix: return a jax array (or None where not needed)."
+        )
+    got = Spec.of(grad)
+    if got.shape != spec.shape or got.dtype != spec.dtype:
+        if got.shape != spec.shape:
+            fix = (
+                "Fix: reduce over the axes that were broadcast in forward "
+                "(e.g. jnp.sum(..., axis=..., keepdims=True)) or reshape, so the gradient has "
+                "the shape of the value it belongs to."
+            )
+        else:
+            fix = "Fix: cast it, e.g. grad.astype(x.dtype), or keep the computation in that dtype."
+        raise BackwardError(
+            f"{who} returned {what} with {got.describe()}; expected "
+            f"{spec.describe()} (the gradient must match the value it belongs to). {fix}"
+        )
+    return sum_to_variance(jnp.asarray(grad), spec)
+
+
+def normalize_returns(result, count: int, *, who: str, names: Sequence[str]) -> tuple:
+    """Turn what a user backward returned into a tuple of ``count`` entries, or raise."""
+    if count == 1 and not isinstance(result, (tuple, list)):
+        return (result,)
+    if not isinstance(result, (tuple, list)):
+        raise BackwardError(
+            f"{who} returned a single {type(result).__name__}; expected a tuple of {count} "
+            f"gradients, one per {_listing(names)}, in that order (None where not needed)."
+        )
+    if len(result) != count:
+        raise BackwardError(
+            f"{who} returned {len(result)} gradients; expected {count}, one per "
+            f"{_listing(names)}, in that order. Fix: return None for a gradient that is not "
+            "needed rather than leaving it out."
+        )
+    return tuple(result)
+
+
+def _listing(names: Sequence[str]) -> str:
+    return "value (" + ", ".join(names) + ")"
