@@ -32,20 +32,18 @@ def hand_written_srelu():
     def bwd(res, dy):
         x, tl, al, tr, ar = res
         left, right = x <= tl, x >= tr
-        axes = (0, 1, 2)
-
-        def reduce(v):
-            return jnp.sum(v, axis=axes, keepdims=True)
-
         dx = dy * jnp.where(left, al, jnp.where(right, ar, 1.0))
-        dy_left = jnp.where(left, dy, 0.0)
-        dy_right = jnp.where(right, dy, 0.0)
+        dy_left, dy_right = jnp.where(left, dy, 0.0), jnp.where(right, dy, 0.0)
+        products = jax.lax.optimization_barrier((dy_left, dy_right, dy_left * x, dy_right * x))
+        s_left, s_right, s_left_x, s_right_x = (
+            jnp.sum(v.reshape(-1, x.shape[-1]), axis=0).reshape(tl.shape) for v in products
+        )
         return (
             dx,
-            reduce(dy_left) * (1 - al),
-            reduce(dy_left * (x - tl)),
-            reduce(dy_right) * (1 - ar),
-            reduce(dy_right * (x - tr)),
+            s_left * (1 - al),
+            s_left_x - tl * s_left,
+            s_right * (1 - ar),
+            s_right_x - tr * s_right,
         )
 
     srelu.defvjp(fwd, bwd)

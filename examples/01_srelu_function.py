@@ -43,21 +43,35 @@ class SReLUFunction(df.DifferentiableFunction):
         return jnp.where(x <= tl, tl + al * (x - tl), jnp.where(x >= tr, tr + ar * (x - tr), x))
 
     def backward(self, dy, compute_gradients, x, tl, al, tr, ar):
-        left, right = x <= tl, x >= tr
-        # Parameters are broadcast over every axis except C: their gradients sum over those.
-        axes = tuple(i for i, label in enumerate(self.fmt) if label != "C")
-
-        def reduce(v):
-            return jnp.sum(v, axis=axes, keepdims=True)
-
         grad_x, grad_tl, grad_al, grad_tr, grad_ar = compute_gradients
+        left, right = x <= tl, x >= tr
         dx = dy * jnp.where(left, al, jnp.where(right, ar, 1.0)) if grad_x else None
-        dy_left = jnp.where(left, dy, 0.0)
-        dy_right = jnp.where(right, dy, 0.0)
-        dtl = reduce(dy_left) * (1 - al) if grad_tl else None
-        dal = reduce(dy_left * (x - tl)) if grad_al else None
-        dtr = reduce(dy_right) * (1 - ar) if grad_tr else None
-        dar = reduce(dy_right * (x - tr)) if grad_ar else None
+        if not (grad_tl or grad_al or grad_tr or grad_ar):
+            return dx, None, None, None, None
+
+        # The parameters are broadcast over every axis but C, so their gradients are sums over
+        # those axes. Two details make these sums about twice as fast as autodiff's on CPU:
+        # - four sums (masked dL/dY left and right, and the same times x); the (x - t) terms
+        #   follow algebraically: sum(dyl * (x - tl)) = sum(dyl * x) - tl * sum(dyl);
+        # - the products are materialized (optimization_barrier) and summed as (N, C) columns,
+        #   which XLA's CPU backend reduces far faster than a reduction fused with its producer.
+        c_axis = self.fmt.index("C")
+        channels = x.shape[c_axis]
+
+        def columns(v):  # (..., C) with C last, flattened to (N, C)
+            return jnp.moveaxis(v, c_axis, -1).reshape(-1, channels)
+
+        dy_left, dy_right = jnp.where(left, dy, 0.0), jnp.where(right, dy, 0.0)
+        products = jax.lax.optimization_barrier((dy_left, dy_right, dy_left * x, dy_right * x))
+        s_left, s_right, s_left_x, s_right_x = (jnp.sum(columns(v), axis=0) for v in products)
+
+        def param_shaped(v):  # back to the parameters' shape: size 1 except on C
+            return v.reshape(tl.shape)
+
+        dtl = param_shaped(s_left) * (1 - al) if grad_tl else None
+        dal = param_shaped(s_left_x) - tl * param_shaped(s_left) if grad_al else None
+        dtr = param_shaped(s_right) * (1 - ar) if grad_tr else None
+        dar = param_shaped(s_right_x) - tr * param_shaped(s_right) if grad_ar else None
         return dx, dtl, dal, dtr, dar
 
 
