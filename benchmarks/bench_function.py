@@ -68,7 +68,8 @@ def run(*, quick: bool = False) -> None:
         copy = jax.jit(lambda x: x + 0)  # a real read and write; `lambda x: x` would alias
         forward = {n: jax.jit(f) for n, f in implementations.items()}
         grad_all = {
-            n: jax.jit(lambda x, p, dy, f=f: jax.vjp(f, x, *p)[1](dy)) for n, f in implementations.items()
+            n: jax.jit(lambda x, p, dy, f=f: jax.vjp(f, x, *p)[1](dy))
+            for n, f in implementations.items()
         }
         grad_params = {
             n: jax.jit(lambda x, p, dy, f=f: jax.vjp(lambda *p: f(x, *p), *p)[1](dy))

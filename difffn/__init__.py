@@ -23,5 +23,9 @@ from ._format import finddim as finddim
 from ._format import permute as permute
 from ._format import stripdims as stripdims
 from ._function import DifferentiableFunction as DifferentiableFunction
+from ._layer import InputLayer as InputLayer
+from ._layer import Layer as Layer
+from ._layer import learnable as learnable
+from ._layer import state as state
 
 __version__ = "0.1.0"

@@ -56,8 +56,10 @@ class Spec:
 
 def varying_axes(value_or_aval) -> frozenset[str]:
     """The manual mesh axes (``shard_map``) over which a value varies; empty outside."""
-    aval = value_or_aval if isinstance(value_or_aval, jax.core.AbstractValue) else jax.typeof(
+    aval = (
         value_or_aval
+        if isinstance(value_or_aval, jax.core.AbstractValue)
+        else jax.typeof(value_or_aval)
     )
     vma = getattr(aval, "vma", None)
     if vma is None:

@@ -313,9 +313,7 @@ def run_backward(fcn, residuals, output_cotangents):
     if all(ct.is_symbolic_zero(c) for c in output_cotangents) or not any(compute_gradients):
         return (None,) * n_in
     cotangents = tuple(ct.instantiate(c, s) for c, s in zip(output_cotangents, out_specs))
-    result = fcn.backward(
-        *cotangents, compute_gradients, *saved_inputs, *saved_outputs, *memory
-    )
+    result = fcn.backward(*cotangents, compute_gradients, *saved_inputs, *saved_outputs, *memory)
     who = f"{cls.__name__}.backward"
     grads = ct.normalize_returns(result, n_in, who=who, names=_input_names(cls, n_in))
     return tuple(
@@ -363,4 +361,3 @@ def _custom_vjp_implementation(fcn: DifferentiableFunction):
     call.defvjp(fwd, bwd, symbolic_zeros=True)
     call.__name__ = call.__qualname__ = type(fcn).__name__
     return call
-

@@ -104,7 +104,9 @@ def check_gradients(key) -> float:
         def loss(fn):
             return lambda *a: jnp.sum(fn(*a) * upstream)
 
-        custom = jax.grad(loss(lambda *a: df.stripdims(srelu(df.dlarray(a[0], "BSSC"), *a[1:]))), argnums=range(5))(*args)
+        custom = jax.grad(
+            loss(lambda *a: df.stripdims(srelu(df.dlarray(a[0], "BSSC"), *a[1:]))), argnums=range(5)
+        )(*args)
         reference = jax.grad(loss(srelu_plain), argnums=range(5))(*args)
         errors = [
             float(jnp.max(jnp.abs(c - r)) / (jnp.max(jnp.abs(r)) + 1e-30))
@@ -157,7 +159,9 @@ def main(argv=None) -> None:
 
     steps, batch = (30, 8) if args.small else (300, 64)
     first, last = fit(key, steps=steps, batch=batch)
-    print(f"Fitting the parameters with a jitted step: loss {first:.4f} -> {last:.4f} ({steps} steps)")
+    print(
+        f"Fitting the parameters with a jitted step: loss {first:.4f} -> {last:.4f} ({steps} steps)"
+    )
     assert np.isfinite(last) and last < first, "the loss did not decrease"
 
 

@@ -41,7 +41,9 @@ def assert_tree_allclose(a, b, *, rtol=1e-6, atol=1e-6) -> None:
         np.testing.assert_allclose(x, y, rtol=rtol, atol=atol, err_msg=where)
 
 
-def run_python(code_or_path, *args, env=None, timeout=600, devices=None) -> subprocess.CompletedProcess:
+def run_python(
+    code_or_path, *args, env=None, timeout=600, devices=None
+) -> subprocess.CompletedProcess:
     """Run Python in a fresh subprocess (x64 off, as a user would) and return the result.
 
     ``devices`` forces that many host (CPU) devices through ``XLA_FLAGS``.

@@ -130,9 +130,7 @@ TRANSFORMS = {
     "grad(grad)": lambda f, a: jax.grad(
         lambda x: jnp.sum(jnp.tanh(jax.grad(loss_of(f), 1)(x, *a[1:])))
     )(a[0]),
-    "jacrev": lambda f, a: jax.jacrev(lambda tl: f(a[0][:1], tl, *a[2:]).sum(axis=(0, 1, 2)))(
-        a[1]
-    ),
+    "jacrev": lambda f, a: jax.jacrev(lambda tl: f(a[0][:1], tl, *a[2:]).sum(axis=(0, 1, 2)))(a[1]),
     "checkpoint": lambda f, a: jax.grad(jax.checkpoint(loss_of(f)), ALL)(*a),
     "checkpoint(nothing_saveable)": lambda f, a: jax.grad(
         jax.checkpoint(loss_of(f), policy=jax.checkpoint_policies.nothing_saveable), ALL
@@ -141,9 +139,9 @@ TRANSFORMS = {
         jax.checkpoint(loss_of(f), policy=jax.checkpoint_policies.everything_saveable), ALL
     )(*a),
     "scan": lambda f, a: jax.grad(
-        lambda *b: jax.lax.scan(lambda c, xi: (c + jnp.sum(f(xi[None], *b[1:]) ** 2), None), 0.0, b[0])[
-            0
-        ],
+        lambda *b: jax.lax.scan(
+            lambda c, xi: (c + jnp.sum(f(xi[None], *b[1:]) ** 2), None), 0.0, b[0]
+        )[0],
         ALL,
     )(*a),
     "cond": lambda f, a: jax.grad(
@@ -218,7 +216,9 @@ def test_parameter_only_gradient_never_computes_input_gradient(key):
         (False, False, 0, []),
     ],
 )
-def test_residuals_are_exactly_what_is_saved(save_inputs, save_outputs, num_memory, expected_shapes):
+def test_residuals_are_exactly_what_is_saved(
+    save_inputs, save_outputs, num_memory, expected_shapes
+):
     class Op(df.DifferentiableFunction):
         save_inputs_for_backward = save_inputs
         save_outputs_for_backward = save_outputs
@@ -240,7 +240,7 @@ def test_unused_output_cotangent_arrives_as_real_zeros():
     x = jnp.linspace(-1.0, 1.0, 4)
     g = jax.grad(lambda x: jnp.sum(SinCos()(x)[0]))(x)
     np.testing.assert_allclose(g, jnp.cos(x), rtol=1e-6)
-    (dsin, dcos), = SinCos.calls
+    ((dsin, dcos),) = SinCos.calls
     assert isinstance(dcos, jax.Array) and dcos.shape == (4,) and dcos.dtype == jnp.float32
     np.testing.assert_array_equal(dcos, 0.0)
 
@@ -293,7 +293,9 @@ def test_variadic_forward_and_integer_input():
 
 def test_forward_mode_without_jvp_names_the_class(key):
     args = srelu_args(key, jnp.float32)
-    with pytest.raises(df.ForwardModeError, match=r"SReLU was differentiated in forward mode.*define SReLU\.jvp"):
+    with pytest.raises(
+        df.ForwardModeError, match=r"SReLU was differentiated in forward mode.*define SReLU\.jvp"
+    ):
         jax.jvp(SReLU("BSSC"), args, args)
     with pytest.raises(df.ForwardModeError, match="SReLU"):
         jax.jacfwd(SReLU("BSSC"))(*args)
@@ -305,7 +307,10 @@ def test_forward_mode_without_jvp_names_the_class(key):
         ("jvp", lambda f, x, w: jax.jvp(lambda x: f(x, w), (x,), (jnp.cos(x),))),
         ("jit(jvp)", lambda f, x, w: jax.jit(lambda x: jax.jvp(lambda x: f(x, w), (x,), (x,)))(x)),
         ("jacfwd", lambda f, x, w: jax.jacfwd(f, (0, 1))(x, w)),
-        ("vmap(jvp)", lambda f, x, w: jax.vmap(lambda x: jax.jvp(lambda x: f(x, w), (x,), (x,)))(x)),
+        (
+            "vmap(jvp)",
+            lambda f, x, w: jax.vmap(lambda x: jax.jvp(lambda x: f(x, w), (x,), (x,)))(x),
+        ),
         ("hessian", lambda f, x, w: jax.hessian(lambda x, w: jnp.sum(f(x, w) ** 2), (0, 1))(x, w)),
     ],
 )
@@ -329,13 +334,25 @@ def test_jvp_classes_still_use_backward_in_reverse_mode():
 def test_jvp_classes_compose_with_reverse_transformations(name, x64):
     x, w = jnp.linspace(-1.0, 1.0, 5), jnp.array(1.5)
     transforms = {
-        "grad(grad)": lambda f: jax.grad(lambda x: jnp.sum(jax.grad(lambda x: jnp.sum(f(x, w) ** 2))(x) ** 2))(x),
-        "vmap(grad)": lambda f: jax.vmap(jax.grad(lambda x, w: jnp.sum(f(x, w) ** 2), 1), (0, None))(x, w),
-        "scan": lambda f: jax.grad(lambda w: jax.lax.scan(lambda c, xi: (c + f(xi, w), None), 0.0, x)[0])(w),
-        "checkpoint": lambda f: jax.grad(jax.checkpoint(lambda x, w: jnp.sum(f(x, w) ** 2)), (0, 1))(x, w),
-        "cond": lambda f: jax.grad(lambda w: jax.lax.cond(w > 0, lambda w: jnp.sum(f(x, w)), lambda w: w, w))(w),
+        "grad(grad)": lambda f: jax.grad(
+            lambda x: jnp.sum(jax.grad(lambda x: jnp.sum(f(x, w) ** 2))(x) ** 2)
+        )(x),
+        "vmap(grad)": lambda f: jax.vmap(
+            jax.grad(lambda x, w: jnp.sum(f(x, w) ** 2), 1), (0, None)
+        )(x, w),
+        "scan": lambda f: jax.grad(
+            lambda w: jax.lax.scan(lambda c, xi: (c + f(xi, w), None), 0.0, x)[0]
+        )(w),
+        "checkpoint": lambda f: jax.grad(
+            jax.checkpoint(lambda x, w: jnp.sum(f(x, w) ** 2)), (0, 1)
+        )(x, w),
+        "cond": lambda f: jax.grad(
+            lambda w: jax.lax.cond(w > 0, lambda w: jnp.sum(f(x, w)), lambda w: w, w)
+        )(w),
     }
-    assert_tree_allclose(transforms[name](ScaleJVP()), transforms[name](scale_reference), rtol=1e-12)
+    assert_tree_allclose(
+        transforms[name](ScaleJVP()), transforms[name](scale_reference), rtol=1e-12
+    )
 
 
 # --------------------------------------------------------------------------------------------
@@ -355,7 +372,9 @@ def test_formatted_inputs_are_stripped_and_outputs_plain(key):
 
     x = df.dlarray(jax.random.normal(key, (2, 3)), "BC")
     y = Probe()(x)
-    assert seen and all(isinstance(v, jax.Array) and not isinstance(v, df.FormattedArray) for v in seen)
+    assert seen and all(
+        isinstance(v, jax.Array) and not isinstance(v, df.FormattedArray) for v in seen
+    )
     assert isinstance(y, jax.Array) and not isinstance(y, df.FormattedArray)
 
 
@@ -448,7 +467,9 @@ def test_gradient_for_integer_input_is_an_error():
         def backward(self, dy, cg):
             return 2 * dy, jnp.zeros(())
 
-    with pytest.raises(df.BackwardError, match=r"input 'i' \(2 of 2\).*integer/boolean dtype int32.*expected None"):
+    with pytest.raises(
+        df.BackwardError, match=r"input 'i' \(2 of 2\).*integer/boolean dtype int32.*expected None"
+    ):
         jax.grad(lambda x: jnp.sum(Indexed()(x, jnp.array(1))))(jnp.ones(2))
 
 
@@ -457,7 +478,10 @@ def test_missing_required_gradient_is_an_error(key):
         def backward(self, *a):
             return (None,) + tuple(super().backward(*a)[1:])
 
-    with pytest.raises(df.BackwardError, match=r"Lazy\.backward returned None for the gradient of input 'x'.*compute_gradients is True"):
+    with pytest.raises(
+        df.BackwardError,
+        match=r"Lazy\.backward returned None for the gradient of input 'x'.*compute_gradients is True",
+    ):
         _grad_all(Lazy("BSSC"), srelu_args(key, jnp.float32))
 
 
@@ -480,7 +504,10 @@ def test_forward_returning_wrong_number_of_values():
 
 
 def test_unhashable_attribute_is_an_error(key):
-    with pytest.raises(df.DifferentiableFunctionError, match=r"SReLU attribute 'fmt' holds an unhashable list.*use a tuple"):
+    with pytest.raises(
+        df.DifferentiableFunctionError,
+        match=r"SReLU attribute 'fmt' holds an unhashable list.*use a tuple",
+    ):
         SReLU(["B", "C"])(*srelu_args(key, jnp.float32))
 
 
@@ -493,7 +520,9 @@ def test_unhashable_attribute_is_an_error(key):
     ],
 )
 def test_bad_class_attribute_fails_at_definition(attribute, value, expected):
-    with pytest.raises(df.DifferentiableFunctionError, match=rf"Bad\.{attribute} is .*; expected {expected}"):
+    with pytest.raises(
+        df.DifferentiableFunctionError, match=rf"Bad\.{attribute} is .*; expected {expected}"
+    ):
         type("Bad", (df.DifferentiableFunction,), {attribute: value})
 
 
@@ -508,16 +537,26 @@ def test_missing_backward_is_an_error():
 
 def test_wrong_input_count_and_keywords_are_errors(key):
     args = srelu_args(key, jnp.float32)
-    with pytest.raises(df.DifferentiableFunctionError, match=r"called with 3 inputs; its forward takes 5 \(x, tl, al, tr, ar\)"):
+    with pytest.raises(
+        df.DifferentiableFunctionError,
+        match=r"called with 3 inputs; its forward takes 5 \(x, tl, al, tr, ar\)",
+    ):
         SReLU("BSSC")(*args[:3])
     with pytest.raises(df.DifferentiableFunctionError, match=r"keyword arguments \['x'\]"):
         SReLU("BSSC")(x=args[0])
-    with pytest.raises(df.DifferentiableFunctionError, match="input 1 is a dict; expected an array"):
+    with pytest.raises(
+        df.DifferentiableFunctionError, match="input 1 is a dict; expected an array"
+    ):
         SReLU("BSSC")({"x": 1}, *args[1:])
 
 
 def test_errors_are_in_the_difffn_family():
-    for error in (df.BackwardError, df.ForwardError, df.ForwardModeError, df.DifferentiableFunctionError):
+    for error in (
+        df.BackwardError,
+        df.ForwardError,
+        df.ForwardModeError,
+        df.DifferentiableFunctionError,
+    ):
         assert issubclass(error, df.Error)
 
 
