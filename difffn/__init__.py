@@ -3,6 +3,7 @@
 This module only re-exports; each concept lives in one private module.
 """
 
+from ._cache import RetraceWarning as RetraceWarning
 from ._errors import AccelerationError as AccelerationError
 from ._errors import BackwardError as BackwardError
 from ._errors import CheckError as CheckError
@@ -15,6 +16,10 @@ from ._errors import LayerError as LayerError
 from ._errors import NetworkError as NetworkError
 from ._errors import OptionsError as OptionsError
 from ._errors import SerializationError as SerializationError
+from ._factors import get_l2_factor as get_l2_factor
+from ._factors import get_learn_rate_factor as get_learn_rate_factor
+from ._factors import set_l2_factor as set_l2_factor
+from ._factors import set_learn_rate_factor as set_learn_rate_factor
 from ._format import FormattedArray as FormattedArray
 from ._format import Layout as Layout
 from ._format import dims as dims
@@ -27,5 +32,7 @@ from ._layer import InputLayer as InputLayer
 from ._layer import Layer as Layer
 from ._layer import learnable as learnable
 from ._layer import state as state
+from ._network import Network as Network
+from ._table import ParameterTable as ParameterTable
 
 __version__ = "0.1.0"

@@ -1,0 +1,97 @@
+"""A bounded cache of compiled functions, keyed on an input signature (shape, format, dtype).
+
+MATLAB caches one trace per (size, format, underlying type) of a layer's inputs; difffn does the
+same for whole networks. Each entry is its own ``jax.jit`` object, so evicting the least recently
+used entry really frees its compiled code. Networks with the same structure share one cache.
+"""
+
+from __future__ import annotations
+
+import warnings
+from collections import OrderedDict
+from collections.abc import Callable, Hashable
+from typing import Any, NamedTuple
+
+import jax
+
+from ._format import FormattedArray
+
+DEFAULT_MAXSIZE = 50
+RETRACE_WARNING_AT = 10
+
+
+class RetraceWarning(UserWarning):
+    """A network keeps compiling new traces because its input signatures keep changing."""
+
+
+class CacheInfo(NamedTuple):
+    hits: int
+    misses: int
+    entries: int
+    maxsize: int
+
+
+def signature(value) -> Hashable:
+    """What a compiled trace depends on: shape, dtype and format of every array."""
+    leaves, tree = jax.tree.flatten(value)
+    parts = []
+    for leaf in leaves:
+        aval = jax.typeof(leaf) if not isinstance(leaf, (int, float, bool)) else None
+        if aval is None:
+            parts.append((type(leaf).__name__,))
+        else:
+            parts.append((tuple(aval.shape), str(aval.dtype), bool(getattr(aval, "weak_type", 0))))
+    return tree, tuple(parts)
+
+
+def describe_signature(value) -> str:
+    leaves = jax.tree.leaves(value, is_leaf=lambda x: isinstance(x, FormattedArray))
+    out = []
+    for x in leaves:
+        fmt = f":{x.format}" if isinstance(x, FormattedArray) else ""
+        out.append(f"{jax.numpy.result_type(x).name}{list(jax.numpy.shape(x))}{fmt}")
+    return ", ".join(out)
+
+
+class CompileCache:
+    """LRU of compiled callables with hit/miss statistics and a retrace warning."""
+
+    def __init__(self, owner: str, maxsize: int = DEFAULT_MAXSIZE):
+        self.owner = owner
+        self.maxsize = maxsize
+        self.hits = 0
+        self.misses = 0
+        self._entries: OrderedDict[Hashable, Any] = OrderedDict()
+        self._warned = False
+
+    def get(self, key: Hashable, build: Callable[[], Any], describe: Callable[[], str]):
+        entry = self._entries.get(key)
+        if entry is not None:
+            self.hits += 1
+            self._entries.move_to_end(key)
+            return entry
+        self.misses += 1
+        entry = build()
+        self._entries[key] = entry
+        while len(self._entries) > self.maxsize:
+            self._entries.popitem(last=False)
+        if self.misses >= RETRACE_WARNING_AT and not self._warned:
+            self._warned = True
+            warnings.warn(
+                f"{self.owner} has compiled {self.misses} traces (cache holds "
+                f"{len(self._entries)} of at most {self.maxsize}); each new input signature "
+                f"(shape, format, dtype) costs a trace and a compilation. Latest: "
+                f"{describe()}. If sizes vary from call to call (e.g. sequence lengths), pad "
+                "them to a few fixed sizes, or call with acceleration='none'.",
+                RetraceWarning,
+                stacklevel=4,
+            )
+        return entry
+
+    def info(self) -> CacheInfo:
+        return CacheInfo(self.hits, self.misses, len(self._entries), self.maxsize)
+
+    def clear(self) -> None:
+        self._entries.clear()
+        self.hits = self.misses = 0
+        self._warned = False
