@@ -118,8 +118,6 @@ def check_gradient(grad, spec: Spec, *, who: str, what: str, required: bool):
                 f"{spec.describe()}. Fix: return its gradient (zeros if it truly has none)."
             )
         return None
-    if not required:
-        return None  # JAX discards it anyway; keeping it would only cost memory.
     if not isinstance(grad, (jax.Array, np.ndarray, np.generic)):
         raise BackwardError(
             f"{who} returned a {type(grad).__name__} as {what}; expected an array with "
@@ -139,6 +137,8 @@ def check_gradient(grad, spec: Spec, *, who: str, what: str, required: bool):
             f"{who} returned {what} with {got.describe()}; expected "
             f"{spec.describe()} (the gradient must match the value it belongs to). {fix}"
         )
+    if not required:
+        return None  # checked, but JAX discards it anyway; keeping it would only cost memory
     return sum_to_variance(jnp.asarray(grad), spec)
 
 
