@@ -85,9 +85,26 @@ class Network(NetworkBase):
         self._token = _Token((graph, layouts, tuple(jax.tree.structure(lyr) for lyr in layers)))
 
     def _rebuild(self, layers: Sequence[Layer]) -> Network:
-        """The same graph with other layers (static configuration may have changed)."""
+        """The same graph with other layers.
+
+        When no layer's structure changed (only parameter values did), the new network keeps
+        the structure token, and with it the compiled-trace cache.
+        """
+        layers = tuple(layers)
         new = object.__new__(Network)
-        new._set(tuple(layers), self._graph, self._layouts)
+        same = all(
+            a is b or jax.tree.structure(a) == jax.tree.structure(b)
+            for a, b in zip(layers, self._layers)
+        )
+        if same:
+            new._layers, new._graph, new._layouts, new._token = (
+                layers,
+                self._graph,
+                self._layouts,
+                self._token,
+            )
+        else:
+            new._set(layers, self._graph, self._layouts)
         return new
 
     # -- pytree ------------------------------------------------------------------------------
@@ -525,7 +542,7 @@ def _propagate(net: Network, input_layouts, key, *, abstract: bool) -> Network:
         )
         layer_key = jax.random.fold_in(key, i) if key is not None else jax.random.key(0)
         try:
-            if abstract:
+            if abstract and layer.acceleratable:
                 layer = jax.eval_shape(lambda lyr=layer, k=layer_key: lyr.initialize(*ins, key=k))
             else:
                 layer = layer.initialize(*ins, key=layer_key)
@@ -537,6 +554,15 @@ def _propagate(net: Network, input_layouts, key, *, abstract: bool) -> Network:
                 )
             if isinstance(layer, InputLayer):
                 outs = (ins[0],)
+            elif not layer.acceleratable:
+                # It cannot be traced: run it on placeholder data to learn its output sizes.
+                xs = tuple(
+                    dlarray(jnp.zeros(_concrete(lo), dtype), lo.format)
+                    if lo.format
+                    else jnp.zeros(_concrete(lo), dtype)
+                    for lo in ins
+                )
+                outs = tuple(_output_layout(v, unknown) for v in call_layer(layer, xs)[0])
             else:
                 fmts = tuple(lo.format for lo in ins)
                 values = jax.eval_shape(

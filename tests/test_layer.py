@@ -137,7 +137,9 @@ def image(key, shape=(2, 3, 3, 4), dtype=jnp.float32):
 
 
 def init(layer, layout_shape=(None, 3, 3, 4), fmt="BSSC", key=None):
-    return layer.initialize(df.Layout(layout_shape, fmt), key=jax.random.key(1) if key is None else key)
+    return layer.initialize(
+        df.Layout(layout_shape, fmt), key=jax.random.key(1) if key is None else key
+    )
 
 
 # --------------------------------------------------------------------------------------------
@@ -158,7 +160,9 @@ def test_fields_are_classified_by_kind_and_value(key):
     leaves, tree = jax.tree.flatten(layer)
     assert len(leaves) == 3
     assert [jax.tree_util.keystr(p) for p, _ in jax.tree.flatten_with_path(layer)[0]] == [
-        ".w", ".s", ".table"
+        ".w",
+        ".s",
+        ".table",
     ]
     # static values are part of the structure: changing one changes the compiled trace's key
     assert jax.tree.structure(layer.replace(size=4)) != tree
@@ -169,7 +173,9 @@ def test_fields_are_classified_by_kind_and_value(key):
 
 def test_layers_are_immutable_and_replace_returns_a_new_layer():
     layer = PReLU(alpha=jnp.ones((1, 1, 1, 2)), name="p")
-    with pytest.raises(df.LayerError, match=r"PReLU is immutable.*layer = layer\.replace\(alpha=\.\.\.\)"):
+    with pytest.raises(
+        df.LayerError, match=r"PReLU is immutable.*layer = layer\.replace\(alpha=\.\.\.\)"
+    ):
         layer.alpha = jnp.zeros(2)
     new = layer.replace(alpha=jnp.zeros((1, 1, 1, 2)))
     assert new is not layer and float(layer.alpha.sum()) == 2.0
@@ -189,7 +195,9 @@ def test_unhashable_property_is_a_clear_error():
 
 
 def test_integer_learnable_is_a_clear_error():
-    with pytest.raises(df.LayerError, match=r"PReLU\.alpha is a learnable parameter but holds a int32"):
+    with pytest.raises(
+        df.LayerError, match=r"PReLU\.alpha is a learnable parameter but holds a int32"
+    ):
         PReLU(alpha=jnp.array([1, 2]))
 
 
@@ -211,7 +219,9 @@ def test_hand_written_init_sets_defaults_and_missing_fields_are_errors():
         def predict(self, x):
             return x
 
-    with pytest.raises(df.LayerError, match=r"NoDefault\.__init__ did not set field\(s\) \['size'\]"):
+    with pytest.raises(
+        df.LayerError, match=r"NoDefault\.__init__ did not set field\(s\) \['size'\]"
+    ):
         NoDefault()
 
 
@@ -237,7 +247,9 @@ def test_num_inputs_is_inferred_from_predict_and_names_follow():
 
 
 def test_inconsistent_ports_are_errors():
-    with pytest.raises(df.LayerError, match=r"num_outputs=3 but output_names=\('a', 'b'\) \(2 names\)"):
+    with pytest.raises(
+        df.LayerError, match=r"num_outputs=3 but output_names=\('a', 'b'\) \(2 names\)"
+    ):
         SplitWithMemory(num_outputs=3, output_names=("a", "b"))
     with pytest.raises(df.LayerError, match=r"predict takes 1 input\(s\) but num_inputs is 2"):
         PReLU(num_inputs=2)
@@ -274,7 +286,9 @@ def test_custom_backward_is_used_and_matches_autodiff(jit, key, x64):
     PReLU.calls.clear()
     g_layer, g_x = grad_fn(layer, x)
     assert PReLU.calls == ["backward"]
-    expected = jax.grad(lambda a, x: jnp.sum(prelu_reference(a, x) * upstream), (0, 1))(layer.alpha, x)
+    expected = jax.grad(lambda a, x: jnp.sum(prelu_reference(a, x) * upstream), (0, 1))(
+        layer.alpha, x
+    )
     assert_tree_allclose((g_layer.alpha, g_x), expected, rtol=1e-12)
     assert isinstance(g_layer, PReLU)
 
@@ -303,9 +317,9 @@ def test_memory_goes_from_forward_to_backward(key, x64):
         return jnp.sum(y1 * 2 + y2**2)
 
     got = jax.grad(loss, (0, 1))(layer, x)
-    expected = jax.grad(
-        lambda s, x: jnp.sum(jnp.sin(x) * s * 2 + (jnp.cos(x) * s) ** 2), (0, 1)
-    )(layer.scale, x)
+    expected = jax.grad(lambda s, x: jnp.sum(jnp.sin(x) * s * 2 + (jnp.cos(x) * s) ** 2), (0, 1))(
+        layer.scale, x
+    )
     assert_tree_allclose((got[0].scale, got[1]), expected, rtol=1e-12)
 
 
@@ -319,7 +333,9 @@ def test_state_outputs_and_their_gradients(key, x64):
 
     got = jax.grad(loss, (0, 1))(layer, x)
     expected = jax.grad(
-        lambda t, x: (lambda y, n: jnp.sum(jnp.sin(y)) + jnp.sum(n**2))(*accumulator_reference(t, x)),
+        lambda t, x: (lambda y, n: jnp.sum(jnp.sin(y)) + jnp.sum(n**2))(
+            *accumulator_reference(t, x)
+        ),
         (0, 1),
     )(layer.total, x)
     assert_tree_allclose((got[0].total, got[1]), expected, rtol=1e-12)
@@ -355,16 +371,27 @@ def test_forward_with_backward_must_return_memory():
         def forward(self, x):
             return self.predict(x)
 
-    with pytest.raises(df.ForwardError, match=r"returned 2 values; expected 3: 2 output\(s\), then a memory value"):
+    with pytest.raises(
+        df.ForwardError, match=r"returned 2 values; expected 3: 2 output\(s\), then a memory value"
+    ):
         call_layer(NoMemory(scale=1.0, num_outputs=2), (jnp.ones(2),), training=True)
 
 
 @pytest.mark.parametrize(
     "bad, message",
     [
-        (lambda dx, da: (dx,), r"returned 1 gradients; expected 2, one per value \(dLdin, dLdalpha\)"),
-        (lambda dx, da: (dx, jnp.sum(da)), r"returned the gradient of learnable 'alpha' \(2 of 2\) with shape \(\)"),
-        (lambda dx, da: (dx.astype(jnp.float16), da), r"returned the gradient of input 'in' \(1 of 2\) with shape \(2, 3, 3, 4\) and dtype float16"),
+        (
+            lambda dx, da: (dx,),
+            r"returned 1 gradients; expected 2, one per value \(dLdin, dLdalpha\)",
+        ),
+        (
+            lambda dx, da: (dx, jnp.sum(da)),
+            r"returned the gradient of learnable 'alpha' \(2 of 2\) with shape \(\)",
+        ),
+        (
+            lambda dx, da: (dx.astype(jnp.float16), da),
+            r"returned the gradient of input 'in' \(1 of 2\) with shape \(2, 3, 3, 4\) and dtype float16",
+        ),
     ],
     ids=["count", "shape", "dtype"],
 )
@@ -384,7 +411,9 @@ def test_backward_with_wrong_signature_is_named():
             return dy
 
     layer = OddBackward(total=jnp.zeros(2))
-    with pytest.raises(df.LayerError, match=r"OddBackward\.backward takes 3 arguments after self; expected 4"):
+    with pytest.raises(
+        df.LayerError, match=r"OddBackward\.backward takes 3 arguments after self; expected 4"
+    ):
         jax.grad(lambda layer: jnp.sum(layer(jnp.ones((1, 2)))[0]))(layer)
 
 
@@ -410,7 +439,10 @@ def test_rank_change_without_formattable_says_to_set_it(key):
         def predict(self, x):
             return x.reshape(x.shape[0], -1)
 
-    with pytest.raises(df.LayerError, match=r"has 2 dimensions but its input format 'BSSC' has 4.*set `formattable = True`"):
+    with pytest.raises(
+        df.LayerError,
+        match=r"has 2 dimensions but its input format 'BSSC' has 4.*set `formattable = True`",
+    ):
         call_layer(Flatten(name="flat"), (df.dlarray(image(key), "BSSC"),))
 
 
@@ -428,7 +460,10 @@ def test_formattable_layer_must_return_formatted_outputs(key):
         def predict(self, x):
             return df.stripdims(super().predict(x))
 
-    with pytest.raises(df.LayerError, match=r"Forgot \(layer ''\) is formattable but its output 'out' is a plain array"):
+    with pytest.raises(
+        df.LayerError,
+        match=r"Forgot \(layer ''\) is formattable but its output 'out' is a plain array",
+    ):
         call_layer(init(Forgot(), key=key), (df.dlarray(image(key), "BSSC"),))
 
 
@@ -502,9 +537,14 @@ def test_nested_network_shares_weights_between_uses(key, x64):
 
 def test_factors_on_a_layer_default_to_one_and_return_new_layers():
     layer = PReLU(alpha=jnp.ones(2))
-    assert df.get_learn_rate_factor(layer, "alpha") == 1.0 and df.get_l2_factor(layer, "alpha") == 1.0
+    assert (
+        df.get_learn_rate_factor(layer, "alpha") == 1.0 and df.get_l2_factor(layer, "alpha") == 1.0
+    )
     slow = df.set_learn_rate_factor(layer, "alpha", 0.1)
-    assert df.get_learn_rate_factor(slow, "alpha") == 0.1 and df.get_learn_rate_factor(layer, "alpha") == 1.0
+    assert (
+        df.get_learn_rate_factor(slow, "alpha") == 0.1
+        and df.get_learn_rate_factor(layer, "alpha") == 1.0
+    )
     assert df.get_l2_factor(df.set_l2_factor(layer, "alpha", 0), "alpha") == 0.0
 
 
@@ -520,7 +560,9 @@ def test_declared_factor_defaults():
 
 
 def test_factor_errors_name_the_parameter():
-    with pytest.raises(df.LayerError, match=r"PReLU \(layer ''\) has no learnable parameter 'beta'.*\['alpha'\]"):
+    with pytest.raises(
+        df.LayerError, match=r"PReLU \(layer ''\) has no learnable parameter 'beta'.*\['alpha'\]"
+    ):
         df.set_learn_rate_factor(PReLU(), "beta", 1.0)
     with pytest.raises(df.LayerError, match=r"must be a non-negative real number; got -1"):
         df.set_l2_factor(PReLU(), "alpha", -1)
