@@ -10,7 +10,7 @@ import time
 
 import jax
 
-BENCHMARKS = ["function"]
+BENCHMARKS = ["function", "network"]
 
 
 def main(argv=None) -> int:

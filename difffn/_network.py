@@ -141,7 +141,10 @@ class Network(NetworkBase):
 
     @property
     def initialized(self) -> bool:
-        return all(layer.initialized for layer in self._layers)
+        cached = self.__dict__.get("_initialized")
+        if cached is None:  # networks are immutable: compute once per object
+            cached = self.__dict__["_initialized"] = all(lyr.initialized for lyr in self._layers)
+        return cached
 
     @property
     def acceleratable(self) -> bool:
@@ -300,13 +303,15 @@ class Network(NetworkBase):
                 "no input layer)."
             )
         xs = self._prepare_inputs(inputs)
-        wanted = self._wanted(outputs)
-        tracing = any(isinstance(x, jax.core.Tracer) for x in jax.tree.leaves((xs, key)))
+        wanted = self._wanted(outputs) if outputs is not None else self._graph.outputs
+        tracing = isinstance(key, jax.core.Tracer) or any(
+            isinstance(x.data if isinstance(x, FormattedArray) else x, jax.core.Tracer) for x in xs
+        )
         if acceleration == "none" or tracing:
             return execute(self, xs, key, training=training, wanted=wanted)
         if not self.acceleratable:
             return _execute_segmented(self, xs, key, training=training, wanted=wanted)
-        cache_key = ("forward" if training else "predict", wanted, _cache.signature((xs, key)))
+        cache_key = ("forward" if training else "predict", wanted, _input_signature(xs, key))
         compiled = self._token.cache.get(
             cache_key,
             lambda: jax.jit(functools.partial(execute, training=training, wanted=wanted)),
@@ -325,17 +330,18 @@ class Network(NetworkBase):
         prepared = []
         for k, x in enumerate(inputs):
             layout, name = known[k], g.input_names[k]
+            if not isinstance(x, (FormattedArray, jax.Array)):
+                x = jnp.asarray(x)
             if layout is None:
-                prepared.append(x if isinstance(x, FormattedArray) else jnp.asarray(x))
+                prepared.append(x)
                 continue
             if not isinstance(x, FormattedArray):
-                x = jnp.asarray(x)
                 if x.ndim != layout.ndim:
                     raise NetworkError(
                         f"network input {name!r} expects {layout.ndim}-D data with format "
                         f"{layout.format!r} ({layout}); got a plain array of shape {x.shape}."
                     )
-                x = dlarray(x, layout.format)
+                x = FormattedArray._wrap(x, layout.format)  # the rank was just checked
             elif x.format != layout.format:
                 raise NetworkError(
                     f"network input {name!r} expects format {layout.format!r}; got "
@@ -352,6 +358,12 @@ class Network(NetworkBase):
         return tuple(prepared)
 
     def _known_input_layouts(self) -> list[Layout | None]:
+        cached = self.__dict__.get("_known_layouts")
+        if cached is None:  # networks are immutable: compute once per object
+            cached = self.__dict__["_known_layouts"] = self._compute_known_input_layouts()
+        return cached
+
+    def _compute_known_input_layouts(self) -> list[Layout | None]:
         known = []
         for i, j in self._graph.inputs:
             layer = self._layers[i]
@@ -682,6 +694,19 @@ def _execute_segmented(net: Network, inputs, key, *, training: bool, wanted):
         for i, s in seg_states.items():
             states[int(i)] = s
     return tuple(env[f"v{i}_{o}"] for i, o in wanted), tuple(states)
+
+
+def _input_signature(xs, key):
+    """What a compiled trace depends on, for network inputs: format, shape, dtype."""
+    parts = []
+    for x in xs:
+        fmt = None
+        if isinstance(x, FormattedArray):
+            fmt, x = x.format, x.data
+        parts.append((fmt, x.shape, x.dtype, getattr(x, "weak_type", False)))
+    if key is not None:
+        key = (key.shape, key.dtype)
+    return tuple(parts), key
 
 
 def _env_key(source) -> str:
