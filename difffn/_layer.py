@@ -351,6 +351,8 @@ def _as_parameter(cls, name, value):
         value = float(value)  # a Python number as a learnable is meant to be trained
     if isinstance(value, (jax.Array, np.ndarray, np.generic, int, float, bool, complex)):
         value = jnp.asarray(value)
+        if getattr(value, "weak_type", False):  # e.g. jnp.full(shape, 0.25): keep a firm dtype
+            value = jnp.asarray(value, dtype=value.dtype)
         if kind == LEARNABLE and not jnp.issubdtype(value.dtype, jnp.inexact):
             raise LayerError(
                 f"{cls.__name__}.{name} is a learnable parameter but holds a {value.dtype} "
