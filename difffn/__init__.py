@@ -3,6 +3,7 @@
 This module only re-exports; each concept lives in one private module.
 """
 
+from . import layers as layers
 from ._cache import RetraceWarning as RetraceWarning
 from ._errors import AccelerationError as AccelerationError
 from ._errors import BackwardError as BackwardError
@@ -33,6 +34,8 @@ from ._layer import Layer as Layer
 from ._layer import learnable as learnable
 from ._layer import state as state
 from ._network import Network as Network
+from ._serialization import load as load
+from ._serialization import save as save
 from ._table import ParameterTable as ParameterTable
 
 __version__ = "0.1.0"

@@ -1,0 +1,129 @@
+"""The difffn file container: atomic writes and verified reads of a msgpack payload.
+
+Layout of a file::
+
+    b"DIFFFN\\x00\\x01"   8 bytes  magic (a difffn file, byte order marker)
+    version            4 bytes  little-endian container version
+    kind               16 bytes ASCII, zero padded ("network", "checkpoint", ...)
+    length             8 bytes  little-endian payload length
+    sha256             32 bytes checksum of the payload
+    payload            msgpack (flax.serialization): dicts, lists, numbers, strings, arrays
+
+Nothing in a file can run code on load: msgpack holds data only (never pickle). Writes go to a
+temporary file in the same folder, which is flushed and fsync'ed, then renamed over the target,
+then the folder is fsync'ed: after a crash at any point the target holds either the old file or
+the new one, never a torn one. Reads check the magic, the version, the length and the checksum
+before decoding anything.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import struct
+import tempfile
+from pathlib import Path
+from typing import Any
+
+from flax import serialization
+
+from ._errors import SerializationError
+
+MAGIC = b"DIFFFN\x00\x01"
+VERSION = 1
+_HEADER = struct.Struct("<8sI16sQ32s")
+
+
+def write(path: str | os.PathLike, kind: str, payload: dict[str, Any]) -> Path:
+    """Serialize ``payload`` and write it atomically to ``path``; returns the path."""
+    path = Path(path)
+    data = serialization.msgpack_serialize(payload)
+    header = _HEADER.pack(
+        MAGIC,
+        VERSION,
+        kind.encode("ascii").ljust(16, b"\0"),
+        len(data),
+        hashlib.sha256(data).digest(),
+    )
+    folder = path.parent if str(path.parent) else Path(".")
+    if not folder.is_dir():
+        raise SerializationError(
+            f"cannot write {str(path)!r}: the folder {str(folder)!r} does not exist. Fix: create "
+            "it first (e.g. Path(folder).mkdir(parents=True))."
+        )
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=folder)
+    try:
+        with os.fdopen(fd, "wb") as handle:
+            handle.write(header)
+            handle.write(data)
+            handle.flush()
+            os.fsync(handle.fileno())
+        os.replace(tmp, path)
+    except BaseException as error:
+        try:
+            os.unlink(tmp)
+        except FileNotFoundError:
+            pass
+        if isinstance(error, OSError):
+            raise SerializationError(
+                f"could not write {str(path)!r}: {error.strerror or error}. The previous file, "
+                "if any, is unchanged."
+            ) from error
+        raise
+    _fsync_folder(folder)
+    return path
+
+
+def _fsync_folder(folder: Path) -> None:
+    try:
+        fd = os.open(folder, os.O_RDONLY)
+    except OSError:  # pragma: no cover - some platforms cannot open folders
+        return
+    try:
+        os.fsync(fd)
+    except OSError:  # pragma: no cover
+        pass
+    finally:
+        os.close(fd)
+
+
+def read(path: str | os.PathLike, kind: str) -> dict[str, Any]:
+    """Read and verify a container written by :func:`write`; returns its payload."""
+    path = Path(path)
+    try:
+        blob = path.read_bytes()
+    except FileNotFoundError:
+        raise SerializationError(f"{str(path)!r} does not exist.") from None
+    except OSError as error:
+        raise SerializationError(f"cannot read {str(path)!r}: {error}.") from error
+    if len(blob) < _HEADER.size or not blob.startswith(MAGIC[:6]):
+        raise SerializationError(
+            f"{str(path)!r} is not a difffn file (no difffn header). Fix: pass a file written "
+            "by df.save (or a difffn checkpoint)."
+        )
+    magic, version, file_kind, length, digest = _HEADER.unpack_from(blob)
+    if magic != MAGIC:
+        raise SerializationError(f"{str(path)!r} has an unknown difffn header {magic!r}.")
+    if version > VERSION:
+        raise SerializationError(
+            f"{str(path)!r} was written by a newer difffn (file format version {version}; this "
+            f"version reads up to {VERSION}). Fix: upgrade difffn."
+        )
+    file_kind = file_kind.rstrip(b"\0").decode("ascii", "replace")
+    if file_kind != kind:
+        raise SerializationError(f"{str(path)!r} holds a difffn {file_kind!r}, not a {kind!r}.")
+    data = blob[_HEADER.size :]
+    if len(data) != length:
+        raise SerializationError(
+            f"{str(path)!r} is truncated or has trailing bytes: expected a payload of {length} "
+            f"bytes, found {len(data)}. The file is damaged; use another copy."
+        )
+    if hashlib.sha256(data).digest() != digest:
+        raise SerializationError(
+            f"{str(path)!r} is corrupted: its checksum does not match its contents. Use another "
+            "copy."
+        )
+    try:
+        return serialization.msgpack_restore(data)
+    except Exception as error:  # a valid checksum over undecodable data: a writer bug
+        raise SerializationError(f"{str(path)!r} could not be decoded: {error}.") from error

@@ -1,0 +1,248 @@
+"""``df.save`` / ``df.load``: a network's parameters and a description of its structure.
+
+The file (see ``_container.py``: msgpack, checksum, atomic write) holds every array leaf of the
+network by its pytree path (``.fc1.weights``), each leaf's kind (learnable, state, constant), the
+learn-rate and L2 factors, the recorded layouts, and a description of the structure (layer names
+and classes, ports, connections). It never holds code: loading restores the values into a
+network of the same structure that the caller provides (``like=``), after checking everything.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from . import _container
+from ._errors import SerializationError
+from ._factors import _set as _set_factor
+from ._format import Layout
+from ._network import Network, leaf_kinds
+
+FORMAT = "difffn.network"
+FORMAT_VERSION = 1
+
+
+def save(path: str | os.PathLike, net: Network) -> Path:
+    """Save a network's parameters, factors and structure description to ``path``.
+
+    The write is atomic: after a crash, ``path`` holds the old file or the new one.
+
+    Examples:
+      >>> import jax, jax.numpy as jnp, tempfile, os
+      >>> import difffn as df
+      >>> net = df.Network([df.layers.FeatureInput(3, normalization="none", name="in"),
+      ...                   df.layers.FullyConnected(2, name="fc")]).initialize(key=jax.random.key(0))
+      >>> path = os.path.join(tempfile.mkdtemp(), "net.difffn")
+      >>> _ = df.save(path, net)
+      >>> loaded = df.load(path, like=df.Network([df.layers.FeatureInput(3, normalization="none", name="in"),
+      ...                                        df.layers.FullyConnected(2, name="fc")]))
+      >>> bool(jnp.all(loaded.learnables["fc/weights"] == net.learnables["fc/weights"]))
+      True
+    """
+    if not isinstance(net, Network):
+        raise SerializationError(f"df.save expected a df.Network; got {type(net).__name__}.")
+    return _container.write(path, "network", network_payload(net))
+
+
+def load(path: str | os.PathLike, *, like: Network) -> Network:
+    """Load parameters saved by :func:`save` into a network of the same structure.
+
+    ``like`` gives the structure (layer classes, names, connections); it may be uninitialized.
+    Everything is checked before anything is built: a damaged file, a file of another
+    structure (the first differing parameter is named, with expected and found shape and
+    dtype), a newer format, or a file that is not a difffn file are each a clear
+    ``df.SerializationError``.
+    """
+    if not isinstance(like, Network):
+        raise SerializationError(
+            f"df.load(path, like=...) expected a df.Network giving the structure; got "
+            f"{type(like).__name__}."
+        )
+    payload = _container.read(path, "network")
+    return restore_network(payload, like, source=str(path))
+
+
+# -- payload ----------------------------------------------------------------------------------------
+
+
+def network_payload(net: Network) -> dict[str, Any]:
+    """The msgpack-ready description and values of a network."""
+    values, parameters = {}, []
+    for (path, leaf), kind in zip(jax.tree_util.tree_flatten_with_path(net)[0], leaf_kinds(net)):
+        key = jax.tree_util.keystr(path)
+        array, dtype = _to_numpy(leaf)
+        values[key] = array
+        parameters.append({"path": key, "kind": kind, "shape": list(array.shape), "dtype": dtype})
+    return {
+        "format": FORMAT,
+        "format_version": FORMAT_VERSION,
+        "structure": _describe(net),
+        "parameters": parameters,
+        "values": values,
+        "factors": [list(f) for f in _collect_factors(net, "")],
+        "layouts": _layouts_payload(net),
+    }
+
+
+def restore_network(payload: dict[str, Any], like: Network, *, source: str) -> Network:
+    """Check ``payload`` against ``like`` and build the restored network (or raise)."""
+    if payload.get("format") != FORMAT:
+        raise SerializationError(f"{source!r} does not hold a difffn network.")
+    if int(payload.get("format_version", 0)) > FORMAT_VERSION:
+        raise SerializationError(
+            f"{source!r} holds a network saved in format version {payload['format_version']}, "
+            f"newer than this difffn reads ({FORMAT_VERSION}). Fix: upgrade difffn."
+        )
+    _check_structure(payload["structure"], _describe(like), source)
+    values = payload["values"]
+    if not like.initialized:
+        like = _abstract_initialized(like, payload.get("layouts"), source)
+    expected = [
+        (jax.tree_util.keystr(path), leaf)
+        for path, leaf in jax.tree_util.tree_flatten_with_path(like)[0]
+    ]
+    saved = {p["path"]: p for p in payload["parameters"]}
+    for key, leaf in expected:
+        if key not in saved:
+            raise SerializationError(
+                f"{source!r} does not match the network: parameter {key!r} is missing from the "
+                "file (it was saved from a network of another structure)."
+            )
+        want_shape, want_dtype = tuple(np.shape(leaf)), _dtype_name(leaf)
+        got_shape, got_dtype = tuple(saved[key]["shape"]), saved[key]["dtype"]
+        if (want_shape, want_dtype) != (got_shape, got_dtype):
+            raise SerializationError(
+                f"{source!r} does not match the network at parameter {key!r}: the network "
+                f"expects shape {want_shape} {want_dtype}; the file has {got_shape} {got_dtype}."
+            )
+    extra = sorted(set(saved) - {k for k, _ in expected})
+    if extra:
+        raise SerializationError(
+            f"{source!r} does not match the network: the file has parameter(s) {extra[:5]} that "
+            "the network lacks."
+        )
+    leaves = [_from_numpy(values[key], saved[key]["dtype"]) for key, _ in expected]
+    net = jax.tree.unflatten(jax.tree.structure(like), leaves)
+    for layer_path, field, kind, value in payload.get("factors", []):
+        net = _set_factor(net, f"{layer_path}/{field}" if layer_path else field, kind, value)
+    layouts = _layouts_from_payload(payload.get("layouts"))
+    if net._layouts is None and layouts is not None:
+        restored = object.__new__(Network)
+        restored._set(net._layers, net._graph, layouts)
+        net = restored
+    return net
+
+
+def _describe(net: Network) -> dict[str, Any]:
+    return {
+        "layers": [
+            {
+                "name": layer.name,
+                "class": f"{type(layer).__module__}.{type(layer).__qualname__}",
+                "inputs": list(layer.input_names),
+                "outputs": list(layer.output_names),
+            }
+            for layer in net.layers
+        ],
+        "connections": [list(c) for c in net.connections],
+        "input_names": list(net.input_names),
+        "output_names": list(net.output_names),
+    }
+
+
+def _check_structure(saved: dict[str, Any], current: dict[str, Any], source: str) -> None:
+    saved_layers, layers = saved["layers"], current["layers"]
+    for i, (s, c) in enumerate(zip(saved_layers, layers)):
+        if (s["name"], s["class"]) != (c["name"], c["class"]):
+            raise SerializationError(
+                f"{source!r} does not match the network at layer {i + 1}: the network has "
+                f"{c['name']!r} ({c['class']}); the file has {s['name']!r} ({s['class']})."
+            )
+    if len(saved_layers) != len(layers):
+        raise SerializationError(
+            f"{source!r} does not match the network: the file has {len(saved_layers)} layers, "
+            f"the network {len(layers)}."
+        )
+    if [list(c) for c in saved["connections"]] != current["connections"]:
+        raise SerializationError(
+            f"{source!r} does not match the network: the layers are connected differently."
+        )
+
+
+def _abstract_initialized(like: Network, layouts_data, source: str) -> Network:
+    """``like`` initialized abstractly (shapes only), to know the shapes it expects."""
+    recorded = _layouts_from_payload(layouts_data)
+    layouts = []
+    for name, (i, j) in zip(like.input_names, like._graph.inputs):
+        known = like._known_input_layouts()[len(layouts)]
+        if known is None and recorded is not None:
+            known = recorded[i][0][j]
+        if known is None:
+            raise SerializationError(
+                f"{source!r}: cannot tell the layout of network input {name!r}. Fix: pass an "
+                "initialized network as like=."
+            )
+        layouts.append(known)
+    return jax.eval_shape(lambda: like.initialize(*layouts, key=jax.random.key(0)))
+
+
+def _collect_factors(net: Network, prefix: str):
+    for layer in net.layers:
+        path = f"{prefix}{layer.name}"
+        for field, kind, value in layer.__dict__["_factors"]:
+            yield (path, field, kind, value)
+        for field in type(layer)._learnable_fields:
+            inner = getattr(layer, field)
+            if isinstance(inner, Network):
+                yield from _collect_factors(inner, f"{path}/{field}/")
+
+
+def _layouts_payload(net: Network):
+    if net._layouts is None:
+        return None
+    return [
+        [[_layout_payload(lo) for lo in ins], [_layout_payload(lo) for lo in outs]]
+        for ins, outs in net._layouts
+    ]
+
+
+def _layout_payload(layout: Layout):
+    return {"shape": [-1 if s is None else int(s) for s in layout.shape], "format": layout.format}
+
+
+def _layouts_from_payload(data):
+    if data is None:
+        return None
+
+    def layout(d):
+        return Layout(tuple(None if s < 0 else s for s in d["shape"]), d["format"])
+
+    return tuple(
+        (tuple(layout(d) for d in ins), tuple(layout(d) for d in outs)) for ins, outs in data
+    )
+
+
+# -- arrays -----------------------------------------------------------------------------------------
+
+
+def _dtype_name(leaf) -> str:
+    return np.dtype(leaf.dtype).name
+
+
+def _to_numpy(leaf) -> tuple[np.ndarray, str]:
+    if isinstance(leaf, jax.Array) and jnp.issubdtype(leaf.dtype, jax.dtypes.prng_key):
+        raise SerializationError(
+            "the network holds a jax.random key as a parameter, which df.save does not store. "
+            "Fix: keep keys outside layers and pass them to forward(key=...)."
+        )
+    array = np.asarray(leaf)
+    return array, array.dtype.name
+
+
+def _from_numpy(array, dtype: str):
+    return jnp.asarray(array, dtype=dtype)

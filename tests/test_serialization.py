@@ -1,0 +1,210 @@
+"""df.save / df.load: round trips, structure checks, damaged files, atomic writes."""
+
+from __future__ import annotations
+
+import os
+import struct
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from helpers import assert_tree_allclose
+from test_network import Dense, Features, RunningMean, Tanh, mlp
+
+import difffn as df
+from difffn import _container
+
+
+@pytest.fixture
+def net(key):
+    n = df.Network(
+        [
+            Features(name="in"),
+            Dense(name="fc1"),
+            Tanh(name="act"),
+            RunningMean(name="rm"),
+            Dense(size=2, name="fc2"),
+        ]
+    ).initialize(key=key)
+    n = n.replace(state={"rm/mean": jnp.arange(4.0)})
+    return df.set_l2_factor(df.set_learn_rate_factor(n, "fc1/w", 0.25), "fc2/b", 3.0)
+
+
+def structure():
+    return df.Network(
+        [
+            Features(name="in"),
+            Dense(name="fc1"),
+            Tanh(name="act"),
+            RunningMean(name="rm"),
+            Dense(size=2, name="fc2"),
+        ]
+    )
+
+
+def test_round_trip_restores_values_state_factors_and_layouts(net, tmp_path):
+    path = df.save(tmp_path / "net.difffn", net)
+    for like in (structure(), structure().initialize(key=jax.random.key(5))):
+        loaded = df.load(path, like=like)
+        assert_tree_allclose(loaded.learnables, net.learnables, rtol=0, atol=0)
+        assert_tree_allclose(loaded.state, net.state, rtol=0, atol=0)
+        assert df.get_learn_rate_factor(loaded, "fc1/w") == 0.25
+        assert df.get_l2_factor(loaded, "fc2/b") == 3.0
+        x = jnp.ones((2, 3))
+        np.testing.assert_array_equal(loaded.predict(x).data, net.predict(x).data)
+    assert "?,3:BC" in loaded.summary()
+
+
+def test_network_without_input_layers_restores_its_layouts(tmp_path, key):
+    net = df.Network([Dense(name="fc")]).initialize(df.Layout((None, 3), "BC"), key=key)
+    path = df.save(tmp_path / "n.difffn", net)
+    loaded = df.load(path, like=df.Network([Dense(name="fc")]))
+    np.testing.assert_array_equal(
+        loaded.predict(jnp.ones((2, 3))).data, net.predict(jnp.ones((2, 3))).data
+    )
+
+
+def test_nested_network_parameters_round_trip(tmp_path, key):
+    from test_layer import Siamese
+
+    inner = df.Network([Dense(name="fc")]).initialize(df.Layout((None, 3), "BC"), key=key)
+    inner = df.set_learn_rate_factor(inner, "fc/w", 0.5)
+    outer = df.Network([Siamese(encoder=inner, name="siam")]).initialize(
+        df.Layout((None, 3), "BC"), df.Layout((None, 3), "BC"), key=key
+    )
+    path = df.save(tmp_path / "n.difffn", outer)
+    loaded = df.load(path, like=outer)
+    assert_tree_allclose(loaded.learnables, outer.learnables, rtol=0, atol=0)
+    assert df.get_learn_rate_factor(loaded, "siam/encoder/fc/w") == 0.5
+
+
+@pytest.mark.parametrize(
+    "like, message",
+    [
+        (
+            lambda: df.Network(
+                [
+                    Features(name="in"),
+                    Dense(name="fc1", size=5),
+                    Tanh(name="act"),
+                    RunningMean(name="rm"),
+                    Dense(size=2, name="fc2"),
+                ]
+            ),
+            r"does not match the network at parameter '\.fc1\.w': the network expects shape \(3, 5\) float32; the file has \(3, 4\) float32",
+        ),
+        (
+            lambda: mlp(),
+            r"does not match the network at layer 4: the network has 'fc2'.*the file has 'rm'",
+        ),
+        (
+            lambda: df.Network(
+                [
+                    Features(name="in"),
+                    Dense(name="fc1"),
+                    Tanh(name="act"),
+                    RunningMean(name="rm"),
+                    Dense(size=2, name="fc2"),
+                ],
+                connections=[("in", "rm")],
+            ),
+            r"connected differently",
+        ),
+    ],
+    ids=["shape", "layers", "connections"],
+)
+def test_a_file_of_another_structure_names_the_first_difference(net, tmp_path, like, message):
+    path = df.save(tmp_path / "net.difffn", net)
+    with pytest.raises(df.SerializationError, match=message):
+        df.load(path, like=like())
+
+
+def test_dtype_mismatch_is_named(tmp_path, key, x64):
+    net64 = jax.tree.map(lambda v: v.astype(jnp.float64), structure().initialize(key=key))
+    path = df.save(tmp_path / "net.difffn", net64)
+    with pytest.raises(
+        df.SerializationError,
+        match=r"parameter '\.fc1\.w': the network expects shape \(3, 4\) float32; the file has \(3, 4\) float64",
+    ):
+        df.load(
+            path,
+            like=jax.tree.map(lambda v: v.astype(jnp.float32), structure().initialize(key=key)),
+        )
+
+
+def _damage(path, how):
+    blob = path.read_bytes()
+    if how == "truncated":
+        path.write_bytes(blob[: len(blob) // 2])
+    elif how == "corrupted":
+        middle = len(blob) // 2
+        path.write_bytes(blob[:middle] + bytes([blob[middle] ^ 0xFF]) + blob[middle + 1 :])
+    elif how == "newer":
+        header = bytearray(blob)
+        struct.pack_into("<I", header, 8, _container.VERSION + 1)
+        path.write_bytes(bytes(header))
+    elif how == "foreign":
+        path.write_bytes(b"PK\x03\x04 this is a zip file, not a difffn file" * 4)
+    elif how == "empty":
+        path.write_bytes(b"")
+
+
+@pytest.mark.parametrize(
+    "how, message",
+    [
+        (
+            "truncated",
+            r"is truncated or has trailing bytes: expected a payload of \d+ bytes, found \d+",
+        ),
+        ("corrupted", r"is corrupted: its checksum does not match its contents"),
+        (
+            "newer",
+            r"was written by a newer difffn \(file format version 2; this version reads up to 1\)",
+        ),
+        ("foreign", r"is not a difffn file"),
+        ("empty", r"is not a difffn file"),
+    ],
+)
+def test_damaged_files_are_clear_errors(net, tmp_path, how, message):
+    path = df.save(tmp_path / "net.difffn", net)
+    _damage(path, how)
+    with pytest.raises(df.SerializationError, match=message):
+        df.load(path, like=structure())
+
+
+def test_missing_file_and_bad_arguments(net, tmp_path):
+    with pytest.raises(df.SerializationError, match=r"does not exist"):
+        df.load(tmp_path / "nope.difffn", like=structure())
+    with pytest.raises(
+        df.SerializationError, match=r"expected a df\.Network giving the structure; got dict"
+    ):
+        df.load(tmp_path / "x", like={})
+    with pytest.raises(df.SerializationError, match=r"df\.save expected a df\.Network; got list"):
+        df.save(tmp_path / "x", [])
+    with pytest.raises(df.SerializationError, match=r"the folder .* does not exist"):
+        df.save(tmp_path / "no" / "such" / "folder.difffn", net)
+
+
+@pytest.mark.parametrize("failing", ["replace", "fsync"])
+def test_a_crash_during_the_write_keeps_the_old_file(net, tmp_path, monkeypatch, failing):
+    path = df.save(tmp_path / "net.difffn", net)
+    before = path.read_bytes()
+    changed = net.replace(learnables=net.learnables.map(lambda v: v + 1))
+
+    def boom(*args, **kwargs):
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(os, failing, boom)
+    with pytest.raises(
+        df.SerializationError, match=r"could not write .*No space left on device.*unchanged"
+    ):
+        df.save(path, changed)
+    monkeypatch.undo()
+    assert path.read_bytes() == before
+    assert os.listdir(tmp_path) == ["net.difffn"]  # no temporary file left behind
+
+
+def test_files_hold_no_pickle(net, tmp_path):
+    blob = df.save(tmp_path / "net.difffn", net).read_bytes()
+    assert b"pickle" not in blob and b"\x80\x04\x95" not in blob  # no pickle protocol frames
