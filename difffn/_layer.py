@@ -112,6 +112,7 @@ class NetworkBase:
     """
 
     initialized: bool
+    has_state: bool
 
 
 def _is_network(value) -> bool:
@@ -309,8 +310,18 @@ class Layer(metaclass=_LayerMeta):
 
     @property
     def state_names(self) -> tuple[str, ...]:
-        """Names of the state fields, in declaration order."""
-        return type(self)._state_fields
+        """What ``predict``/``forward`` return after the outputs, in declaration order.
+
+        The state fields, and the learnable fields that hold a network with state (MATLAB's
+        ``properties (Learnable, State)``): for those, the nested network's state table.
+        """
+        kinds = type(self)._field_kinds
+        return tuple(
+            n
+            for n, kind in kinds.items()
+            if kind == STATE
+            or (kind == LEARNABLE and _is_network(v := self.__dict__[n]) and v.has_state)
+        )
 
     @property
     def initialized(self) -> bool:
@@ -332,11 +343,18 @@ class Layer(metaclass=_LayerMeta):
 
     # -- used by networks ----------------------------------------------------------------------
 
+    def _state_values(self) -> tuple:
+        """The current value of every entry of ``state_names`` (tables for nested networks)."""
+        return tuple(v.state if _is_network(v := self.__dict__[n]) else v for n in self.state_names)
+
     def _with_state(self, values: Sequence[Any]) -> Layer:
-        """A new layer whose state fields hold ``values`` (no validation; hot path)."""
+        """A new layer whose ``state_names`` entries hold ``values`` (no validation; hot path)."""
         new = object.__new__(type(self))
-        new.__dict__.update(self.__dict__)
-        new.__dict__.update(zip(type(self)._state_fields, values))
+        d = new.__dict__
+        d.update(self.__dict__)
+        for n, value in zip(self.state_names, values):
+            current = d[n]
+            d[n] = current.replace(state=value) if _is_network(current) else value
         return new
 
 
@@ -532,7 +550,8 @@ def _invoke(layer: Layer, method: str, args, key):
 def _split_returns(layer: Layer, method: str, result, with_memory: bool):
     """Split a user predict/forward result into (outputs, state values, memory)."""
     cls = type(layer)
-    m, k = layer.num_outputs, len(cls._state_fields)
+    state_names = layer.state_names
+    m, k = layer.num_outputs, len(state_names)
     total = m + k + (1 if with_memory else 0)
     if total == 1 and not isinstance(result, (tuple, list)):
         result = (result,)
@@ -544,7 +563,12 @@ def _split_returns(layer: Layer, method: str, result, with_memory: bool):
         )
         parts = [f"{m} output(s)"]
         if k:
-            parts.append(f"the new values of the {k} state field(s) {list(cls._state_fields)}")
+            parts.append(
+                f"the new values of the {k} state field(s) {list(state_names)} (a nested "
+                "network's state table, e.g. from self.net.forward(...), for a network field)"
+                if any(cls._field_kinds[n] == LEARNABLE for n in state_names)
+                else f"the new values of the {k} state field(s) {list(state_names)}"
+            )
         if with_memory:
             parts.append("a memory value for backward")
         raise ForwardError(

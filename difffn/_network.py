@@ -147,6 +147,14 @@ class Network(NetworkBase):
         return cached
 
     @property
+    def has_state(self) -> bool:
+        """True when some layer (or a network nested in one) has state parameters."""
+        cached = self.__dict__.get("_has_state")
+        if cached is None:
+            cached = self.__dict__["_has_state"] = any(lyr.state_names for lyr in self._layers)
+        return cached
+
+    @property
     def acceleratable(self) -> bool:
         """True when every layer can be compiled (the whole network is one trace)."""
         return all(layer.acceleratable for layer in self._layers)
@@ -378,7 +386,11 @@ class Network(NetworkBase):
     def _state_table(self, states) -> ParameterTable:
         rows = []
         for layer, values in zip(self._layers, states):
-            rows += [(layer.name, n, v) for n, v in zip(layer.state_names, values)]
+            for n, v in zip(layer.state_names, values):
+                if isinstance(v, ParameterTable):  # the state of a nested network
+                    rows += [(layer.name, f"{n}/{path}", val) for path, val in v.items()]
+                else:
+                    rows.append((layer.name, n, v))
         return ParameterTable(rows)
 
     def with_layer_states(self, states: Sequence[Sequence[Any]]) -> Network:
@@ -618,7 +630,7 @@ def execute(net: Network, inputs, key, *, training: bool, wanted):
     g = net._graph
     needed = _needed_layers(g, wanted)
     values: dict[tuple[int, int], Any] = {}
-    states: list[tuple] = [tuple(getattr(lyr, n) for n in lyr.state_names) for lyr in net._layers]
+    states: list[tuple] = [lyr._state_values() for lyr in net._layers]
     for i in g.order:
         if i not in needed:
             continue
@@ -665,7 +677,7 @@ def _execute_segmented(net: Network, inputs, key, *, training: bool, wanted):
         else:
             segments.append((eager, (i,)))
     env: dict[str, Any] = {f"in{k}": x for k, x in enumerate(inputs)}
-    states = [tuple(getattr(lyr, n) for n in lyr.state_names) for lyr in net._layers]
+    states = [lyr._state_values() for lyr in net._layers]
     for n, (eager, members) in enumerate(segments):
         later = {w for w in wanted}
         for _, m in segments[n + 1 :]:

@@ -424,3 +424,49 @@ def test_network_learnable_mask_and_factors(net):
         df.NetworkError, match=r"on a network, name the parameter as 'layer/parameter'"
     ):
         df.get_l2_factor(net, "w")
+
+
+# --------------------------------------------------------------------------------------------
+# a nested network with state (MATLAB's properties (Learnable, State))
+
+
+class Block(df.Layer):
+    """A custom layer holding a network with state; it returns the nested state after Y."""
+
+    net: df.Network | None = df.learnable(default=None)
+
+    def predict(self, x):
+        return self.net.predict(x), self.net.state
+
+    def forward(self, x):
+        return self.net.forward(x)
+
+
+def test_nested_network_state_is_updated_by_forward(key, x):
+    inner = df.Network([Dense(size=3, name="fc"), RunningMean(name="rm")]).initialize(
+        df.Layout((None, 3), "BC"), key=key
+    )
+    outer = df.Network([Features(name="in"), Block(net=inner, name="blk")]).initialize(key=key)
+    assert list(outer.state) == ["blk/net/rm/mean"]
+    y, state = outer.forward(x)
+    assert list(state) == ["blk/net/rm/mean"]
+    expected = 0.1 * jnp.mean(df.stripdims(inner.predict(x)) + inner.state["rm/mean"][None], axis=0)
+    np.testing.assert_allclose(state["blk/net/rm/mean"], expected, rtol=1e-5, atol=1e-6)
+    updated = outer.replace(state=state)
+    np.testing.assert_allclose(updated.state["blk/net/rm/mean"], expected, rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(
+        updated.layer("blk").net.state["rm/mean"], expected, rtol=1e-5, atol=1e-6
+    )
+
+
+def test_nested_stateful_network_must_return_its_state(key, x):
+    class Forgetful(Block):
+        def predict(self, x):
+            return self.net.predict(x)
+
+    inner = df.Network([RunningMean(name="rm")]).initialize(df.Layout((None, 3), "BC"), key=key)
+    with pytest.raises(
+        df.NetworkError,
+        match=r"Forgetful\.predict \(layer 'blk'\) returned a single array; expected 2.*\['net'\].*self\.net\.forward",
+    ):
+        df.Network([Features(name="in"), Forgetful(net=inner, name="blk")])  # caught when built
