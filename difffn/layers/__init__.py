@@ -1,0 +1,42 @@
+"""Built-in layers (MATLAB Deep Learning Toolbox's layer functions), as ``df.Layer`` pytrees.
+
+This module only re-exports; each family of layers lives in one private module.
+"""
+
+from ._activation import ELU as ELU
+from ._activation import ReLU as ReLU
+from ._activation import Softmax as Softmax
+from ._convolution import Conv2D as Conv2D
+from ._dropout import Dropout as Dropout
+from ._flatten import Flatten as Flatten
+from ._fully_connected import FullyConnected as FullyConnected
+from ._function_layer import FunctionLayer as FunctionLayer
+from ._input import FeatureInput as FeatureInput
+from ._input import ImageInput as ImageInput
+from ._input import SequenceInput as SequenceInput
+from ._merge import Addition as Addition
+from ._merge import Concatenation as Concatenation
+from ._normalization import BatchNorm as BatchNorm
+from ._pooling import GlobalAveragePool2D as GlobalAveragePool2D
+from ._pooling import MaxPool2D as MaxPool2D
+from ._recurrent import LSTM as LSTM
+
+__all__ = [
+    "Addition",
+    "BatchNorm",
+    "Concatenation",
+    "Conv2D",
+    "Dropout",
+    "ELU",
+    "FeatureInput",
+    "Flatten",
+    "FullyConnected",
+    "FunctionLayer",
+    "GlobalAveragePool2D",
+    "ImageInput",
+    "LSTM",
+    "MaxPool2D",
+    "ReLU",
+    "SequenceInput",
+    "Softmax",
+]

@@ -1,0 +1,141 @@
+"""``FullyConnected``: MATLAB's ``fullyConnectedLayer``."""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+
+from .._errors import LayerError
+from .._layer import Layer, learnable
+from . import _initializers as init
+from ._checks import (
+    array_or_none,
+    data_and_format,
+    flatten_features,
+    layout_format,
+    positive_int,
+    relabel,
+    require,
+    who,
+)
+
+
+def _input_size(layer, layout) -> int:
+    """The number of features: the product of the S, C and U sizes of the layout."""
+    sizes = [n for n, label in zip(layout.shape, layout.format, strict=True) if label not in "BT"]
+    if any(n is None for n in sizes):
+        raise LayerError(
+            f"{who(layer)}.initialize needs the sizes of the 'S', 'C' and 'U' axes of its input "
+            f"(their product is the number of input features); {layout!r} leaves some unknown. "
+            "Fix: give them in the layout."
+        )
+    size = 1
+    for n in sizes:
+        size *= n
+    return size
+
+
+class FullyConnected(Layer):
+    r"""Fully connected layer, :math:`y = x W + b` (MATLAB's ``fullyConnectedLayer``).
+
+    The ``S``, ``C`` and ``U`` axes are flattened into ``C`` in storage order (row-major, the last
+    axis fastest) and ``B`` and ``T`` are kept, in their order: ``"BSSC" -> "BC"``,
+    ``"BC" -> "BC"``, ``"BTC" -> "BTC"``, ``"TBC" -> "TBC"``. A plain input is taken to be
+    batch-first: axis 0 is kept and the rest are flattened. (MATLAB flattens its column-major
+    ``"SSCB"`` arrays in another order: weights imported from MATLAB must be reordered.)
+
+    Learnables: ``weights`` of shape ``(input_size, output_size)`` (MATLAB's ``Weights``
+    transposed) and ``bias`` of shape ``(output_size,)``.
+
+    Args:
+      output_size: the number of output features.
+      weights, bias: the learnables; ``None`` until ``initialize``.
+      weights_initializer: ``"glorot"`` (default), ``"he"``, ``"narrow-normal"``, ``"zeros"``,
+        ``"ones"`` or ``fn(key, shape, dtype)``.
+      bias_initializer: ``"zeros"`` (default), ``"ones"``, ``"narrow-normal"`` or a function.
+
+    Examples:
+      >>> import jax, jax.numpy as jnp
+      >>> import difffn as df
+      >>> layer = df.layers.FullyConnected(10)
+      >>> layer = layer.initialize(df.Layout((None, 4, 4, 3), "BSSC"), key=jax.random.key(0))
+      >>> layer.weights.shape
+      (48, 10)
+      >>> y = layer(df.dlarray(jnp.ones((2, 4, 4, 3)), "BSSC"))
+      >>> y.format, y.shape
+      ('BC', (2, 10))
+    """
+
+    formattable = True
+
+    output_size: int
+    _: dataclasses.KW_ONLY
+    weights: jax.Array | None = learnable(default=None)
+    bias: jax.Array | None = learnable(default=None)
+    weights_initializer: Any = "glorot"
+    bias_initializer: Any = "zeros"
+
+    def __post_init__(self):
+        self.output_size = positive_int(
+            self, "output_size", self.output_size, fix="e.g. FullyConnected(10)."
+        )
+        self.weights_initializer = init.check(
+            self, "weights_initializer", self.weights_initializer, init.WEIGHTS
+        )
+        self.bias_initializer = init.check(
+            self, "bias_initializer", self.bias_initializer, init.BIAS
+        )
+        self.weights = array_or_none(
+            self, "weights", self.weights, (None, self.output_size), "input_size, output_size"
+        )
+        self.bias = array_or_none(self, "bias", self.bias, (self.output_size,), "output_size")
+
+    def _check_features(self, features: int, where: str) -> None:
+        if self.weights is not None and self.weights.shape[0] != features:
+            raise LayerError(
+                f"{who(self)}: {where} has {features} features (the product of its S, C and U "
+                f"sizes) but weights has shape {tuple(self.weights.shape)}, expecting "
+                f"{self.weights.shape[0]}. Fix: give weights of shape ({features}, "
+                f"{self.output_size}), or leave weights=None."
+            )
+
+    def initialize(self, layout, *, key):
+        layout = layout_format(self, layout, lambda f: True, want="any format")
+        features = _input_size(self, layout)
+        self._check_features(features, f"the input layout {layout!r}")
+        k_weights, k_bias = jax.random.split(key)
+        changes = {}
+        if self.weights is None:
+            changes["weights"] = init.draw(
+                self,
+                "weights_initializer",
+                self.weights_initializer,
+                k_weights,
+                (features, self.output_size),
+                features,
+                self.output_size,
+            )
+        if self.bias is None:
+            changes["bias"] = init.draw(
+                self,
+                "bias_initializer",
+                self.bias_initializer,
+                k_bias,
+                (self.output_size,),
+                features,
+                self.output_size,
+            )
+        return self.replace(**changes) if changes else self
+
+    def predict(self, x):
+        require(self, "weights", "bias")
+        data, fmt = data_and_format(x)
+        data, out_fmt = flatten_features(self, data, fmt)
+        self._check_features(data.shape[-1], "the input")
+        dtype = jnp.result_type(data, self.weights, self.bias)
+        y = jnp.tensordot(data.astype(dtype), self.weights.astype(dtype), axes=1)
+        y = y + jnp.reshape(self.bias.astype(dtype), (1,) * (y.ndim - 1) + (-1,))
+        return relabel(x, y, out_fmt)
