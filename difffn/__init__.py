@@ -4,6 +4,8 @@ This module only re-exports; each concept lives in one private module.
 """
 
 from . import layers as layers
+from . import losses as losses
+from . import metrics as metrics
 from ._cache import RetraceWarning as RetraceWarning
 from ._errors import AccelerationError as AccelerationError
 from ._errors import BackwardError as BackwardError

@@ -1,0 +1,306 @@
+r"""Loss functions with MATLAB's definitions: ``crossentropy``, ``mse``, ``l1loss``, ``huber``, ...
+
+Every loss takes the predictions ``Y`` and the targets ``T`` and returns a scalar. ``Y`` is
+usually a network output (a ``df.FormattedArray``): its ``B`` label gives the number of
+observations ``N`` and its ``C`` label the class axis. A plain ``Y`` is read as batch first and
+channels last. ``T`` is a plain array laid out like ``Y`` (or formatted; it is then permuted to
+``Y``'s format); classification losses also take integer class labels (``0 .. C-1``) shaped like
+``Y`` without its ``C`` axis.
+
+Normalization (MATLAB's ``NormalizationFactor``): ``"batch-size"`` (the default) divides the
+summed loss by ``N``; ``"all-elements"`` by the number of elements of ``Y``; ``"none"`` returns
+the sum. Note the two squared-error losses:
+
+* ``mse`` is MATLAB's half mean squared error, :math:`\frac{1}{2N}\sum (Y - T)^2`;
+* ``l2loss`` has no half, :math:`\frac{1}{N}\sum (Y - T)^2`.
+
+``trainnet`` and ``testnet`` accept these functions, their names (``"crossentropy"``,
+``"index-crossentropy"``, ``"binary-crossentropy"``, ``"mse"``, ``"l1loss"``/``"mae"``,
+``"l2loss"``, ``"huber"``; ``_`` and ``-`` are interchangeable), any callable
+``loss(Y1, ..., Yn, T1, ..., Tm)``, or a ``df.DifferentiableFunction``.
+"""
+
+from __future__ import annotations
+
+import jax.numpy as jnp
+
+from ._errors import OptionsError
+from ._format import FormattedArray, dims, permute, stripdims
+
+_NORMALIZATIONS = ("batch-size", "all-elements", "none")
+
+
+def _layout(y) -> tuple[str, int | None, int | None]:
+    """(format, batch axis, channel axis) of a prediction; plain arrays are batch-first, C-last."""
+    fmt = dims(y)
+    ndim = jnp.ndim(stripdims(y))
+    if fmt:
+        return (
+            fmt,
+            (fmt.index("B") if "B" in fmt else None),
+            (fmt.index("C") if "C" in fmt else None),
+        )
+    return "", (0 if ndim >= 1 else None), (ndim - 1 if ndim >= 2 else None)
+
+
+def _targets(who: str, y, t):
+    """``T`` as a plain array in ``Y``'s axis order."""
+    if isinstance(t, FormattedArray):
+        fmt = dims(y)
+        if fmt and t.format != fmt:
+            if sorted(t.format) != sorted(fmt):
+                raise OptionsError(
+                    f"{who}: the targets have format {t.format!r} but the predictions have "
+                    f"{fmt!r}. Fix: give the targets the predictions' labels."
+                )
+            t = permute(t, fmt)
+        t = t.data
+    return jnp.asarray(t)
+
+
+def _observations(y) -> int:
+    _, b, _ = _layout(y)
+    return 1 if b is None else stripdims(y).shape[b]
+
+
+def _normalize(who: str, total, y, normalization: str):
+    if normalization == "batch-size":
+        return total / _observations(y)
+    if normalization == "all-elements":
+        return total / max(stripdims(y).size, 1)
+    if normalization == "none":
+        return total
+    raise OptionsError(
+        f"{who}: normalization must be one of {list(_NORMALIZATIONS)}; got {normalization!r}."
+    )
+
+
+def _same_shape(who: str, y, t):
+    if y.shape != t.shape:
+        raise OptionsError(
+            f"{who}: predictions of shape {y.shape} and targets of shape {t.shape} differ. Fix: "
+            "pass targets of the predictions' shape (one-hot for classification)."
+        )
+
+
+def _safe_log(p):
+    """``log(max(p, eps))``: MATLAB bounds probabilities away from zero before the log."""
+    return jnp.log(jnp.maximum(p, jnp.finfo(p.dtype).eps))
+
+
+def _float(y):
+    data = jnp.asarray(stripdims(y))
+    return data if jnp.issubdtype(data.dtype, jnp.floating) else data.astype(jnp.float32)
+
+
+def _pick_class_log_probability(who: str, y, labels):
+    """``log Y`` at the integer label of each observation, shaped like ``labels``."""
+    _, _, c = _layout(y)
+    data = _float(y)
+    if c is None:
+        raise OptionsError(
+            f"{who}: integer targets need predictions with a channel (class) axis; got shape "
+            f"{data.shape}."
+        )
+    expected = data.shape[:c] + data.shape[c + 1 :]
+    if labels.shape != expected:
+        raise OptionsError(
+            f"{who}: integer targets must have the predictions' shape without the class axis, "
+            f"{expected}; got {labels.shape}. Fix: pass class indices 0..{data.shape[c] - 1} "
+            "per observation, or one-hot targets of the predictions' shape."
+        )
+    index = jnp.expand_dims(labels.astype(jnp.int32), c)
+    return jnp.take_along_axis(_safe_log(data), index, axis=c)
+
+
+def crossentropy(Y, T, *, normalization: str = "batch-size"):
+    r"""Categorical cross-entropy :math:`-\frac{1}{N}\sum T \log Y` (MATLAB ``crossentropy``).
+
+    ``Y`` holds probabilities (e.g. a softmax output); ``T`` is one-hot (``Y``'s shape) or
+    integer class labels (``Y``'s shape without the ``C`` axis). Probabilities are bounded
+    below by the float ``eps`` before the log, as MATLAB does.
+
+    Args:
+      Y: predictions (formatted, or plain with batch first and classes last).
+      T: targets: one-hot or integer labels.
+      normalization: ``"batch-size"`` (MATLAB's default: divide by ``N`` only), or ``"none"``.
+
+    Examples:
+      >>> import jax.numpy as jnp
+      >>> import difffn as df
+      >>> Y = df.dlarray(jnp.array([[0.5, 0.5], [0.25, 0.75]]), "BC")
+      >>> float(df.losses.crossentropy(Y, jnp.array([0, 1])))  # -(log .5 + log .75) / 2
+      0.4904...
+    """
+    who = "crossentropy"
+    if normalization not in ("batch-size", "none"):
+        raise OptionsError(
+            f"{who}: normalization must be 'batch-size' or 'none'; got {normalization!r}."
+        )
+    t = _targets(who, Y, T)
+    if jnp.issubdtype(t.dtype, jnp.integer):
+        total = -jnp.sum(_pick_class_log_probability(who, Y, t))
+    else:
+        y = _float(Y)
+        _same_shape(who, y, t)
+        total = -jnp.sum(t * _safe_log(y))
+    return _normalize(who, total, Y, normalization)
+
+
+def index_crossentropy(Y, T, *, normalization: str = "batch-size"):
+    r"""Cross-entropy with integer class labels (MATLAB ``indexcrossentropy``; labels from 0).
+
+    Args:
+      Y: probabilities with a ``C`` axis.
+      T: integer labels, shaped like ``Y`` without its ``C`` axis.
+      normalization: ``"batch-size"`` (default) or ``"none"``.
+
+    Examples:
+      >>> import jax.numpy as jnp
+      >>> import difffn as df
+      >>> Y = jnp.array([[0.5, 0.5], [0.25, 0.75]])
+      >>> float(df.losses.index_crossentropy(Y, jnp.array([0, 1])))
+      0.4904...
+    """
+    who = "index_crossentropy"
+    t = _targets(who, Y, T)
+    if not jnp.issubdtype(t.dtype, jnp.integer):
+        raise OptionsError(
+            f"{who}: the targets must be integer class indices; got dtype {t.dtype}. Fix: use "
+            "crossentropy for one-hot targets, or pass labels.astype(int)."
+        )
+    return crossentropy(Y, t, normalization=normalization)
+
+
+def binary_crossentropy(Y, T, *, normalization: str = "batch-size"):
+    r"""Binary cross-entropy :math:`-\frac{1}{N}\sum T\log Y + (1-T)\log(1-Y)`.
+
+    For independent (multi-label) probabilities, e.g. a sigmoid output; ``T`` holds 0/1 values
+    of ``Y``'s shape.
+
+    Examples:
+      >>> import jax.numpy as jnp
+      >>> import difffn as df
+      >>> float(df.losses.binary_crossentropy(jnp.array([[0.8], [0.4]]), jnp.array([[1.0], [0.0]])))
+      0.3669...
+    """
+    who = "binary_crossentropy"
+    y = _float(Y)
+    t = _targets(who, Y, T).astype(y.dtype)
+    _same_shape(who, y, t)
+    total = -jnp.sum(t * _safe_log(y) + (1 - t) * _safe_log(1 - y))
+    return _normalize(who, total, Y, normalization)
+
+
+def mse(Y, T):
+    r"""MATLAB's half mean squared error :math:`\frac{1}{2N}\sum (Y - T)^2` (``N`` observations).
+
+    Examples:
+      >>> import jax.numpy as jnp
+      >>> import difffn as df
+      >>> float(df.losses.mse(jnp.array([[1.0, 2.0], [3.0, 4.0]]), jnp.zeros((2, 2))))  # 30/4
+      7.5
+    """
+    who = "mse"
+    y = _float(Y)
+    t = _targets(who, Y, T).astype(y.dtype)
+    _same_shape(who, y, t)
+    return jnp.sum(jnp.square(y - t)) / (2 * _observations(Y))
+
+
+def l1loss(Y, T, *, normalization: str = "batch-size"):
+    r"""Absolute error :math:`\frac{1}{N}\sum |Y - T|` (MATLAB ``l1loss``; trainnet ``"mae"``).
+
+    Examples:
+      >>> import jax.numpy as jnp
+      >>> import difffn as df
+      >>> float(df.losses.l1loss(jnp.array([[1.0, -2.0], [3.0, 4.0]]), jnp.zeros((2, 2))))
+      5.0
+    """
+    who = "l1loss"
+    y = _float(Y)
+    t = _targets(who, Y, T).astype(y.dtype)
+    _same_shape(who, y, t)
+    return _normalize(who, jnp.sum(jnp.abs(y - t)), Y, normalization)
+
+
+def l2loss(Y, T, *, normalization: str = "batch-size"):
+    r"""Squared error :math:`\frac{1}{N}\sum (Y - T)^2` (MATLAB ``l2loss``; no half, unlike mse).
+
+    Examples:
+      >>> import jax.numpy as jnp
+      >>> import difffn as df
+      >>> float(df.losses.l2loss(jnp.array([[1.0, 2.0], [3.0, 4.0]]), jnp.zeros((2, 2))))
+      15.0
+    """
+    who = "l2loss"
+    y = _float(Y)
+    t = _targets(who, Y, T).astype(y.dtype)
+    _same_shape(who, y, t)
+    return _normalize(who, jnp.sum(jnp.square(y - t)), Y, normalization)
+
+
+def huber(Y, T, *, transition_point: float = 1.0, normalization: str = "batch-size"):
+    r"""Huber loss (MATLAB ``huber``), summed over elements and normalized.
+
+    Per element, with :math:`z = Y - T`: :math:`\frac{1}{2}z^2` where :math:`|z| \le \delta`,
+    else :math:`\delta(|z| - \frac{1}{2}\delta)`; :math:`\delta` is ``transition_point``.
+
+    Examples:
+      >>> import jax.numpy as jnp
+      >>> import difffn as df
+      >>> float(df.losses.huber(jnp.array([[0.5, 3.0]]), jnp.zeros((1, 2))))  # 0.125 + 2.5
+      2.625
+    """
+    who = "huber"
+    if not transition_point > 0:
+        raise OptionsError(f"{who}: transition_point must be positive; got {transition_point!r}.")
+    y = _float(Y)
+    t = _targets(who, Y, T).astype(y.dtype)
+    _same_shape(who, y, t)
+    z = jnp.abs(y - t)
+    d = transition_point
+    per_element = jnp.where(z <= d, 0.5 * jnp.square(z), d * (z - 0.5 * d))
+    return _normalize(who, jnp.sum(per_element), Y, normalization)
+
+
+LOSSES = {
+    "crossentropy": crossentropy,
+    "index-crossentropy": index_crossentropy,
+    "binary-crossentropy": binary_crossentropy,
+    "mse": mse,
+    "mean-squared-error": mse,
+    "l1loss": l1loss,
+    "mae": l1loss,
+    "mean-absolute-error": l1loss,
+    "l2loss": l2loss,
+    "huber": huber,
+}
+
+
+def canonical(name: str) -> str:
+    return name.strip().lower().replace("_", "-")
+
+
+def get_loss(loss, *, who: str = "trainnet"):
+    """A loss callable from a name, a callable or a ``DifferentiableFunction``."""
+    if isinstance(loss, str):
+        fn = LOSSES.get(canonical(loss))
+        if fn is None:
+            raise OptionsError(
+                f"{who}: unknown loss {loss!r}; the built-in losses are "
+                f"{sorted(LOSSES)} (or pass any callable loss(Y, T) returning a scalar)."
+            )
+        return fn
+    if callable(loss):
+        return loss
+    raise OptionsError(
+        f"{who}: loss must be a name ({sorted(LOSSES)}), a callable loss(Y, T) or a "
+        f"df.DifferentiableFunction; got {type(loss).__name__}."
+    )
+
+
+def loss_name(loss) -> str:
+    if isinstance(loss, str):
+        return canonical(loss)
+    return getattr(loss, "__name__", type(loss).__name__)
