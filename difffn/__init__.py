@@ -36,6 +36,7 @@ from ._layer import Layer as Layer
 from ._layer import learnable as learnable
 from ._layer import state as state
 from ._network import Network as Network
+from ._options import TrainingOptions as TrainingOptions
 from ._serialization import load as load
 from ._serialization import save as save
 from ._table import ParameterTable as ParameterTable

@@ -1,0 +1,305 @@
+r"""Learn-rate schedules: MATLAB's ``LearnRateSchedule`` values, as functions of (iteration, epoch).
+
+``learn_rate_schedule`` takes a name, a callable, or a sequence of them run one after another
+(MATLAB's cell array of schedules: each runs for its ``num_steps``, then the next one starts;
+the last one runs to the end). Every named schedule gives a *factor* that multiplies
+``initial_learn_rate``; ``k`` below counts completed steps of the schedule (epochs or
+iterations, per its ``frequency_unit``), from 0.
+
+* ``"none"``: 1.
+* ``"piecewise"``: ``drop_factor ** (k // period)``. Settings: ``drop_factor`` (default:
+  the option ``learn_rate_drop_factor``, 0.1), ``period`` (default: ``learn_rate_drop_period``,
+  10); unit epoch.
+* ``"warmup"``: linear from ``initial_factor`` (0.1) to ``final_factor`` (1) over
+  ``num_steps`` (5) epochs, then ``final_factor``.
+* ``"polynomial"``: ``final + (initial - final) * (1 - k / num_steps) ** power``, then
+  ``final``. Settings: ``initial_factor`` 1, ``final_factor`` 0, ``power`` 1, ``num_steps``
+  (default: the whole training, ``max_epochs``); unit epoch.
+* ``"exponential"``: ``initial_factor * drop_factor ** (k / period)``. Settings:
+  ``initial_factor`` 1, ``drop_factor`` 0.9, ``period`` 1; unit epoch.
+* ``"cosine"``: ``min + (max - min) * (1 + cos(pi * t / P)) / 2`` with warm restarts: ``t``
+  counts from the last restart and each period is ``period_growth`` times the previous one.
+  Settings: ``max_factor`` 1, ``min_factor`` 0, ``period`` (default: the whole training),
+  ``period_growth`` 1; unit epoch.
+* ``"cyclical"``: triangular, from 1 up to ``max_factor`` (10) during the first ``step_ratio``
+  (0.5) of each ``period`` (10), then back down; unit epoch.
+
+Every named schedule also takes ``frequency_unit`` (``"epoch"`` or ``"iteration"``) and
+``num_steps`` (how long it runs inside a sequence; default: to the end, except ``warmup``).
+Settings go in ``learn_rate_schedule_settings``: a dict of settings when one schedule is named,
+or a dict from schedule name to its settings.
+
+A callable is a custom schedule returning the learn rate itself, either MATLAB style
+``fn(initial_learn_rate, iteration, epoch)`` (both counted from 1) or an optax schedule
+``fn(count)`` with ``count = iteration - 1`` (e.g. ``optax.cosine_decay_schedule(0.01, 1000)``).
+"""
+
+from __future__ import annotations
+
+import inspect
+import math
+import numbers
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from ._errors import OptionsError
+
+NAMES = ("none", "piecewise", "warmup", "polynomial", "exponential", "cosine", "cyclical")
+UNITS = ("epoch", "iteration")
+_INF = math.inf
+
+# Defaults per schedule; None means "filled from the options" (see resolve_settings).
+DEFAULTS: dict[str, dict[str, Any]] = {
+    "none": {},
+    "piecewise": {"drop_factor": None, "period": None},
+    "warmup": {"initial_factor": 0.1, "final_factor": 1.0, "num_steps": 5},
+    "polynomial": {"initial_factor": 1.0, "final_factor": 0.0, "power": 1.0, "num_steps": None},
+    "exponential": {"initial_factor": 1.0, "drop_factor": 0.9, "period": 1.0},
+    "cosine": {"max_factor": 1.0, "min_factor": 0.0, "period": None, "period_growth": 1.0},
+    "cyclical": {"max_factor": 10.0, "period": 10.0, "step_ratio": 0.5},
+}
+for _name, _settings in DEFAULTS.items():
+    if _name != "none":
+        _settings.setdefault("num_steps", _INF)
+        _settings.setdefault("frequency_unit", "epoch")
+
+
+def _is_real(value) -> bool:
+    return isinstance(value, numbers.Real) and not isinstance(value, bool)
+
+
+def _check_setting(schedule: str, key: str, value):
+    where = f"learn_rate_schedule_settings[{schedule!r}][{key!r}]"
+    if key == "frequency_unit":
+        if value not in UNITS:
+            raise OptionsError(f"{where} must be one of {list(UNITS)}; got {value!r}.")
+        return value
+    if not _is_real(value) or math.isnan(value):
+        raise OptionsError(f"{where} must be a real number; got {value!r}.")
+    value = float(value)
+    if key == "num_steps" and not (value == _INF or (value >= 1 and value == int(value))):
+        raise OptionsError(f"{where} must be a positive integer or math.inf; got {value!r}.")
+    if key in ("period", "power") and not (0 < value < _INF):
+        raise OptionsError(f"{where} must be positive and finite; got {value!r}.")
+    if key == "step_ratio" and not 0 < value < 1:
+        raise OptionsError(f"{where} must be in (0, 1); got {value!r}.")
+    if key == "period_growth" and not 1 <= value < _INF:
+        raise OptionsError(f"{where} must be at least 1; got {value!r}.")
+    if key.endswith("factor") and not 0 <= value < _INF:
+        raise OptionsError(f"{where} must be non-negative and finite; got {value!r}.")
+    return value
+
+
+def _callable_kind(fn) -> str:
+    try:
+        params = inspect.signature(fn).parameters.values()
+    except (TypeError, ValueError):
+        return "optax"
+    positional = [p for p in params if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
+    if any(p.kind is p.VAR_POSITIONAL for p in params) or len(positional) >= 3:
+        return "matlab"
+    if len(positional) >= 1:
+        return "optax"
+    raise OptionsError(
+        f"learn_rate_schedule: the callable {fn!r} takes no positional arguments; expected "
+        "fn(initial_learn_rate, iteration, epoch) or an optax schedule fn(count)."
+    )
+
+
+def validate(schedule, settings) -> tuple[tuple[Any, ...], dict[str, dict[str, Any]]]:
+    """Check ``learn_rate_schedule`` and its settings; return (parts, settings per name)."""
+    parts = (
+        tuple(schedule)
+        if isinstance(schedule, Sequence) and not isinstance(schedule, str)
+        else (schedule,)
+    )
+    if not parts:
+        raise OptionsError("learn_rate_schedule is an empty sequence; use 'none' for none.")
+    for i, part in enumerate(parts):
+        if isinstance(part, str):
+            if part not in NAMES:
+                raise OptionsError(
+                    f"learn_rate_schedule {part!r} is not a schedule; expected one of "
+                    f"{list(NAMES)}, a callable fn(initial_learn_rate, iteration, epoch), an "
+                    "optax schedule fn(count), or a sequence of those."
+                )
+        elif callable(part):
+            _callable_kind(part)
+            if i != len(parts) - 1:
+                raise OptionsError(
+                    "learn_rate_schedule: a callable schedule runs to the end of training, so "
+                    "it can only be the last entry of a sequence."
+                )
+        else:
+            raise OptionsError(
+                f"learn_rate_schedule entries must be names ({list(NAMES)}) or callables; got "
+                f"{type(part).__name__}."
+            )
+    named = [p for p in parts if isinstance(p, str) and p != "none"]
+    if len(named) != len(set(named)):
+        raise OptionsError(
+            f"learn_rate_schedule names a schedule twice ({named}); each may appear once "
+            "because learn_rate_schedule_settings is keyed by name."
+        )
+    settings = {} if settings is None else settings
+    if not isinstance(settings, Mapping):
+        raise OptionsError(
+            f"learn_rate_schedule_settings must be a dict; got {type(settings).__name__}."
+        )
+    if settings and all(k in NAMES for k in settings):
+        per_name = {k: dict(v) if isinstance(v, Mapping) else v for k, v in settings.items()}
+    elif settings and len(named) == 1:
+        per_name = {named[0]: dict(settings)}
+    elif settings:
+        raise OptionsError(
+            "learn_rate_schedule_settings: with several schedules "
+            f"{named}, key the settings by schedule name, e.g. "
+            "{'warmup': {'num_steps': 3}, 'cosine': {'period': 20}}."
+        )
+    else:
+        per_name = {}
+    for name, values in per_name.items():
+        if name not in named:
+            raise OptionsError(
+                f"learn_rate_schedule_settings has settings for {name!r}, which "
+                f"learn_rate_schedule ({schedule!r}) does not use."
+            )
+        if not isinstance(values, Mapping):
+            raise OptionsError(
+                f"learn_rate_schedule_settings[{name!r}] must be a dict; got "
+                f"{type(values).__name__}."
+            )
+        valid = DEFAULTS[name]
+        for key, value in values.items():
+            if key not in valid:
+                raise OptionsError(
+                    f"learn_rate_schedule_settings[{name!r}] has no setting {key!r}; the "
+                    f"settings of {name!r} are {sorted(valid)}."
+                )
+            values[key] = _check_setting(name, key, value)
+    return parts, per_name
+
+
+@dataclass(frozen=True)
+class _Phase:
+    factor: Callable[[float], float] | None  # of the local step; None for a custom callable
+    custom: Callable | None
+    custom_kind: str
+    unit: str
+    num_steps: float
+
+
+def _factor_function(name: str, s: dict[str, Any]) -> Callable[[float], float]:
+    if name == "none":
+        return lambda k: 1.0
+    if name == "piecewise":
+        return lambda k: s["drop_factor"] ** (k // s["period"])
+    if name == "warmup":
+        n = s["num_steps"]
+        return lambda k: (
+            s["initial_factor"] + (s["final_factor"] - s["initial_factor"]) * min(k / n, 1.0)
+        )
+    if name == "polynomial":
+        n = s["num_steps"]
+        return lambda k: (
+            s["final_factor"]
+            + (s["initial_factor"] - s["final_factor"]) * (max(1.0 - k / n, 0.0) ** s["power"])
+        )
+    if name == "exponential":
+        return lambda k: s["initial_factor"] * s["drop_factor"] ** (k / s["period"])
+    if name == "cosine":
+
+        def cosine(k):
+            period, t = s["period"], float(k)
+            while t >= period:
+                t -= period
+                period *= s["period_growth"]
+            low, high = s["min_factor"], s["max_factor"]
+            return low + (high - low) * (1 + math.cos(math.pi * t / period)) / 2
+
+        return cosine
+    if name == "cyclical":
+
+        def cyclical(k):
+            position = (k % s["period"]) / s["period"]
+            up = s["step_ratio"]
+            rise = position / up if position < up else (1 - position) / (1 - up)
+            return 1.0 + (s["max_factor"] - 1.0) * rise
+
+        return cyclical
+    raise AssertionError(name)
+
+
+class LearnRateSchedule:
+    """The learn rate of every iteration: ``schedule(iteration, epoch)`` (both from 1).
+
+    A pure function of its arguments, so training can resume at any iteration.
+    """
+
+    def __init__(self, options, iterations_per_epoch: int | None):
+        parts, per_name = validate(
+            options.learn_rate_schedule, options.learn_rate_schedule_settings
+        )
+        self.initial = float(options.initial_learn_rate)
+        self.iterations_per_epoch = iterations_per_epoch
+        phases = []
+        for part in parts:
+            if callable(part) and not isinstance(part, str):
+                phases.append(_Phase(None, part, _callable_kind(part), "iteration", _INF))
+                continue
+            s = {**DEFAULTS[part], **per_name.get(part, {})}
+            if part == "piecewise":
+                s["drop_factor"] = (
+                    options.learn_rate_drop_factor if s["drop_factor"] is None else s["drop_factor"]
+                )
+                s["period"] = options.learn_rate_drop_period if s["period"] is None else s["period"]
+            if part != "none":
+                whole = options.max_epochs
+                if s["frequency_unit"] == "iteration":
+                    whole = options.max_epochs * (iterations_per_epoch or 1)
+                for key in ("num_steps", "period"):
+                    if key in s and s[key] is None:
+                        s[key] = float(whole)
+            phases.append(
+                _Phase(
+                    _factor_function(part, s),
+                    None,
+                    "",
+                    s.get("frequency_unit", "epoch"),
+                    s.get("num_steps", _INF),
+                )
+            )
+        self.phases = tuple(phases)
+        if len({p.unit for p in phases}) > 1 and iterations_per_epoch is None:
+            raise OptionsError(
+                "learn_rate_schedule mixes epoch and iteration units in a sequence, which needs "
+                "the number of iterations per epoch; the training data is an iterable without "
+                "len(). Fix: give every schedule the same frequency_unit, or make the data "
+                "define __len__."
+            )
+
+    def __call__(self, iteration: int, epoch: int) -> float:
+        done_iterations, done_epochs = iteration - 1, epoch - 1
+        start_iteration, start_epoch = 0, 0.0
+        ipe = self.iterations_per_epoch
+        for n, phase in enumerate(self.phases):
+            if phase.unit == "iteration":
+                local = done_iterations - start_iteration
+            elif start_epoch == int(start_epoch):
+                local = done_epochs - int(start_epoch)
+            else:
+                local = (done_iterations - start_iteration) // ipe
+            if local < phase.num_steps or n == len(self.phases) - 1:
+                if phase.custom is None:
+                    return self.initial * phase.factor(local)
+                if phase.custom_kind == "matlab":
+                    return float(phase.custom(self.initial, iteration, epoch))
+                return float(phase.custom(done_iterations))
+            if phase.unit == "iteration":
+                start_iteration += int(phase.num_steps)
+                start_epoch = start_iteration / ipe if ipe else start_epoch
+            else:
+                start_epoch += phase.num_steps
+                start_iteration += int(phase.num_steps) * (ipe or 0)
+        raise AssertionError("unreachable")
