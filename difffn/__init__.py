@@ -3,6 +3,7 @@
 This module only re-exports; each concept lives in one private module.
 """
 
+from . import data as data
 from . import layers as layers
 from . import losses as losses
 from . import metrics as metrics
