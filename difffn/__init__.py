@@ -38,8 +38,16 @@ from ._layer import learnable as learnable
 from ._layer import state as state
 from ._network import Network as Network
 from ._options import TrainingOptions as TrainingOptions
+from ._predict import minibatchpredict as minibatchpredict
+from ._predict import scores2label as scores2label
+from ._predict import testnet as testnet
 from ._serialization import load as load
 from ._serialization import save as save
+from ._solvers import adamupdate as adamupdate
+from ._solvers import rmspropupdate as rmspropupdate
+from ._solvers import sgdmupdate as sgdmupdate
 from ._table import ParameterTable as ParameterTable
+from ._trainer import TrainingInfo as TrainingInfo
+from ._trainer import trainnet as trainnet
 
 __version__ = "0.1.0"

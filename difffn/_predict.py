@@ -1,0 +1,223 @@
+"""Prediction and testing in mini-batches: ``minibatchpredict``, ``testnet``, ``scores2label``.
+
+``minibatchpredict`` runs ``net.predict`` (compiled and cached per input signature) on
+mini-batches. When there is more than one mini-batch, the last partial one is padded to the
+full size and the padding is cut from the outputs, so one compiled trace serves every batch.
+Dispatch is asynchronous: the host queues every batch before anything waits.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from . import _batches
+from ._errors import OptionsError
+from ._format import FormattedArray, stripdims
+from ._losses import LOSSES, canonical
+from ._losses import _layout as _prediction_layout
+from ._metrics import FunctionMetric, get_metric
+from ._network import Network
+
+
+def _check_net(who: str, net) -> None:
+    if not isinstance(net, Network):
+        raise OptionsError(f"{who}: net must be a df.Network; got {type(net).__name__}.")
+
+
+def _check_size(who: str, mini_batch_size) -> int:
+    if isinstance(mini_batch_size, bool) or not isinstance(mini_batch_size, int):
+        raise OptionsError(
+            f"{who}: mini_batch_size must be a positive int; got {mini_batch_size!r}."
+        )
+    if mini_batch_size < 1:
+        raise OptionsError(
+            f"{who}: mini_batch_size must be a positive int; got {mini_batch_size!r}."
+        )
+    return mini_batch_size
+
+
+def minibatchpredict(net, *X, mini_batch_size: int = 128, outputs=None, acceleration="auto"):
+    """Predict in mini-batches (MATLAB ``minibatchpredict``).
+
+    Args:
+      net: an initialized ``df.Network``.
+      *X: one array per network input (plain arrays take the input layer's format; the batch
+        axis is the ``B`` label).
+      mini_batch_size: observations per batch (128).
+      outputs: names of the outputs to return (default: the network outputs).
+      acceleration: passed to ``net.predict``.
+
+    Returns:
+      The outputs for all observations, concatenated along their batch axis (one array, or a
+      tuple for several outputs), formatted as ``net.predict`` formats them.
+
+    Examples:
+      >>> import jax, jax.numpy as jnp
+      >>> import difffn as df
+      >>> net = df.Network([df.layers.FeatureInput(3, name="in"), df.layers.Softmax(name="sm")])
+      >>> net = net.initialize(key=jax.random.key(0))
+      >>> scores = df.minibatchpredict(net, jnp.zeros((300, 3)), mini_batch_size=128)
+      >>> scores.format, scores.shape
+      ('BC', (300, 3))
+    """
+    who = "minibatchpredict"
+    _check_net(who, net)
+    size = _check_size(who, mini_batch_size)
+    if len(X) != len(net.input_names):
+        raise OptionsError(
+            f"{who}: the network has {len(net.input_names)} input(s) {list(net.input_names)}; "
+            f"got {len(X)} array(s)."
+        )
+    known = net._known_input_layouts()
+    axes = [
+        _batches.batch_axis(x, lo.format if lo else None, what=f"{who}: input {k}")
+        for k, (x, lo) in enumerate(zip(X, known, strict=True))
+    ]
+    counts = {_batches.count(x, a) for x, a in zip(X, axes, strict=True)}
+    if len(counts) != 1:
+        raise OptionsError(f"{who}: the inputs have different numbers of observations {counts}.")
+    n = counts.pop()
+    results = []
+    for start in range(0, n, size):
+        stop = min(start + size, n)
+        xs = [_batches.slice_host(x, start, stop, a) for x, a in zip(X, axes, strict=True)]
+        if stop - start < size and n > size:
+            xs = [_batches.pad(x, size, a) for x, a in zip(xs, axes, strict=True)]
+        ys = net.predict(*xs, outputs=outputs, acceleration=acceleration)
+        ys = ys if isinstance(ys, tuple) else (ys,)
+        if stop - start < size and n > size:
+            ys = tuple(_batches.slice_host(y, 0, stop - start, _output_axis(y)) for y in ys)
+        results.append(ys)
+    merged = tuple(
+        _batches.concatenate([r[i] for r in results], _output_axis(results[0][i]))
+        for i in range(len(results[0]))
+    )
+    return merged[0] if len(merged) == 1 else merged
+
+
+def _output_axis(y) -> int:
+    _, b, _ = _prediction_layout(y)
+    return 0 if b is None else b
+
+
+def _metric_for(spec, who):
+    if isinstance(spec, str) and canonical(spec) in LOSSES:
+        return FunctionMetric(LOSSES[canonical(spec)], name=canonical(spec), maximize=False)
+    return get_metric(spec, who=who)
+
+
+def testnet(net, *args, mini_batch_size: int = 128):
+    """Evaluate metrics of a network on test data (MATLAB ``testnet``).
+
+    Two forms: ``testnet(net, X, T, metrics)`` and ``testnet(net, data, metrics)`` with an
+    iterable of ``(inputs..., targets...)`` batches.
+
+    Args:
+      net: an initialized ``df.Network``.
+      X: an array or a tuple of arrays (one per network input).
+      T: the targets (integer labels or one-hot for classification).
+      metrics: one name or a list: metrics (``"accuracy"`` (in percent), ``"precision"``,
+        ``"recall"``, ``"fscore"``, ``"auc"``, ``"rmse"``), losses (``"crossentropy"``,
+        ``"mse"``, ...), callables ``fn(Y, T)`` or ``df.metrics.Metric`` objects.
+      mini_batch_size: observations per prediction batch (128).
+
+    Returns:
+      A float for one metric, or a dict from metric name to float for a list. Metrics use the
+      first network output and the first target.
+
+    Examples:
+      >>> import jax, jax.numpy as jnp
+      >>> import difffn as df
+      >>> net = df.Network([df.layers.FeatureInput(2, name="in"), df.layers.Softmax(name="sm")])
+      >>> net = net.initialize(key=jax.random.key(0))
+      >>> X = jnp.array([[2.0, 0.0], [0.0, 1.0], [1.0, 3.0]])
+      >>> df.testnet(net, X, jnp.array([0, 1, 0]), "accuracy")
+      66.66...
+    """
+    who = "testnet"
+    _check_net(who, net)
+    size = _check_size(who, mini_batch_size)
+    if len(args) == 3:
+        X, T, metrics = args
+        xs = X if isinstance(X, (tuple, list)) else (X,)
+        outputs = minibatchpredict(net, *xs, mini_batch_size=size)
+        ys = outputs if isinstance(outputs, tuple) else (outputs,)
+        ts = T if isinstance(T, (tuple, list)) else (T,)
+        batches = [(ys, ts)]
+    elif len(args) == 2:
+        data, metrics = args
+        batches = []
+        k = len(net.input_names)
+        for item in data:
+            item = tuple(item)
+            ys = net.predict(*item[:k])
+            batches.append((ys if isinstance(ys, tuple) else (ys,), item[k:]))
+        if not batches:
+            raise OptionsError(f"{who}: the data iterable is empty.")
+    else:
+        raise OptionsError(
+            f"{who} takes (net, X, T, metrics) or (net, data, metrics); got {len(args) + 1} "
+            "positional arguments."
+        )
+    single = isinstance(metrics, str) or not isinstance(metrics, (list, tuple))
+    specs = [metrics] if single else list(metrics)
+    results = {}
+    for spec in specs:
+        metric = _metric_for(spec, who)
+        state = None
+        for ys, ts in batches:
+            if isinstance(metric, FunctionMetric):
+                update = metric.update(metric.init(ys[0]), ys, tuple(ts))
+            else:
+                update = metric.update(metric.init(ys[0]), ys[0], ts[0])
+            state = update if state is None else metric.merge(state, update)
+        results[metric.name] = float(metric.compute(state))
+    return next(iter(results.values())) if single else results
+
+
+testnet.__test__ = False  # not a pytest test, despite its name
+
+
+def scores2label(scores, class_names=None, *, mode: str = "single-label", threshold: float = 0.5):
+    """Labels from classification scores (MATLAB ``scores2label``).
+
+    Args:
+      scores: probabilities with a class axis (the ``C`` label; last axis of a plain array).
+      class_names: optional names, one per class; labels are then names instead of indices.
+      mode: ``"single-label"`` (the highest score) or ``"multilabel"`` (every class whose score
+        reaches ``threshold``: a boolean array like ``scores``).
+      threshold: for ``"multilabel"`` (0.5).
+
+    Returns:
+      Integer class indices (numpy, the scores' shape without the class axis), or the names
+      at those indices; for ``"multilabel"``, a boolean mask.
+
+    Examples:
+      >>> import numpy as np
+      >>> import difffn as df
+      >>> df.scores2label(np.array([[0.1, 0.9], [0.8, 0.2]]), ["cat", "dog"])
+      array(['dog', 'cat'], dtype='<U3')
+    """
+    _, _, c = _prediction_layout(scores)
+    data = np.asarray(stripdims(scores) if isinstance(scores, FormattedArray) else scores)
+    if c is None:
+        raise OptionsError(
+            f"scores2label: scores of shape {data.shape} have no class axis. Fix: pass scores "
+            "with one column per class."
+        )
+    if mode == "multilabel":
+        return data >= threshold
+    if mode != "single-label":
+        raise OptionsError(
+            f"scores2label: mode must be 'single-label' or 'multilabel'; got {mode!r}."
+        )
+    index = np.argmax(data, axis=c).astype(np.int32)
+    if class_names is None:
+        return index
+    names = np.asarray(class_names)
+    if names.ndim != 1 or names.shape[0] != data.shape[c]:
+        raise OptionsError(
+            f"scores2label: {names.size} class names for {data.shape[c]} classes. Fix: one name "
+            "per class, in class order."
+        )
+    return names[index]

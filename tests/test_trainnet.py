@@ -1,0 +1,483 @@
+"""trainnet: each option's effect, the history and info, logging, data forms and errors."""
+
+from __future__ import annotations
+
+import os
+import re
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from helpers import assert_tree_allclose
+from training_layers import (
+    Affine,
+    RunningMean,
+    classification_data,
+    classifier_net,
+    regression_data,
+    regression_net,
+)
+
+import difffn as df
+
+
+def quiet(**options):
+    return df.TrainingOptions(**{"verbose": False, **options})
+
+
+# -- basics ---------------------------------------------------------------------------------------
+
+
+def test_regression_converges_and_returns_a_trained_network(key):
+    X, T = regression_data(128)
+    net = regression_net().initialize(key=key)
+    before = {k: np.array(v) for k, v in net.learnables.items()}
+    opts = quiet(solver="adam", initial_learn_rate=0.05, max_epochs=40, mini_batch_size=32)
+    trained, info = df.trainnet(X, T, net, "mse", opts)
+    assert isinstance(trained, df.Network) and isinstance(info, df.TrainingInfo)
+    assert info.training_history["loss"][-1] < 1e-2 < info.training_history["loss"][0]
+    assert info.stop_reason == "Max epochs completed"
+    assert info.output_network_iteration == 40 * 4 == len(info.training_history)
+    # the caller's network is untouched (the step donates only its own copies)
+    for k, v in net.learnables.items():
+        np.testing.assert_array_equal(v, before[k])
+
+
+def test_history_columns_and_values():
+    X, T = classification_data(64)
+    opts = quiet(max_epochs=2, mini_batch_size=16, metrics=["accuracy", "fscore"])
+    _, info = df.trainnet(X, T, classifier_net(), "crossentropy", opts)
+    h = info.training_history
+    assert h.columns == (
+        "iteration",
+        "epoch",
+        "time_elapsed",
+        "learn_rate",
+        "loss",
+        "accuracy",
+        "fscore",
+    )
+    np.testing.assert_array_equal(h["iteration"], np.arange(1, 9))
+    np.testing.assert_array_equal(h["epoch"], [1] * 4 + [2] * 4)
+    np.testing.assert_allclose(h["learn_rate"], 0.01)
+    assert np.all((h["accuracy"] >= 0) & (h["accuracy"] <= 100))
+    assert np.all(np.diff(h["time_elapsed"]) >= 0)
+    assert len(info.validation_history) == 0
+    assert len(h.rows()) == 8 and h.rows()[0]["iteration"] == 1
+
+
+def test_uninitialized_network_is_initialized_from_the_key():
+    X, T = regression_data(32)
+    opts = quiet(max_epochs=1, mini_batch_size=32)
+    a, _ = df.trainnet(X, T, regression_net(), "mse", opts, key=jax.random.key(1))
+    b, _ = df.trainnet(X, T, regression_net(), "mse", opts, key=jax.random.key(1))
+    c, _ = df.trainnet(X, T, regression_net(), "mse", opts, key=jax.random.key(2))
+    assert_tree_allclose(a.learnables, b.learnables)
+    assert not np.allclose(a.learnables["fc/weights"], c.learnables["fc/weights"])
+
+
+def test_input_normalization_statistics_are_computed_from_the_training_data(capsys):
+    X, T = regression_data(64)
+    X = X * 3 + 5
+    net = df.Network(
+        [df.layers.FeatureInput(3, normalization="zscore", name="in"), Affine(name="fc")]
+    )
+    trained, _ = df.trainnet(X, T, net, "mse", df.TrainingOptions(max_epochs=1, mini_batch_size=64))
+    layer = trained.layer("in")
+    np.testing.assert_allclose(layer.mean, X.mean(0), rtol=1e-5)
+    np.testing.assert_allclose(layer.standard_deviation, X.std(0), rtol=1e-4)
+    assert "Initializing input data normalization." in capsys.readouterr().out
+
+
+def test_state_is_updated_during_training(key):
+    X, T = regression_data(64)
+    net = df.Network(
+        [df.layers.FeatureInput(3, name="in"), RunningMean(name="rm"), Affine(name="fc")]
+    ).initialize(key=key)
+    trained, _ = df.trainnet(X, T, net, "mse", quiet(max_epochs=4, mini_batch_size=64))
+    # four updates of mean <- (mean + batch mean) / 2 from 0
+    np.testing.assert_allclose(trained.state["rm/mean"], X.mean(0) * (1 - 0.5**4), rtol=1e-5)
+
+
+class EagerScale(df.Layer):
+    """Python control flow on values: the network runs it eagerly."""
+
+    acceleratable = False
+    w: jax.Array | None = df.learnable(default=None)
+
+    def initialize(self, layout, *, key):
+        return self if self.w is not None else self.replace(w=jnp.ones((1, layout.size("C"))))
+
+    def predict(self, x):
+        if float(jnp.max(jnp.abs(x))) > 1e6:
+            return x
+        return x * self.w
+
+
+def test_non_acceleratable_networks_train_eagerly(key):
+    X, T = regression_data(32)
+    net = df.Network(
+        [df.layers.FeatureInput(3, name="in"), EagerScale(name="scale"), Affine(name="fc")]
+    ).initialize(key=key)
+    assert not net.acceleratable
+    trained, info = df.trainnet(X, T, net, "mse", quiet(max_epochs=3, mini_batch_size=16))
+    assert len(info.training_history) == 6
+    assert not np.allclose(trained.learnables["scale/w"], 1.0)
+
+
+# -- data order: last partial batch, shuffle, key -------------------------------------------------
+
+
+def index_probe(n=70, batch=32):
+    """A frozen model whose batch loss is the mean index of the batch's observations."""
+    X = np.arange(n, dtype=np.float32)[:, None]
+    T = np.zeros((n, 1), np.float32)
+    net = df.Network([df.layers.FeatureInput(1, name="in"), Affine(name="fc")])
+    net = net.initialize(key=jax.random.key(0)).replace(
+        learnables={"fc/weights": jnp.ones((1, 1)), "fc/bias": jnp.zeros((1, 1))}
+    )
+    net = df.set_learn_rate_factor(df.set_learn_rate_factor(net, "fc/weights", 0), "fc/bias", 0)
+    return X, T, net
+
+
+def batch_means(shuffle, *, key=0, epochs=3):
+    X, T, net = index_probe()
+    opts = quiet(max_epochs=epochs, mini_batch_size=32, shuffle=shuffle)
+    _, info = df.trainnet(X, T, net, "l1loss", opts, key=jax.random.key(key))
+    return info.training_history["loss"].reshape(epochs, -1)
+
+
+def test_last_partial_batch_is_dropped_and_never_keeps_the_order():
+    means = batch_means("never")
+    assert means.shape == (3, 2)  # 70 observations: two batches of 32, the last 6 dropped
+    np.testing.assert_allclose(means, [[15.5, 47.5]] * 3)
+
+
+def test_shuffle_once_keeps_one_order_and_every_epoch_reshuffles():
+    once = batch_means("once")
+    assert not np.allclose(once[0], [15.5, 47.5])
+    np.testing.assert_allclose(once[0], once[1])
+    np.testing.assert_allclose(once[0], once[2])
+    every = batch_means("every-epoch")
+    assert not np.allclose(every[0], every[1])
+
+
+def test_the_key_fixes_the_shuffle():
+    np.testing.assert_allclose(batch_means("every-epoch", key=3), batch_means("every-epoch", key=3))
+    assert not np.allclose(batch_means("once", key=3), batch_means("once", key=4))
+
+
+def test_learn_rate_schedule_is_applied_per_epoch():
+    X, T = regression_data(64)
+    opts = quiet(
+        max_epochs=5,
+        mini_batch_size=32,
+        learn_rate_schedule="piecewise",
+        learn_rate_drop_period=2,
+        learn_rate_drop_factor=0.5,
+    )
+    _, info = df.trainnet(X, T, regression_net(), "mse", opts)
+    np.testing.assert_allclose(
+        info.training_history["learn_rate"], [0.01] * 4 + [0.005] * 4 + [0.0025] * 2
+    )
+
+
+# -- validation: patience, best network, metrics --------------------------------------------------
+
+
+def test_validation_patience_stops_training():
+    X, T = regression_data(64)
+    opts = quiet(
+        max_epochs=10,
+        mini_batch_size=32,
+        validation_data=(X, T),
+        validation_frequency=1,
+        validation_patience=2,
+        learn_rate_schedule=lambda lr, iteration, epoch: 1e-30,  # nothing improves
+    )
+    _, info = df.trainnet(X, T, regression_net(), "mse", opts)
+    assert info.stop_reason == "Stopped by validation patience"
+    assert len(info.training_history) == 2
+    np.testing.assert_array_equal(info.validation_history["iteration"], [0, 1, 2])
+
+
+def test_best_validation_returns_the_best_network():
+    X, T = regression_data(64)
+    Xv, Tv = regression_data(32, seed=1)
+    # a good learn rate for six iterations, then one that makes training diverge
+    schedule = lambda lr, iteration, epoch: 0.05 if iteration <= 6 else 2.0  # noqa: E731
+    opts = quiet(
+        solver="adam",
+        max_epochs=6,
+        mini_batch_size=16,
+        validation_data=(Xv, Tv),
+        validation_frequency=2,
+        learn_rate_schedule=schedule,
+    )
+    best, info = df.trainnet(X, T, regression_net(), "mse", opts)
+    v = info.validation_history
+    assert opts.resolved_output_network == "best-validation"
+    assert info.output_network_iteration == v["iteration"][np.argmin(v["loss"])] < 24
+    assert float(df.losses.mse(best.predict(Xv), Tv)) == pytest.approx(v["loss"].min(), rel=1e-5)
+    last, info_last = df.trainnet(
+        X, T, regression_net(), "mse", opts.replace(output_network="last-iteration")
+    )
+    assert info_last.output_network_iteration == 24
+    assert float(df.losses.mse(last.predict(Xv), Tv)) == pytest.approx(v["loss"][-1], rel=1e-5)
+
+
+def test_validation_metrics_score_the_whole_validation_set():
+    X, T = classification_data(96)
+    Xv, Tv = classification_data(50, seed=1)  # 50: the last validation batch is partial
+    opts = quiet(
+        max_epochs=3,
+        mini_batch_size=16,
+        validation_data=(Xv, Tv),
+        metrics=["accuracy", "precision"],
+        output_network="last-iteration",
+    )
+    net, info = df.trainnet(X, T, classifier_net(), "crossentropy", opts)
+    last = info.validation_history.rows()[-1]
+    assert last["iteration"] == 18
+    expected = df.testnet(net, Xv, Tv, ["accuracy", "precision", "crossentropy"])
+    assert last["accuracy"] == pytest.approx(expected["accuracy"], rel=1e-6)
+    assert last["precision"] == pytest.approx(expected["precision"], rel=1e-6)
+    assert last["loss"] == pytest.approx(expected["crossentropy"], rel=1e-5)
+
+
+def test_objective_metric_drives_the_best_network():
+    X, T = classification_data(96)
+    opts = quiet(
+        max_epochs=2,
+        mini_batch_size=32,
+        validation_data=(X, T),
+        validation_frequency=1,
+        metrics="accuracy",
+        objective_metric_name="accuracy",
+    )
+    _, info = df.trainnet(X, T, classifier_net(), "crossentropy", opts)
+    v = info.validation_history
+    assert (
+        v["accuracy"][list(v["iteration"]).index(info.output_network_iteration)]
+        == v["accuracy"].max()
+    )
+
+
+# -- losses and data forms ------------------------------------------------------------------------
+
+
+class HalfSquaredError(df.DifferentiableFunction):
+    save_inputs_for_backward = True
+
+    def forward(self, y, t):
+        return 0.5 * jnp.sum((y - t) ** 2) / y.shape[0]
+
+    def backward(self, dl, compute_gradients, y, t):
+        d = dl * (y - t) / y.shape[0]
+        return d, (-d if compute_gradients[1] else None)
+
+
+def test_differentiable_function_and_callable_losses_equal_the_built_in(key):
+    X, T = regression_data(64)
+    net = regression_net().initialize(key=key)
+    opts = quiet(max_epochs=2, mini_batch_size=16)
+    reference, _ = df.trainnet(X, T, net, "mse", opts)
+    custom, _ = df.trainnet(X, T, net, HalfSquaredError(), opts)
+    plain, _ = df.trainnet(X, T, net, lambda y, t: df.losses.mse(y, t), opts)
+    assert_tree_allclose(custom.learnables, reference.learnables, rtol=1e-5)
+    assert_tree_allclose(plain.learnables, reference.learnables, rtol=1e-6)
+
+
+def test_integer_and_one_hot_targets_train_alike(key):
+    X, T = classification_data(64)
+    net = classifier_net().initialize(key=key)
+    opts = quiet(max_epochs=2, mini_batch_size=16)
+    a, _ = df.trainnet(X, T, net, "crossentropy", opts)
+    b, _ = df.trainnet(X, np.eye(3, dtype=np.float32)[T], net, "crossentropy", opts)
+    assert_tree_allclose(a.learnables, b.learnables, rtol=1e-5)
+
+
+def test_iterable_data_equals_arrays_in_the_same_order(key):
+    X, T = regression_data(64)
+    net = regression_net().initialize(key=key)
+    opts = quiet(max_epochs=2, mini_batch_size=16, shuffle="never")
+    from_arrays, _ = df.trainnet(X, T, net, "mse", opts)
+    batches = [(X[i : i + 16], T[i : i + 16]) for i in range(0, 64, 16)]
+    from_batches, info = df.trainnet(batches, net, "mse", opts)
+    assert_tree_allclose(from_batches.learnables, from_arrays.learnables, rtol=1e-6)
+    assert len(info.training_history) == 8
+
+
+def test_iterable_data_drops_a_smaller_last_batch(key):
+    X, T = regression_data(40)
+    batches = [(X[i : i + 16], T[i : i + 16]) for i in range(0, 40, 16)]  # 16, 16, 8
+    _, info = df.trainnet(batches, regression_net(), "mse", quiet(max_epochs=2))
+    assert len(info.training_history) == 4
+
+
+def test_formatted_inputs_with_another_layout(key):
+    X, T = regression_data(32)
+    net = df.Network([Affine(name="fc")])  # no input layer: the format comes from the data
+    x = df.dlarray(X, "BC")
+    trained, info = df.trainnet(x, T, net, "mse", quiet(max_epochs=2, mini_batch_size=16))
+    assert trained.initialized and len(info.training_history) == 4
+
+
+# -- what people see ------------------------------------------------------------------------------
+
+
+def test_verbose_table_has_matlab_columns_and_rows(capsys):
+    X, T = classification_data(64)
+    opts = df.TrainingOptions(
+        max_epochs=3,
+        mini_batch_size=16,
+        validation_data=(X, T),
+        validation_frequency=5,
+        verbose_frequency=4,
+        metrics="accuracy",
+    )
+    df.trainnet(X, T, classifier_net(), "crossentropy", opts)
+    lines = capsys.readouterr().out.splitlines()
+    header = lines.index(next(line for line in lines if line.lstrip().startswith("Iteration")))
+    assert lines[header].split() == [
+        "Iteration",
+        "Epoch",
+        "TimeElapsed",
+        "LearnRate",
+        "TrainingLoss",
+        "ValidationLoss",
+        "TrainingAccuracy",
+        "ValidationAccuracy",
+    ]
+    assert set(lines[header + 1].replace(" ", "")) == {"_"}
+    rows = lines[header + 2 : lines.index("Training stopped: Max epochs completed")]
+    iterations = [int(r.split()[0]) for r in rows]
+    assert iterations == [0, 1, 4, 5, 8, 10, 12]  # start, 1, every 4, validations, the end
+    for row in rows:
+        assert re.search(r"\s\d\d:\d\d:\d\d\s", row)
+    zero = rows[0].split()
+    assert zero[:4] == ["0", "0", zero[2], "0.01"] and len(zero) == 6  # validation only
+    assert len(rows[-1].split()) == 8
+    assert rows[0].index(zero[-1]) + len(zero[-1]) == len(rows[0])  # right-aligned columns
+
+
+def test_verbose_false_prints_nothing(capsys):
+    X, T = regression_data(32)
+    df.trainnet(X, T, regression_net(), "mse", quiet(max_epochs=1, mini_batch_size=16))
+    assert capsys.readouterr().out == ""
+
+
+def test_training_progress_plot_is_written_and_its_path_printed(tmp_path, capsys):
+    X, T = classification_data(64)
+    path = tmp_path / "progress.png"
+    opts = quiet(
+        max_epochs=2,
+        mini_batch_size=16,
+        metrics="accuracy",
+        validation_data=(X, T),
+        plots="training-progress",
+        plots_path=path,
+    )
+    _, info = df.trainnet(X, T, classifier_net(), "crossentropy", opts)
+    assert info.plot_path == str(path) and os.path.getsize(path) > 10_000
+    assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert f"Training progress plot: {path}" in capsys.readouterr().out
+
+
+def test_output_fcn_sees_progress_and_stops_training():
+    X, T = regression_data(64)
+    seen = []
+
+    def watch(info):
+        seen.append(dict(info))
+        return info["iteration"] >= 3
+
+    _, info = df.trainnet(
+        X, T, regression_net(), "mse", quiet(max_epochs=5, mini_batch_size=16, output_fcn=watch)
+    )
+    assert info.stop_reason == "Stopped by output_fcn"
+    assert len(info.training_history) == 3
+    assert [s["state"] for s in seen] == ["start", "iteration", "iteration", "iteration", "done"]
+    assert isinstance(seen[1]["training_loss"], float) and seen[1]["learn_rate"] == 0.01
+    assert seen[-1]["iteration"] == 3
+
+
+def test_nan_loss_stops_training():
+    X, T = regression_data(64)
+    _, info = df.trainnet(
+        X,
+        T,
+        regression_net(),
+        lambda y, t: jnp.nan * jnp.sum(df.stripdims(y)),
+        quiet(max_epochs=50, mini_batch_size=16),
+    )
+    assert info.stop_reason == "Training loss is NaN"
+    assert len(info.training_history) == 1
+
+
+def test_checkpoints_are_written_at_the_chosen_frequency(tmp_path):
+    X, T = regression_data(64)
+    opts = quiet(
+        max_epochs=2,
+        mini_batch_size=16,
+        checkpoint_path=tmp_path,
+        checkpoint_frequency=3,
+        checkpoint_frequency_unit="iteration",
+    )
+    trained, _ = df.trainnet(X, T, regression_net(), "mse", opts)
+    files = sorted(os.listdir(tmp_path))
+    assert [f.split("__")[1] for f in files] == ["3", "6"]
+    with np.load(tmp_path / files[-1], allow_pickle=False) as saved:
+        assert int(saved["iteration"]) == 6 and int(saved["epoch"]) == 2
+        assert "learnables/fc/weights" in saved.files
+
+
+def test_cpu_execution_environment(key):
+    X, T = regression_data(32)
+    net, _ = df.trainnet(
+        X,
+        T,
+        regression_net(),
+        "mse",
+        quiet(max_epochs=1, mini_batch_size=16, execution_environment="cpu"),
+    )
+    assert net.learnables["fc/weights"].devices() == {jax.devices("cpu")[0]}
+
+
+# -- errors ---------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "call, match",
+    [
+        (lambda X, T, net, o: df.trainnet(X, net, "mse", o, 3, 4), "takes \\(X, T, net, loss"),
+        (lambda X, T, net, o: df.trainnet(X, T, "net", "mse", o), "net must be a df.Network"),
+        (lambda X, T, net, o: df.trainnet(X, T, net, "mse", {}), "options must be"),
+        (lambda X, T, net, o: df.trainnet(X, T, net, "msee", o), "unknown loss 'msee'.*'mse'"),
+        (lambda X, T, net, o: df.trainnet(X, T[:10], net, "mse", o), "different numbers"),
+        (lambda X, T, net, o: df.trainnet((X, X), T, net, "mse", o), "has 1 input"),
+        (
+            lambda X, T, net, o: df.trainnet(X, T, net, "mse", o.replace(mini_batch_size=100)),
+            "larger than the 32 training observations",
+        ),
+        (
+            lambda X, T, net, o: df.trainnet(X, T, net, lambda y, t: y, o),
+            "must return a scalar",
+        ),
+        (
+            lambda X, T, net, o: df.trainnet(iter([(X, T)]), net, "mse", o),
+            "one-shot iterator",
+        ),
+        (
+            lambda X, T, net, o: df.trainnet(
+                X, T, net, "mse", o.replace(execution_environment="gpu")
+            ),
+            "no GPU",
+        ),
+    ],
+)
+def test_bad_arguments_are_clear_errors(call, match):
+    X, T = regression_data(32)
+    with pytest.raises(df.OptionsError, match=match):
+        call(X, T, regression_net(), quiet(max_epochs=2, mini_batch_size=16))
