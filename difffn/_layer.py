@@ -271,8 +271,21 @@ class Layer(metaclass=_LayerMeta):
         for n, value in changes.items():
             kind = cls._field_kinds[n]
             d[n] = _as_parameter(cls, n, value) if kind in (LEARNABLE, STATE) else value
-        if any(cls._field_kinds[n] == BASE for n in changes):
-            _resolve_ports(new, changed=set(changes))
+        changed = set(changes)
+        post_init = getattr(cls, "__post_init__", None)
+        if post_init is not None and any(
+            cls._field_kinds[n] not in (LEARNABLE, STATE) for n in changes
+        ):
+            # Configuration changed: validate and normalize it as the constructor does.
+            before = {n: d[n] for n in BASE_FIELDS}
+            d["_initializing"] = True
+            try:
+                post_init(new)
+            finally:
+                del d["_initializing"]
+            changed |= {n for n in BASE_FIELDS if d[n] is not before[n]}
+        if any(cls._field_kinds[n] == BASE for n in changed):
+            _resolve_ports(new, changed=changed)
         d["_leaf_fields"] = _classify(new)
         return new
 
@@ -366,7 +379,8 @@ def _as_parameter(cls, name, value):
         return value
     kind = cls._field_kinds[name]
     if isinstance(value, (int, float)) and not isinstance(value, bool) and kind == LEARNABLE:
-        value = float(value)  # a Python number as a learnable is meant to be trained
+        # A Python number as a learnable is meant to be trained: single precision, as MATLAB.
+        value = jnp.asarray(float(value), jnp.float32)
     if isinstance(value, (jax.Array, np.ndarray, np.generic, int, float, bool, complex)):
         value = jnp.asarray(value)
         if getattr(value, "weak_type", False):  # e.g. jnp.full(shape, 0.25): keep a firm dtype

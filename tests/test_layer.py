@@ -566,3 +566,16 @@ def test_factor_errors_name_the_parameter():
         df.set_learn_rate_factor(PReLU(), "beta", 1.0)
     with pytest.raises(df.LayerError, match=r"must be a non-negative real number; got -1"):
         df.set_l2_factor(PReLU(), "alpha", -1)
+
+
+def test_replace_revalidates_configuration_like_the_constructor():
+    with pytest.raises(df.LayerError, match=r"stride"):
+        df.layers.Conv2D(3, 4).replace(stride=-2)
+    layer = df.layers.Conv2D(3, 4).replace(stride=2)
+    assert layer.stride == (2, 2)  # normalized as in the constructor
+
+
+def test_builtin_biases_have_matlabs_l2_factor_of_zero():
+    for layer in (df.layers.Conv2D(3, 4), df.layers.FullyConnected(2), df.layers.LSTM(3)):
+        assert df.get_l2_factor(layer, "bias") == 0.0
+        assert df.get_l2_factor(layer, "weights" if "weights" in layer.learnable_names else "input_weights") == 1.0

@@ -90,7 +90,7 @@ class Conv2D(Layer):
     dilation: Any = 1
     groups: Any = 1
     weights: jax.Array | None = learnable(default=None)
-    bias: jax.Array | None = learnable(default=None)
+    bias: jax.Array | None = learnable(default=None, l2_factor=0.0)  # MATLAB: BiasL2Factor 0
     weights_initializer: Any = "glorot"
     bias_initializer: Any = "zeros"
 

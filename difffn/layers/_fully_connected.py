@@ -74,7 +74,7 @@ class FullyConnected(Layer):
     output_size: int
     _: dataclasses.KW_ONLY
     weights: jax.Array | None = learnable(default=None)
-    bias: jax.Array | None = learnable(default=None)
+    bias: jax.Array | None = learnable(default=None, l2_factor=0.0)  # MATLAB: BiasL2Factor 0
     weights_initializer: Any = "glorot"
     bias_initializer: Any = "zeros"
 

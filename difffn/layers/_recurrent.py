@@ -101,7 +101,7 @@ class LSTM(Layer):
     gate_activation_function: str = "sigmoid"
     input_weights: jax.Array | None = learnable(default=None)
     recurrent_weights: jax.Array | None = learnable(default=None)
-    bias: jax.Array | None = learnable(default=None)
+    bias: jax.Array | None = learnable(default=None, l2_factor=0.0)  # MATLAB: BiasL2Factor 0
     hidden_state: jax.Array | None = state(default=None)
     cell_state: jax.Array | None = state(default=None)
     input_weights_initializer: Any = "glorot"
