@@ -100,6 +100,7 @@ def _set(obj, path, kind, value):
     new = object.__new__(type(obj))
     new.__dict__.update(obj.__dict__)
     new.__dict__["_factors"] = tuple(sorted(factors + ((field, kind, value),)))
+    new.__dict__.pop("_aux", None)  # the factors are static: the cached pytree aux is stale
     return new
 
 

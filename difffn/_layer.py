@@ -268,6 +268,7 @@ class Layer(metaclass=_LayerMeta):
         new = object.__new__(cls)
         d = new.__dict__
         d.update(self.__dict__)
+        d.pop("_aux", None)  # static values may change
         for n, value in changes.items():
             kind = cls._field_kinds[n]
             d[n] = _as_parameter(cls, n, value) if kind in (LEARNABLE, STATE) else value
@@ -490,17 +491,28 @@ def _static_items(layer: Layer) -> tuple:
     return tuple((n, layer.__dict__[n]) for n in type(layer)._field_kinds if n not in leaf)
 
 
+def _aux(layer: Layer):
+    """The static part of a layer's pytree, computed once per object (layers are immutable).
+
+    JAX flattens every argument on every call of a compiled function, so this is on the hot
+    path. Code that changes static values in a copied ``__dict__`` must drop ``"_aux"``.
+    """
+    d = layer.__dict__
+    aux = d.get("_aux")
+    if aux is None:
+        aux = d["_aux"] = (d["_leaf_fields"], _static_items(layer), d["_factors"])
+    return aux
+
+
 def _flatten(layer: Layer):
     d = layer.__dict__
-    leaf = d["_leaf_fields"]
-    return tuple(d[n] for n in leaf), (leaf, _static_items(layer), d["_factors"])
+    return tuple(d[n] for n in d["_leaf_fields"]), _aux(layer)
 
 
 def _flatten_with_keys(layer: Layer):
     d = layer.__dict__
-    leaf = d["_leaf_fields"]
-    children = tuple((jax.tree_util.GetAttrKey(n), d[n]) for n in leaf)
-    return children, (leaf, _static_items(layer), d["_factors"])
+    children = tuple((jax.tree_util.GetAttrKey(n), d[n]) for n in d["_leaf_fields"])
+    return children, _aux(layer)
 
 
 def _unflatten(cls, aux, children):
@@ -511,6 +523,7 @@ def _unflatten(cls, aux, children):
     d.update(zip(leaf, children))
     d["_leaf_fields"] = leaf
     d["_factors"] = factors
+    d["_aux"] = aux
     return layer
 
 

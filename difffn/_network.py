@@ -109,6 +109,9 @@ class Network(NetworkBase):
 
     # -- pytree ------------------------------------------------------------------------------
 
+    def tree_flatten(self):  # the fast path JAX uses when it needs no key paths
+        return self._layers, (self._graph, self._layouts, self._token)
+
     def tree_flatten_with_keys(self):
         children = tuple((jax.tree_util.GetAttrKey(layer.name), layer) for layer in self._layers)
         return children, (self._graph, self._layouts, self._token)
@@ -157,7 +160,12 @@ class Network(NetworkBase):
     @property
     def acceleratable(self) -> bool:
         """True when every layer can be compiled (the whole network is one trace)."""
-        return all(layer.acceleratable for layer in self._layers)
+        cached = self.__dict__.get("_acceleratable")
+        if cached is None:
+            cached = self.__dict__["_acceleratable"] = all(
+                lyr.acceleratable for lyr in self._layers
+            )
+        return cached
 
     def layer(self, name: str) -> Layer:
         """The layer called ``name``."""
