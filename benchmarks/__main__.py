@@ -10,7 +10,7 @@ import time
 
 import jax
 
-BENCHMARKS = ["function", "network"]
+BENCHMARKS = ["function", "network", "train"]
 
 
 def main(argv=None) -> int:
