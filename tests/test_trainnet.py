@@ -362,6 +362,23 @@ def test_verbose_table_has_matlab_columns_and_rows(capsys):
     assert rows[0].index(zero[-1]) + len(zero[-1]) == len(rows[0])  # right-aligned columns
 
 
+def test_a_terminal_gets_a_progress_bar(monkeypatch):
+    import io
+
+    class Terminal(io.StringIO):
+        def isatty(self):
+            return True
+
+    terminal = Terminal()
+    monkeypatch.setattr("sys.stdout", terminal)
+    X, T = regression_data(64)
+    df.trainnet(X, T, regression_net(), "mse", df.TrainingOptions(max_epochs=2, mini_batch_size=16))
+    text = terminal.getvalue()
+    assert "\r[" in text and "8/8 iterations, epoch 2" in text
+    table = [line.split("\r")[-1] for line in text.splitlines()]
+    assert table[-1] == "Training stopped: Max epochs completed"  # the bar is cleared
+
+
 def test_verbose_false_prints_nothing(capsys):
     X, T = regression_data(32)
     df.trainnet(X, T, regression_net(), "mse", quiet(max_epochs=1, mini_batch_size=16))
