@@ -10,7 +10,7 @@ import time
 
 import jax
 
-BENCHMARKS = ["function", "network", "train"]
+BENCHMARKS = ["function", "network", "train", "check"]
 
 
 def main(argv=None) -> int:

@@ -8,6 +8,9 @@ from . import layers as layers
 from . import losses as losses
 from . import metrics as metrics
 from ._cache import RetraceWarning as RetraceWarning
+from ._check_function import check_function as check_function
+from ._check_layer import check_layer as check_layer
+from ._check_report import CheckReport as CheckReport
 from ._errors import AccelerationError as AccelerationError
 from ._errors import BackwardError as BackwardError
 from ._errors import CheckError as CheckError

@@ -1,0 +1,522 @@
+"""``check_function``: the checks of ``check_layer``, for a ``DifferentiableFunction``.
+
+``check_function(fcn, *example_inputs)`` runs these named tests and returns a
+:class:`~difffn.CheckReport`:
+
+====================================  ==========================================================
+``forward_runs``                      ``forward`` runs on the example inputs
+``forward_returns_declared_outputs``  ``num_outputs`` arrays, then ``num_memory_values`` values
+``backward_runs``                     ``backward`` runs (random upstream gradients, flags True)
+``backward_returns_valid_gradients``  one gradient per input, with the input's shape and dtype
+``gradients_are_correct[NAME]``       per floating-point input: agrees with numerical derivatives
+``compute_gradients_is_respected``    asking for one input's gradient gives the same gradient,
+                                      and backward copes with False flags
+``jit_agrees_with_eager``             ``jax.jit`` of the call and of its VJP agree with eager
+``vmap_agrees_with_eager``            ``jax.vmap`` over a stack of two examples agrees with eager
+====================================  ==========================================================
+
+The gradient tests run in float64 (enabled only inside the check) on the example inputs cast to
+float64, with random upstream gradients; see ``_numerical.py`` for the method and tolerances.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import time
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from . import _numerical as numerical
+from ._check_layer import (
+    _as_key,
+    _Data,
+    _describe_value,
+    _index_text,
+    _is_array,
+    gradient_outcome,
+)
+from ._check_report import (
+    CheckReport,
+    Recorder,
+    describe_exception,
+    failed,
+    incomplete,
+    passed,
+    skipped,
+)
+from ._errors import CheckError, type_name
+from ._format import FormattedArray, stripdims
+from ._function import (
+    DifferentiableFunction,
+    _forward_parameters,
+    _input_names,
+    run_forward,
+)
+
+TRANSFORM_RTOL = {"float16": 1e-2, "bfloat16": 1e-2, "float32": 1e-5, "float64": 1e-12}
+
+
+def check_function(fcn, *example_inputs, key=None) -> CheckReport:
+    """Check a ``DifferentiableFunction``: forward, backward, gradients, flags and transforms.
+
+    Args:
+      fcn: a ``df.DifferentiableFunction`` instance.
+      *example_inputs: one example array per forward input (formats are stripped, as in a call).
+      key: a ``jax.random`` key (or an int seed) for the upstream gradients; default
+        ``jax.random.key(0)``.
+
+    Returns:
+      A :class:`~difffn.CheckReport` (see :func:`difffn.check_layer`).
+
+    Raises:
+      CheckError: ``fcn`` is not a DifferentiableFunction instance, or the example inputs do
+        not match its forward.
+
+    Examples:
+      >>> import jax.numpy as jnp
+      >>> import difffn as df
+      >>> class Cube(df.DifferentiableFunction):
+      ...     save_inputs_for_backward = True
+      ...     def forward(self, x):
+      ...         return x**3
+      ...     def backward(self, dy, compute_gradients, x):
+      ...         return 3 * x**2 * dy
+      >>> report = df.check_function(Cube(), jnp.linspace(-1.0, 1.0, 5))
+      >>> report.failed, report["gradients_are_correct[x]"].status
+      (0, 'Passed')
+    """
+    xs = _validate(fcn, example_inputs)
+    key = _as_key(key)
+    recorder = Recorder()
+    _FunctionChecker(fcn, xs, key, recorder).run_all()
+    inputs = ", ".join(_describe_value(x) for x in xs)
+    return recorder.report(repr(fcn), inputs)
+
+
+def _validate(fcn, example_inputs) -> tuple:
+    if isinstance(fcn, type) and issubclass(fcn, DifferentiableFunction):
+        raise CheckError(
+            f"check_function got the class {fcn.__name__}, not an instance. Fix: "
+            f"check_function({fcn.__name__}(...), *example_inputs)."
+        )
+    if not isinstance(fcn, DifferentiableFunction):
+        raise CheckError(
+            f"check_function got a {type_name(fcn)}; expected a df.DifferentiableFunction "
+            "instance. Fix: pass an instance of your subclass (use df.check_layer for a layer)."
+        )
+    cls = type(fcn)
+    names, variadic = _forward_parameters(cls)
+    count = len(example_inputs)
+    if count == 0 or count < len(names) or (count > len(names) and not variadic):
+        raise CheckError(
+            f"check_function: {cls.__name__}.forward takes {len(names)} input(s) "
+            f"({', '.join(names)}) but got {count} example input(s). Fix: pass one example array "
+            "per forward input, e.g. check_function(fcn, " + ", ".join(names or ["x"]) + ")."
+        )
+    xs = []
+    for i, x in enumerate(example_inputs):
+        if isinstance(x, FormattedArray):
+            x = x.data
+        if not isinstance(x, (jax.Array, np.ndarray, np.generic, int, float)):
+            raise CheckError(
+                f"check_function: example input {i + 1} of {cls.__name__} is a {type_name(x)}; "
+                "expected an array. Fix: pass jax or numpy arrays."
+            )
+        xs.append(jnp.asarray(x))
+    return tuple(xs)
+
+
+def _differentiable(x) -> bool:
+    return jnp.issubdtype(x.dtype, jnp.inexact)
+
+
+def _cast64(x):
+    return jnp.asarray(x, jnp.float64) if jnp.issubdtype(x.dtype, jnp.floating) else x
+
+
+@dataclasses.dataclass(frozen=True)
+class _FunctionModel:
+    """The function's outputs as a function of its floating inputs (hashable, static)."""
+
+    fcn: DifferentiableFunction
+    checked: tuple[int, ...]
+    shapes: tuple[tuple[int, ...], ...]
+    with_backward: bool = True
+    with_autodiff: bool = True
+    traceable: bool = True
+
+    def inputs(self, args, parts):
+        xs = list(args[0])
+        for i, shape, flat in zip(self.checked, self.shapes, parts, strict=True):
+            xs[i] = flat.reshape(shape)
+        return xs
+
+    def outputs(self, args, parts):
+        return list(run_forward(self.fcn, self.inputs(args, parts))[0])
+
+    def gradients(self, args, parts):
+        result = {}
+        if self.with_backward:
+            result["backward"] = self._backward(args, parts)
+        if self.with_autodiff:
+            outs, vjp = jax.vjp(lambda *p: self.outputs(args, p), *parts)
+            cotangents = [jnp.asarray(c, y.dtype) for c, y in zip(args[1], outs, strict=True)]
+            result["autodiff"] = jnp.concatenate(vjp(cotangents))
+        return result
+
+    def _backward(self, args, parts):
+        xs = self.inputs(args, parts)
+        grads = _call_backward(self.fcn, xs, list(args[1]), _all_flags(xs))
+        pieces = []
+        for i, shape in zip(self.checked, self.shapes, strict=True):
+            g = grads[i] if isinstance(grads, tuple) and len(grads) == len(xs) else None
+            if _is_array(g) and tuple(g.shape) == shape:
+                pieces.append(jnp.ravel(stripdims(g)).astype(jnp.float64))
+            else:
+                pieces.append(jnp.full((math.prod(shape),), jnp.nan, jnp.float64))
+        return jnp.concatenate(pieces)
+
+
+def _all_flags(xs) -> tuple[bool, ...]:
+    return tuple(_differentiable(x) for x in xs)
+
+
+def _call_backward(fcn, xs, cotangents, flags):
+    """The user's backward, called as the runtime calls it; its result as a tuple."""
+    cls = type(fcn)
+    outputs, memory = run_forward(fcn, xs)
+    saved_inputs = tuple(xs) if cls.save_inputs_for_backward else ()
+    saved_outputs = tuple(outputs) if cls.save_outputs_for_backward else ()
+    cotangents = [jnp.asarray(c, y.dtype) for c, y in zip(cotangents, outputs, strict=True)]
+    result = fcn.backward(*cotangents, flags, *saved_inputs, *saved_outputs, *memory)
+    if len(xs) == 1 and not isinstance(result, (tuple, list)):
+        result = (result,)
+    return tuple(result) if isinstance(result, (tuple, list)) else result
+
+
+class _FunctionChecker:
+    def __init__(self, fcn, xs, key, recorder: Recorder):
+        self.fcn, self.xs, self.key, self.rec = fcn, xs, key, recorder
+        self.data = _Data(key)
+        self.cls = type(fcn)
+        self.names = _input_names(self.cls, len(xs))
+        self.outputs = None
+        self.unusable: str | None = "backward did not run (see backward_runs)"
+        self.invalid: dict[int, str] = {}
+
+    def cotangents(self, outputs, tag: int):
+        return [
+            self.data.normal(tag + i, y.shape, y.dtype if _differentiable(y) else jnp.float32)
+            for i, y in enumerate(outputs)
+        ]
+
+    def run_all(self) -> None:
+        rec = self.rec
+        rec.run("forward_runs", self.test_forward_runs)
+        rec.run("forward_returns_declared_outputs", self.test_forward_outputs)
+        rec.run("backward_runs", self.test_backward_runs)
+        rec.run("backward_returns_valid_gradients", self.test_backward_valid)
+        self.run_gradient_tests()
+        rec.run("compute_gradients_is_respected", self.test_compute_gradients)
+        rec.run("jit_agrees_with_eager", self.test_jit)
+        rec.run("vmap_agrees_with_eager", self.test_vmap)
+
+    def _require_forward(self):
+        if self.outputs is None:
+            raise incomplete("forward did not run (see forward_runs)")
+
+    def test_forward_runs(self):
+        self.fcn.forward(*self.xs)
+
+    def test_forward_outputs(self):
+        outputs, memory = run_forward(self.fcn, self.xs)
+        self.outputs = outputs
+        del memory
+
+    def test_backward_runs(self):
+        self._require_forward()
+        _call_backward(self.fcn, self.xs, self.cotangents(self.outputs, 100), _all_flags(self.xs))
+
+    def test_backward_valid(self):
+        self._require_forward()
+        flags = _all_flags(self.xs)
+        self.unusable = "backward did not run (see backward_runs)"
+        grads = _call_backward(self.fcn, self.xs, self.cotangents(self.outputs, 100), flags)
+        order = ", ".join(f"dLd{n}" for n in self.names)
+        if not isinstance(grads, tuple) or len(grads) != len(self.xs):
+            got = f"{len(grads)} values" if isinstance(grads, tuple) else type_name(grads)
+            self.unusable = f"backward returned {got} (see backward_returns_valid_gradients)"
+            return failed(
+                f"backward returned {got}; expected {len(self.xs)} gradients ({order}), one per "
+                "input in forward's order (None where compute_gradients is False)."
+            )
+        self.unusable = None
+        problems = []
+        for i, (name, x, g, wanted) in enumerate(
+            zip(self.names, self.xs, grads, flags, strict=True)
+        ):
+            g = stripdims(g)
+            if wanted and (not _is_array(g) or tuple(g.shape) != tuple(x.shape)):
+                self.invalid[i] = _describe_value(g)
+            if g is None:
+                if wanted:
+                    problems.append(f"the gradient of {name!r} is None")
+                continue
+            if not wanted:
+                problems.append(
+                    f"the gradient of {name!r} is {_describe_value(g)}; {name!r} is not "
+                    "differentiable, expected None"
+                )
+            elif not _is_array(g):
+                problems.append(f"the gradient of {name!r} is {_describe_value(g)}")
+            elif tuple(g.shape) != tuple(x.shape):
+                problems.append(
+                    f"the gradient of {name!r} has shape {tuple(g.shape)}; expected "
+                    f"{tuple(x.shape)}"
+                )
+            elif g.dtype != x.dtype:
+                problems.append(f"the gradient of {name!r} is {g.dtype}; expected {x.dtype}")
+        if problems:
+            return failed(
+                "backward returned invalid gradients: "
+                + "; ".join(problems)
+                + f". Expected {order}, each with the shape and dtype of its input. Fix: for an "
+                "input broadcast in forward, sum over the broadcast axes with keepdims=True."
+            )
+        return None
+
+    # -- gradients --
+
+    def run_gradient_tests(self) -> None:
+        rec = self.rec
+        checked = [i for i, x in enumerate(self.xs) if _differentiable(x)]
+        names = [self.names[i] for i in checked]
+        for i, x in enumerate(self.xs):
+            if i not in checked:
+                rec.add(
+                    f"gradients_are_correct[{self.names[i]}]",
+                    skipped(f"input {self.names[i]!r} is {x.dtype}, not differentiable"),
+                )
+        if self.outputs is None or self.unusable:
+            reason = "forward did not run" if self.outputs is None else self.unusable
+            for n in names:
+                rec.add(f"gradients_are_correct[{n}]", incomplete(reason))
+            return
+        began = time.perf_counter()
+        try:
+            with jax.enable_x64(True):
+                outcomes = self._gradient_outcomes(checked)
+        except Exception as error:  # noqa: BLE001 - the user's forward/backward raised
+            for n in names:
+                rec.add(
+                    f"gradients_are_correct[{n}]",
+                    failed(f"the gradient check could not run:\n{describe_exception(error)}"),
+                )
+            return
+        share = (time.perf_counter() - began) / max(len(names), 1)
+        for i in checked:
+            outcome = outcomes[i]
+            if i in self.invalid:
+                outcome = incomplete(
+                    f"the backward's gradient for input {self.names[i]!r} is unusable (got "
+                    f"{self.invalid[i]}); see backward_returns_valid_gradients"
+                )
+            result = rec.add(f"gradients_are_correct[{self.names[i]}]", outcome)
+            rec.results[-1] = dataclasses.replace(result, duration=share)
+
+    def _gradient_outcomes(self, checked) -> dict:
+        xs = tuple(_cast64(x) for x in self.xs)
+        shapes = tuple(tuple(xs[i].shape) for i in checked)
+        model = _FunctionModel(self.fcn, tuple(checked), shapes)
+        segments, offset = [], 0
+        for i in checked:
+            segments.append(numerical.Segment(str(i), offset, int(xs[i].size)))
+            offset += int(xs[i].size)
+        checked_values = [np.ravel(np.asarray(xs[i], np.float64)) for i in checked]
+        base = np.concatenate(checked_values)
+        parts = numerical.to_device(numerical.split(base, segments))
+        scale = numerical.element_scale(checked_values)
+        try:
+            shapes_out = jax.eval_shape(lambda p: model.outputs((xs, ()), p), parts)
+        except Exception:  # noqa: BLE001 - not traceable: evaluate eagerly, without autodiff
+            model = dataclasses.replace(model, traceable=False, with_autodiff=False)
+            shapes_out = model.outputs((xs, ()), parts)
+        cotangents = tuple(
+            self.data.normal(60 + i, tuple(y.shape), jnp.float64) for i, y in enumerate(shapes_out)
+        )
+        args = (xs, cotangents)
+        note = ""
+        try:
+            grads = numerical.compute_gradients(model, args, parts)
+        except Exception as error:  # noqa: BLE001 - retry without the autodiff reference
+            model = dataclasses.replace(model, with_autodiff=False)
+            note = (
+                "JAX autodiff of forward is not available as a reference "
+                f"({type(error).__name__}); only finite differences were used."
+            )
+            grads = numerical.compute_gradients(model, args, parts)
+        verdicts = numerical.check_gradients(
+            model,
+            args,
+            base,
+            scale,
+            cotangents,
+            segments,
+            seed=self.data.seq(7),
+            gradients=grads,
+        )
+        labels = {str(i): f"input {self.names[i]!r}" for i in checked}
+        order = ", ".join(f"dLd{n}" for n in self.names)
+        outcomes = {}
+        for i in checked:
+            shape = tuple(xs[i].shape)
+            outcomes[i] = gradient_outcome(
+                str(i),
+                verdicts,
+                labels,
+                shape=shape,
+                locate=lambda k, shape=shape: _index_text(k, shape),
+                who=f"{self.cls.__name__}.backward",
+                fix=(
+                    f"Fix: check backward's formula for dLd{self.names[i]}: by the chain rule it "
+                    f"is the sum over outputs of dLdY * dY/d{self.names[i]} (multiply by the "
+                    "upstream gradient; for an input broadcast in forward, sum over the broadcast "
+                    f"axes); backward returns {order}, in forward's input order."
+                ),
+                note=note,
+            )
+        return outcomes
+
+    # -- flags and transformations --
+
+    def _call(self, *xs):
+        return self.fcn(*xs)
+
+    def _vjp(self, xs, cotangents, argnums):
+        def f(*chosen):
+            full = list(xs)
+            for i, v in zip(argnums, chosen, strict=True):
+                full[i] = v
+            out = self.fcn(*full)
+            return out if isinstance(out, tuple) else (out,)
+
+        _, vjp = jax.vjp(f, *(xs[i] for i in argnums))
+        return vjp(tuple(cotangents))
+
+    def test_compute_gradients(self):
+        self._require_forward()
+        checked = [i for i, x in enumerate(self.xs) if _differentiable(x)]
+        if len(checked) < 2:
+            return passed("a single differentiable input: every flag set is the full one")
+        cotangents = self.cotangents(self.outputs, 200)
+        full = self._vjp(self.xs, cotangents, checked)
+        problems, extra = [], []
+        for position, i in enumerate(checked):
+            flags = tuple(j == i for j in range(len(self.xs)))
+            try:
+                raw = _call_backward(self.fcn, self.xs, cotangents, flags)
+            except Exception as error:  # noqa: BLE001 - that is the finding
+                problems.append(
+                    f"with compute_gradients={flags} backward raised "
+                    f"{describe_exception(error).splitlines()[0]}"
+                )
+                continue
+            if isinstance(raw, tuple):
+                extra += [
+                    self.names[j]
+                    for j, g in enumerate(raw)
+                    if j != i and g is not None and _is_array(g)
+                ]
+            (alone,) = self._vjp(self.xs, cotangents, [i])
+            problems += _compare(f"dLd{self.names[i]} asked alone", full[position], alone)
+        if problems:
+            return failed(
+                "backward does not handle compute_gradients: "
+                + "; ".join(problems)
+                + ". Fix: compute the gradient of input i when compute_gradients[i] is True, "
+                "return None for the others, and do not depend on which others are asked for."
+            )
+        if extra:
+            names = sorted(set(extra))
+            return passed(
+                f"backward also computes gradients nobody asked for ({', '.join(names)}); they "
+                "are discarded. Return None for them to save the work."
+            )
+        return None
+
+    def test_jit(self):
+        self._require_forward()
+        checked = [i for i, x in enumerate(self.xs) if _differentiable(x)]
+        cotangents = self.cotangents(self.outputs, 300)
+        problems = []
+        eager, jitted = self._call(*self.xs), jax.jit(self._call)(*self.xs)
+        problems += _compare_trees("outputs", eager, jitted)
+        if checked:
+            eager_vjp = self._vjp(self.xs, cotangents, checked)
+            jit_vjp = jax.jit(lambda xs, c: self._vjp(xs, c, checked))(self.xs, cotangents)
+            problems += _compare_trees("gradients", eager_vjp, jit_vjp)
+        if problems:
+            return failed("jax.jit disagrees with eager: " + "; ".join(problems))
+        return None
+
+    def test_vmap(self):
+        self._require_forward()
+        other = [
+            x + 0.5 * self.data.normal(20 + i, x.shape, x.dtype)
+            if jnp.issubdtype(x.dtype, jnp.floating)
+            else x
+            for i, x in enumerate(self.xs)
+        ]
+        stacked = [jnp.stack([a, b]) for a, b in zip(self.xs, other, strict=True)]
+        mapped = jax.vmap(self._call)(*stacked)
+        one, two = self._call(*self.xs), self._call(*other)
+        expected = jax.tree.map(lambda a, b: jnp.stack([a, b]), one, two)
+        problems = _compare_trees("outputs", expected, mapped)
+        checked = [i for i, x in enumerate(self.xs) if _differentiable(x)]
+        if checked:
+            outs = one if isinstance(one, tuple) else (one,)
+            cotangents = self.cotangents(outs, 400)
+            stacked_ct = [jnp.stack([c, c]) for c in cotangents]
+            mapped_vjp = jax.vmap(lambda xs, c: self._vjp(xs, c, checked))(stacked, stacked_ct)
+            expected_vjp = jax.tree.map(
+                lambda a, b: jnp.stack([a, b]),
+                self._vjp(self.xs, cotangents, checked),
+                self._vjp(other, cotangents, checked),
+            )
+            problems += _compare_trees("gradients", expected_vjp, mapped_vjp)
+        if problems:
+            return failed(
+                "jax.vmap over a stack of two examples disagrees with calling on each: "
+                + "; ".join(problems)
+                + ". Fix: forward and backward must treat leading axes like any other (no "
+                "hard-coded shapes or axis numbers counted from the front)."
+            )
+        return None
+
+
+def _compare(what, expected, got) -> list[str]:
+    expected, got = np.asarray(expected), np.asarray(got)
+    if expected.shape != got.shape:
+        return [f"{what}: shape {got.shape}, expected {expected.shape}"]
+    rtol = TRANSFORM_RTOL.get(expected.dtype.name, 1e-5)
+    scale = max(float(np.max(np.abs(expected), initial=0.0)), 1e-30)
+    gap = np.abs(expected.astype(np.float64) - got.astype(np.float64))
+    error = float(np.max(gap, initial=0.0))
+    if not error <= rtol * scale:
+        where = _index_text(int(np.argmax(gap)), gap.shape) if gap.size else "()"
+        return [f"{what}: differs by {error:.3g} at {where} (relative {error / scale:.3g})"]
+    return []
+
+
+def _compare_trees(what, expected, got) -> list[str]:
+    leaves_e, leaves_g = jax.tree.leaves(expected), jax.tree.leaves(got)
+    if len(leaves_e) != len(leaves_g):
+        return [f"{what}: {len(leaves_g)} values, expected {len(leaves_e)}"]
+    problems = []
+    for k, (e, g) in enumerate(zip(leaves_e, leaves_g, strict=True)):
+        label = what if len(leaves_e) == 1 else f"{what} {k + 1}"
+        problems += _compare(label, e, g)
+    return problems

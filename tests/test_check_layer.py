@@ -1,0 +1,291 @@
+"""check_layer: the checkLayer test list, wrong backwards named, no false alarms, the report.
+
+Layers come from ``layers_for_checks.py``: the seeds' SReLU, PReLU and ELU written from the
+formulas, and versions with one realistic mistake each.
+"""
+
+from __future__ import annotations
+
+import re
+
+import jax
+import jax.numpy as jnp
+import layers_for_checks as L
+import numpy as np
+import pytest
+
+import difffn as df
+from difffn.testing import assert_layer_valid
+
+IMAGES = df.Layout((None, 6, 6, 3), "BSSC")
+
+
+def failed(report) -> set[str]:
+    return {r.name for r in report.results if r.status == "Failed"}
+
+
+def not_ok(report) -> set[str]:
+    return {r.name for r in report.results if r.status in ("Failed", "Incomplete")}
+
+
+# -- correct layers: zero failures, over many random seeds ----------------------------------------
+
+
+@pytest.mark.parametrize("seed", range(10))
+@pytest.mark.parametrize("cls", [L.SReLULayer, L.PReLULayer, L.ELULayer], ids=lambda c: c.__name__)
+def test_seed_layers_written_correctly_pass(cls, seed):
+    report = df.check_layer(cls(), IMAGES, key=seed)
+    assert not_ok(report) == set(), str(report)
+    assert report.ok
+    names = {r.name for r in report.results if r.status == "Passed"}
+    assert {"gradients_are_correct[in]", "backward_runs", "predict_runs"} <= names
+
+
+@pytest.mark.parametrize(
+    ("layer", "layouts"),
+    [
+        (L.ELUWithMemory(), (IMAGES,)),
+        (L.WeightedSum(), (df.Layout((None, 5), "BC"), df.Layout((None, 5), "BC"))),
+        (L.RunningMean(), (IMAGES,)),
+        (L.ChannelPool(), (IMAGES,)),
+        (L.EagerTanh(), (df.Layout((3, 4), "BC"),)),
+        (L.SReLULayer(), (df.Layout((2, 5, 4), "BTC"),)),
+    ],
+    ids=["memory", "two-inputs", "state", "formattable", "not-acceleratable", "sequence"],
+)
+def test_other_correct_layers_pass(layer, layouts):
+    report = df.check_layer(layer, *layouts)
+    assert report.ok, str(report)
+
+
+@pytest.mark.parametrize("seed", range(3))
+def test_a_sample_point_on_a_kink_is_moved_not_reported(seed):
+    # relu(bias) with every bias element exactly at 0: central differences there give half the
+    # slope; the checker sees one-sided differences disagree, moves the point, and passes.
+    report = df.check_layer(L.ShiftedReLU(), IMAGES, key=seed)
+    assert report.ok, str(report)
+    assert "move" in report["gradients_are_correct[bias]"].diagnostic
+
+
+def test_near_kinks_on_a_larger_layout_pass():
+    # 16 x 10 x 10 x 8: thresholds sit between thousands of data points per channel.
+    report = df.check_layer(L.SReLULayer(), df.Layout((16, 10, 10, 8), "BSSC"), key=3)
+    assert report.ok, str(report)
+
+
+# -- wrong backwards: the right input or learnable named ------------------------------------------
+
+BUGS = {
+    "a-chain-rule-missing": (L.SReLUNoChainRule, {"gradients_are_correct[in]"}),
+    "b-learnables-swapped": (
+        L.SReLUSwapped,
+        {"gradients_are_correct[left_threshold]", "gradients_are_correct[left_slope]"},
+    ),
+    "c-elu-blog-typo": (L.ELUTypo, {"gradients_are_correct[alpha]"}),
+    "d-wrong-axes": (L.PReLUWrongAxes, {"gradients_are_correct[alpha]"}),
+    "e-memory-ignored": (L.ELUIgnoresMemory, {"gradients_are_correct[in]"}),
+}
+
+
+@pytest.mark.parametrize("seed", range(3))
+@pytest.mark.parametrize("bug", list(BUGS))
+def test_each_wrong_backward_fails_with_the_culprit_named(bug, seed):
+    cls, expected = BUGS[bug]
+    report = df.check_layer(cls(), IMAGES, key=seed)
+    assert failed(report) == expected, str(report)
+    assert report.failed == len(expected) and not report.ok
+    for name in expected:
+        diagnostic = report[name].diagnostic
+        culprit = name[name.index("[") + 1 : -1]
+        assert f"'{culprit}'" in diagnostic
+        assert re.search(r"largest absolute error \S+ at \(", diagnostic), diagnostic
+        assert re.search(r"largest relative error \S+ at \(", diagnostic), diagnostic
+        assert "Fix:" in diagnostic
+    # a failed gradient does not stop the other checks
+    assert report["export_matches_predict"].status == "Skipped"
+    assert report["autodiff_works[forward]"].status == "Skipped"
+
+
+def test_a_failure_says_where_with_axis_labels():
+    report = df.check_layer(L.SReLUNoChainRule(), IMAGES)
+    diagnostic = report["gradients_are_correct[in]"].diagnostic
+    assert re.search(r"at \(B=\d+, S=\d+, S=\d+, C=\d+\): got \S+, expected \S+", diagnostic)
+
+
+def test_swapped_learnables_get_a_hint():
+    report = df.check_layer(L.SReLUSwapped(), IMAGES)
+    diagnostic = report["gradients_are_correct[left_threshold]"].diagnostic
+    assert "expected gradient of learnable 'left_slope'" in diagnostic
+    assert "wrong order" in diagnostic
+
+
+# -- other defects, each caught by its own test ---------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("layer", "expected"),
+    [
+        (L.DtypeChanging(), {"predict_keeps_dtype[float64]", "forward_keeps_dtype[float64]"}),
+        (L.SizeMismatch(), {"forward_and_predict_agree_in_size"}),
+        (L.BadState(), {"predict_returns_valid_state", "forward_returns_valid_state"}),
+        (L.OverwritingInitialize(), {"initialize_keeps_set_parameters"}),
+    ],
+    ids=["dtype", "size", "state", "initialize"],
+)
+def test_defects_are_caught_by_the_right_test(layer, expected):
+    report = df.check_layer(layer, IMAGES)
+    assert failed(report) == expected, str(report)
+
+
+def test_the_dtype_diagnostic_says_what_and_how_to_fix():
+    diagnostic = df.check_layer(L.DtypeChanging(), IMAGES)["predict_keeps_dtype[float64]"]
+    assert "output 'out' is float32; expected float64" in diagnostic.diagnostic
+    assert "Fix:" in diagnostic.diagnostic
+
+
+def test_initialize_diagnostic_names_the_parameter():
+    result = df.check_layer(L.OverwritingInitialize(), IMAGES)["initialize_keeps_set_parameters"]
+    assert "learnable 'alpha'" in result.diagnostic
+    assert "if self.alpha is None" in result.diagnostic
+
+
+def test_state_diagnostic_gives_shapes():
+    result = df.check_layer(L.BadState(), IMAGES)["predict_returns_valid_state"]
+    assert "state 'count' has shape (6, 6, 3); the layer's is (3,)" in result.diagnostic
+
+
+class RaisesInPredict(df.Layer):
+    def predict(self, x):
+        raise ValueError("the data is the wrong shape for this layer")
+
+
+def test_a_predict_that_raises_fails_predict_runs_and_names_the_line():
+    report = df.check_layer(RaisesInPredict(), IMAGES)
+    result = report["predict_runs"]
+    assert result.status == "Failed"
+    assert "ValueError: the data is the wrong shape" in result.diagnostic
+    assert "test_check_layer.py" in result.diagnostic and "in predict" in result.diagnostic
+    assert report["forward_and_predict_agree_in_size"].status == "Incomplete"
+
+
+class NoForwardMemory(L.ELULayer):
+    """forward without the memory value a layer with backward must return."""
+
+    def forward(self, x, key=None):
+        return self.predict(x)
+
+
+def test_a_forward_without_memory_fails_forward_runs():
+    result = df.check_layer(NoForwardMemory(), IMAGES)["forward_runs"]
+    assert result.status == "Failed"
+    assert "memory" in result.diagnostic
+
+
+# -- what is skipped, and why ---------------------------------------------------------------------
+
+
+def test_skipped_tests_say_why():
+    report = df.check_layer(L.PReLULayer(), IMAGES)
+    assert report["export_matches_predict"].diagnostic == "check_export=False"
+    assert "no state" in report["reset_state_runs"].diagnostic
+    assert "not formattable" in report["formattable_predict_is_formatted"].diagnostic
+    assert "defines backward" in report["autodiff_works[predict]"].diagnostic
+    if not any(d.platform == "gpu" for d in jax.devices()):
+        assert report["runs_on_gpu"].diagnostic == "no GPU"
+
+
+def test_a_layout_without_a_batch_label_skips_the_multi_observation_test():
+    result = df.check_layer(L.PReLULayer(), df.Layout((6, 3), "SC"))[
+        "multiple_observations_are_consistent"
+    ]
+    assert result.status == "Skipped"
+    assert "B (batch) label" in result.diagnostic
+
+
+class MixesObservations(df.Layer):
+    def predict(self, x):
+        return x - jnp.mean(x, axis=0, keepdims=True)
+
+
+def test_mixing_observations_is_caught():
+    report = df.check_layer(MixesObservations(), IMAGES)
+    assert failed(report) == {"multiple_observations_are_consistent"}, str(report)
+
+
+def test_export_is_checked_when_asked():
+    report = df.check_layer(L.SReLULayer(), IMAGES, check_export=True)
+    assert report["export_matches_predict"].status == "Passed", str(report)
+
+
+def test_autodiff_layers_run_the_autodiff_tests():
+    report = df.check_layer(L.RunningMean(), IMAGES)
+    assert report["autodiff_works[predict]"].status == "Passed"
+    assert report["backward_runs"].status == "Skipped"
+    assert report["gradients_are_correct[scale]"].status == "Passed"
+
+
+# -- the report -----------------------------------------------------------------------------------
+
+
+def test_the_report_prints_like_matlab():
+    report = df.check_layer(L.SReLUSwapped(name="srelu"), IMAGES)
+    text = str(report)
+    lines = text.splitlines()
+    assert lines[0] == "Checking SReLUSwapped (layer 'srelu') with Layout((None, 6, 6, 3), 'BSSC')"
+    assert " .  predict_runs" in lines
+    assert " F  gradients_are_correct[left_slope]" in lines
+    summary = lines.index("Test Summary:")
+    assert re.fullmatch(r"\t \d+ Passed, 2 Failed, 0 Incomplete, \d+ Skipped\.", lines[summary + 1])
+    assert re.fullmatch(r"\t Time elapsed: \S+ seconds\.", lines[summary + 2])
+    assert text.index("Test Summary:") < text.index("FAILED: gradients_are_correct[left_slope]")
+    assert report.passed + report.failed + report.incomplete + report.skipped == len(report)
+    assert repr(report).startswith("CheckReport(SReLUSwapped (layer 'srelu'): ")
+    assert {r.status for r in report.results} <= {"Passed", "Failed", "Incomplete", "Skipped"}
+
+
+def test_check_layer_initializes_with_the_key_and_is_deterministic():
+    layer = L.SReLUSwapped()
+    one, two = df.check_layer(layer, IMAGES, key=7), df.check_layer(layer, IMAGES, key=7)
+    a = one["gradients_are_correct[left_slope]"].diagnostic
+    assert a == two["gradients_are_correct[left_slope]"].diagnostic
+    assert one["initialize_runs"].status == "Passed"
+    ready = L.SReLULayer().initialize(IMAGES, key=jax.random.key(0))
+    assert df.check_layer(ready, IMAGES)["initialize_runs"].status == "Skipped"
+
+
+def test_assert_layer_valid():
+    report = assert_layer_valid(L.PReLULayer(), IMAGES)
+    assert report.ok
+    with pytest.raises(AssertionError, match=r"(?s)gradients_are_correct\[alpha\].*Test Summary"):
+        assert_layer_valid(L.ELUTypo(), IMAGES)
+
+
+# -- misuse ---------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("args", "match"),
+    [
+        ((L.SReLULayer, IMAGES), r"got the class SReLULayer.*Fix: check_layer\(SReLULayer\(\)"),
+        ((lambda x: x, IMAGES), r"got a function; expected a df.Layer instance"),
+        ((L.SReLULayer(),), r"has 1 input\(s\) \['in'\] but got 0 layout\(s\)"),
+        ((L.SReLULayer(), IMAGES, IMAGES), r"but got 2 layout\(s\)"),
+        (
+            (L.SReLULayer(), np.zeros((4, 6, 6, 3))),
+            r"layout 1 .* ndarray.*df.Layout\(\(4, 6, 6, 3\), fmt\)",
+        ),
+        (
+            (L.SReLULayer(), df.dlarray(jnp.zeros((4, 6, 6, 3)), "BSSC")),
+            r"FormattedArray.*df.Layout.of\(x\)",
+        ),
+    ],
+    ids=["class", "not-a-layer", "no-layout", "two-layouts", "array", "formatted-array"],
+)
+def test_misuse_is_a_check_error(args, match):
+    with pytest.raises(df.CheckError, match=match):
+        df.check_layer(*args)
+
+
+def test_a_bad_key_is_a_check_error():
+    with pytest.raises(df.CheckError, match="expected a jax.random key or an int seed"):
+        df.check_layer(L.SReLULayer(), IMAGES, key="zero")
