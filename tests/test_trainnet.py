@@ -316,6 +316,39 @@ def test_iterable_data_drops_a_smaller_last_batch(key):
     assert len(info.training_history) == 4
 
 
+def test_iterable_validation_data_equals_arrays(key):
+    X, T = classification_data(64)
+    net = classifier_net().initialize(key=key)
+    opts = quiet(max_epochs=1, mini_batch_size=16, metrics="accuracy", validation_frequency=2)
+    _, a = df.trainnet(X, T, net, "crossentropy", opts.replace(validation_data=(X, T)))
+    batches = [(X[i : i + 16], T[i : i + 16]) for i in range(0, 64, 16)]
+    _, b = df.trainnet(X, T, net, "crossentropy", opts.replace(validation_data=batches))
+    np.testing.assert_allclose(b.validation_history["loss"], a.validation_history["loss"], 1e-6)
+    np.testing.assert_allclose(b.validation_history["accuracy"], a.validation_history["accuracy"])
+
+
+def test_two_outputs_and_two_targets(key):
+    X, T = regression_data(64, outputs=2)
+    net = df.Network(
+        [
+            df.layers.FeatureInput(3, name="in"),
+            Affine(size=1, name="a"),
+            [Affine(size=1, name="b")],
+        ],
+        connections=[("in", "b")],
+        outputs=["a", "b"],
+    ).initialize(key=key)
+
+    def loss(ya, yb, ta, tb):
+        return df.losses.mse(ya, ta) + df.losses.mse(yb, tb)
+
+    opts = quiet(solver="adam", initial_learn_rate=0.05, max_epochs=30, mini_batch_size=16)
+    trained, info = df.trainnet(X, (T[:, :1], T[:, 1:]), net, loss, opts)
+    assert info.training_history["loss"][-1] < 0.05 * info.training_history["loss"][0]
+    ya, yb = trained.predict(X)
+    assert float(loss(ya, yb, T[:, :1], T[:, 1:])) < 0.05
+
+
 def test_formatted_inputs_with_another_layout(key):
     X, T = regression_data(32)
     net = df.Network([Affine(name="fc")])  # no input layer: the format comes from the data
