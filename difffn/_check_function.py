@@ -199,7 +199,7 @@ def _call_backward(fcn, xs, cotangents, flags):
 
 class _FunctionChecker:
     def __init__(self, fcn, xs, key, recorder: Recorder):
-        self.fcn, self.xs, self.key, self.rec = fcn, xs, key, recorder
+        self.fcn, self.xs, self.rec = fcn, xs, recorder
         self.data = _Data(key)
         self.cls = type(fcn)
         self.names = _input_names(self.cls, len(xs))

@@ -66,6 +66,7 @@ from ._errors import CheckError, LayerError, type_name
 from ._format import FormattedArray, Layout, dlarray, stripdims
 from ._layer import (
     Layer,
+    NetworkBase,
     _backward_takes_state,
     _has_method,
     _run_user,
@@ -371,7 +372,6 @@ class _LayerChecker:
         self.layouts = tuple(layouts)
         self.shapes = tuple(concrete_shape(layout) for layout in layouts)
         self.formats = tuple(layout.format for layout in layouts)
-        self.key = key
         self.rec = recorder
         self.notes: list[str] = []
         self.data = _Data(key)
@@ -403,15 +403,25 @@ class _LayerChecker:
         ``abstract``: only shapes and dtypes are needed, so trace without compiling.
         """
         key = self.forward_key if training else None
-        if self.cls.acceleratable:
-            try:
-                if abstract:
-                    run = functools.partial(_run_plain, formats=self.formats, training=training)
-                    return jax.eval_shape(run, layer, tuple(xs), key)
-                return _run_jit(layer, tuple(xs), key, self.formats, training)
-            except Exception:  # noqa: BLE001 - rerun eagerly for the user's own error
-                pass
-        return _run_user(layer, _user_inputs(layer, xs, self.formats), training, key)
+        run = functools.partial(_run_plain, formats=self.formats, training=training)
+        args = (layer, tuple(xs), key)
+        if abstract:
+            return self._traced_or_eager(jax.eval_shape, run, args)
+        return self._traced_or_eager(lambda _, *a: _run_jit(*a, self.formats, training), run, args)
+
+    def _traced_or_eager(self, trace, fn, args):
+        """``trace(fn, *args)`` (compiled or abstract) for an acceleratable layer, else eager.
+
+        When tracing fails, ``fn`` runs eagerly: an error there is the user's own, and clearer;
+        if it runs, the layer cannot be traced although it is acceleratable, which is the finding.
+        """
+        if not self.cls.acceleratable:
+            return fn(*args)
+        try:
+            return trace(fn, *args)
+        except Exception as traced_error:
+            fn(*args)
+            raise traced_error from None
 
     def run_all(self, *, check_export: bool) -> None:
         rec = self.rec
@@ -526,12 +536,11 @@ class _LayerChecker:
                     "initialize does not take `key`; it must be `def initialize(self, "
                     "*layouts, key)` (randomness is an explicit key)."
                 )
-            if len(required) > n_in or (len(required) < n_in and not variadic):
-                count = len([r for r in required if r.name != "key"])
-                if count != n_in:
-                    problems.append(
-                        f"initialize takes {count} layout(s); expected {n_in}, one per input."
-                    )
+            count = len([p for p in required if p.name != "key"])
+            if count > n_in or (count < n_in and not variadic):
+                problems.append(
+                    f"initialize takes {count} layout(s); expected {n_in}, one per input."
+                )
         if _has_method(layer, "reset_state"):
             _, required, _ = positional("reset_state")
             if required:
@@ -543,25 +552,24 @@ class _LayerChecker:
             return failed(f"{cls.__name__}: " + "\n".join(problems))
         return None
 
-    def _check_returned(self, method: str, outs, state, memory=None):
+    def _check_returned(self, method: str, outs):
         for name, y in zip(self.names["outputs"], outs, strict=True):
             if not _is_array(y):
                 raise failed(
                     f"{self.cls.__name__}.{method} returned {_describe_value(y)} as output "
                     f"{name!r}; expected an array. Fix: return jax arrays."
                 )
-        del state, memory
 
     def test_predict_runs(self):
         self.predicted = None
         outs, state, _ = self.run(self.layer, self.xs, training=False)
-        self._check_returned("predict", outs, state)
+        self._check_returned("predict", outs)
         self.predicted = (outs, state)
 
     def test_forward_runs(self):
         self.forwarded = None
         outs, state, memory = self.run(self.layer, self.xs, training=True)
-        self._check_returned("forward", outs, state, memory)
+        self._check_returned("forward", outs)
         self.forwarded = (outs, state, memory)
         if not _has_method(self.layer, "forward"):
             return passed("the layer defines no forward; predict runs at training time")
@@ -609,7 +617,11 @@ class _LayerChecker:
                 if stripdims(y).dtype != np.dtype(dtype):
                     problems.append(f"output {name!r} is {stripdims(y).dtype}")
             for name, s in zip(self.names["states"], state, strict=True):
-                if _is_array(s) and stripdims(s).dtype != np.dtype(dtype):
+                old = getattr(layer, name)
+                if not (_is_array(s) and _is_array(old)):
+                    continue  # e.g. a nested network's state table
+                expected = np.dtype(dtype) if _floating(old) else old.dtype
+                if stripdims(s).dtype != expected:
                     problems.append(f"state {name!r} is {stripdims(s).dtype}")
         if problems:
             return failed(
@@ -737,6 +749,8 @@ class _LayerChecker:
         problems = []
         for name, value in zip(states, new_state, strict=True):
             old = getattr(self.layer, name)
+            if isinstance(old, NetworkBase):
+                continue  # a nested network's state table: the network validates it
             if not _is_array(value):
                 problems.append(f"state {name!r} is {_describe_value(value)}")
             elif _is_array(old) and not _state_shape_ok(old.shape, stripdims(value).shape):
@@ -773,9 +787,7 @@ class _LayerChecker:
                 problems.append(f"state {name!r} became {_describe_value(value)}")
         for name, kind in self.cls._field_kinds.items():
             if kind in ("property", "base") and name != "name":
-                if _is_array(getattr(self.layer, name)):
-                    continue
-                if getattr(self.layer, name) != getattr(new, name):
+                if _tree_change(getattr(self.layer, name), getattr(new, name)) is not None:
                     problems.append(f"property {name!r} changed")
         if problems:
             return failed(
@@ -848,23 +860,18 @@ class _LayerChecker:
         )
         args = (layer, tuple(xs), cotangents, self.forward_key)
         static = {"formats": self.formats, "takes_state": takes_state}
-        if self.cls.acceleratable:
-            try:
-                if abstract:
-                    return jax.eval_shape(functools.partial(_backward_call, **static), *args), (
-                        takes_state
-                    )
-                return _backward_jit(*args, **static), takes_state
-            except Exception:  # noqa: BLE001 - rerun eagerly for the user's own error
-                pass
-        return _backward_call(*args, **static), takes_state
+        call = functools.partial(_backward_call, **static)
+        if abstract:
+            return self._traced_or_eager(jax.eval_shape, call, args), takes_state
+        compiled = self._traced_or_eager(lambda _, *a: _backward_jit(*a, **static), call, args)
+        return compiled, takes_state
 
     def _expected_gradients(self, layer, xs, takes_state):
-        """(description, value) of each gradient backward must return, in order."""
-        expected = [(f"input {n!r}", x) for n, x in zip(self.names["inputs"], xs, strict=True)]
-        expected += [(f"learnable {n!r}", getattr(layer, n)) for n in self.names["learnables"]]
+        """(kind, name, value) of each value backward must return a gradient for, in order."""
+        expected = [("input", n, x) for n, x in zip(self.names["inputs"], xs, strict=True)]
+        expected += [("learnable", n, getattr(layer, n)) for n in self.names["learnables"]]
         if takes_state:
-            expected += [(f"state {n!r}", getattr(layer, n)) for n in self.names["states"]]
+            expected += [("state", n, getattr(layer, n)) for n in self.names["states"]]
         return expected
 
     def _needs_backward(self):
@@ -885,7 +892,7 @@ class _LayerChecker:
         expected = self._expected_gradients(layer, xs, takes_state)
         if len(expected) == 1 and not isinstance(grads, (tuple, list)):
             grads = (grads,)
-        order = ", ".join(f"dLd{d.split(chr(39))[1]}" for d, _ in expected)
+        order = ", ".join(f"dLd{name}" for _, name, _ in expected)
         if not isinstance(grads, (tuple, list)) or len(grads) != len(expected):
             got = f"{len(grads)} values" if isinstance(grads, (tuple, list)) else type_name(grads)
             raise failed(
@@ -900,7 +907,8 @@ class _LayerChecker:
         self._needs_backward()
         pairs, order = self._normalized_gradients(self.layer, self.xs)
         problems = []
-        for (what, value), grad in pairs:
+        for (kind, name, value), grad in pairs:
+            what = f"{kind} {name!r}"
             grad = stripdims(grad)
             leaves_v = jax.tree.leaves(stripdims(value))
             if grad is None:
@@ -931,12 +939,11 @@ class _LayerChecker:
             layer, xs = _cast(self.layer, dtype), _cast(self.xs, dtype)
             pairs, _ = self._normalized_gradients(layer, xs, abstract=True)
             problems = []
-            for (what, value), grad in pairs:
+            for (kind, name, _), grad in pairs:
                 for g in jax.tree.leaves(stripdims(grad)):
                     g = stripdims(g)
                     if _floating(g) and g.dtype != np.dtype(dtype):
-                        problems.append(f"the gradient of {what} is {g.dtype}")
-                del value
+                        problems.append(f"the gradient of {kind} {name!r} is {g.dtype}")
         if problems:
             return failed(
                 f"with {dtype} inputs and parameters, backward returned "
@@ -989,7 +996,7 @@ class _LayerChecker:
             if outcome is None:
                 outcome = skipped(f"{kind} {n!r} holds no floating-point values")
             result = rec.add(f"gradients_are_correct[{n}]", outcome)
-            rec.results[-1] = type(result)(result.name, result.status, result.diagnostic, share)
+            rec.results[-1] = dataclasses.replace(result, duration=share)
 
     def _gradient_verdicts(self, custom: bool, takes_state: bool) -> dict:
         with jax.enable_x64(True):
@@ -1007,7 +1014,7 @@ class _LayerChecker:
         groups += [("learnable", n, n_in + j, n) for j, n in enumerate(learnables)]
         if takes_state:
             groups += [("state", n, n_in + len(learnables) + k, n) for k, n in enumerate(states)]
-        invalid = self._invalid_gradients(custom, takes_state)
+        invalid = self._invalid_gradients(custom)
         for kind, name, gradient_index, where in groups:
             indices, shapes, paths = [], [], []
             for index, (path, leaf) in enumerate(path_leaves):
@@ -1092,7 +1099,7 @@ class _LayerChecker:
             outcomes[part.key] = self._outcome(part, verdicts, by_key, custom, autodiff_note)
         return outcomes
 
-    def _invalid_gradients(self, custom, takes_state) -> dict:
+    def _invalid_gradients(self, custom) -> dict:
         """Checked values whose backward gradient is missing or misshapen, with the reason."""
         if not custom:
             return {}
@@ -1103,11 +1110,8 @@ class _LayerChecker:
                 f"backward did not return usable gradients (see backward_runs and "
                 f"backward_returns_valid_gradients): {str(error).splitlines()[0]}"
             ) from None
-        del takes_state
         invalid = {}
-        for (what, value), grad in pairs:
-            kind, name = what.split(" ", 1)
-            name = name.strip("'")
+        for (kind, name, value), grad in pairs:
             leaves_g = [stripdims(g) for g in jax.tree.leaves(stripdims(grad))]
             leaves_v = jax.tree.leaves(stripdims(value))
             if grad is None:
@@ -1331,12 +1335,20 @@ def _tree_change(before, after) -> str | None:
     if tree_b != tree_a or len(leaves_a) != len(leaves_b):
         return "its structure changed"
     for b, a in zip(leaves_b, leaves_a, strict=True):
+        if not isinstance(b, (jax.Array, np.ndarray, np.generic, int, float, complex)):
+            try:
+                same = b is a or bool(b == a)
+            except Exception:  # noqa: BLE001 - objects without a usable ==
+                same = False
+            if not same:
+                return "its value changed"
+            continue
         b, a = np.asarray(b), np.asarray(a)
         if b.shape != a.shape:
             return f"shape {_shape_text(b.shape)} became {_shape_text(a.shape)}"
         if b.dtype != a.dtype:
             return f"dtype {b.dtype} became {a.dtype}"
-        if not np.array_equal(b, a, equal_nan=True):
+        if not np.array_equal(b, a, equal_nan=b.dtype.kind in "fc"):
             gap = np.abs(a.astype(np.float64) - b.astype(np.float64))
             where = _index_text(int(np.argmax(gap)), gap.shape)
             return f"largest change {float(np.max(gap)):.3g} at {where}"

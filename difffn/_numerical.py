@@ -68,7 +68,7 @@ NUM_LOCATE = 16
 _DISAGREEMENT = 1e-8
 _EVALS_PER_PROBE = 1 + 2 * len(STEPS)
 _CHUNK_ELEMENTS = 1 << 21  # float64 elements one batched evaluation may hold, roughly
-_MAX_CHUNK = 16
+_MAX_CHUNK = 8
 COORDINATE, DIRECTION = "coordinate", "direction"
 
 
@@ -235,7 +235,7 @@ def check_gradients(
     results: dict[str, list[ProbeResult]] = {}
     for segment in segments:
         results[segment.name] = _first_probes(segment, grads, sources)
-    run(results, [p for probes in results.values() for p in probes])
+    run([p for probes in results.values() for p in probes])
 
     # Locate failures that no trusted autodiff reference can locate, element by element.
     extra = []
@@ -247,7 +247,7 @@ def check_gradients(
             probes.extend(more)
             extra.extend(more)
     if extra:
-        run(results, extra)
+        run(extra)
     return {
         s.name: _verdict(s, results[s.name], grads, under_test, run.moves.get(s.name, 0))
         for s in segments
@@ -318,7 +318,7 @@ class _Runner:
         self.floors: dict[str, float] = {}
         self.moves: dict[str, int] = {}
 
-    def __call__(self, results, probes) -> None:
+    def __call__(self, probes) -> None:
         pending = list(probes)
         point, grad_stack = self.base, _stack(self.grads, self.sources)
         for attempt in range(MAX_MOVES + 1):
@@ -366,10 +366,12 @@ class _Runner:
         return tuple(np.stack([row[k] for row in rows]) for k in range(4))
 
     def _sparse(self, probes, segment, attempt):
-        """(support, signs) per probe: the segment's elements it perturbs, and their signs."""
-        width = 1
-        if any(p.kind == DIRECTION for p in probes):
-            width = min(segment.size, DIRECTION_SUPPORT)
+        """(support, signs) per probe: the segment's elements it perturbs, and their signs.
+
+        The width is fixed per segment (coordinate probes are padded with zero signs), so the
+        compiled evaluator is reused whatever the mix of probes.
+        """
+        width = min(segment.size, DIRECTION_SUPPORT)
         support = np.zeros((len(probes), width), np.int32)
         signs = np.zeros((len(probes), width), np.float64)
         for row, p in enumerate(probes):
@@ -403,7 +405,7 @@ class _Evaluator:
                 for s, g in zip(jnp.asarray(support), jnp.asarray(signs), strict=True)
             ]
             return tuple(np.stack([np.asarray(r[k]) for r in rows]) for k in range(4))
-        chunk = min(self.chunks[index], count)
+        chunk = self.chunks[index]  # fixed, so one compilation serves every call
         padded = -(-count // chunk) * chunk
         support = np.concatenate([support, np.zeros((padded - count, width), np.int32)])
         signs = np.concatenate([signs, np.zeros((padded - count, width), np.float64)])

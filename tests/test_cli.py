@@ -1,4 +1,8 @@
-"""The ``difffn`` command line: ``difffn check MODULE:FACTORY --layout SIZES:FMT``."""
+"""The ``difffn`` command line: ``difffn check MODULE:FACTORY --layout SIZES:FMT``.
+
+The end-to-end tests run ``python -m difffn._cli`` (through ``runpy``, as ``-m`` does) in a fresh
+process; the usage errors run ``main`` in this one.
+"""
 
 from __future__ import annotations
 
@@ -8,7 +12,7 @@ from helpers import run_python
 import difffn as df
 from difffn._cli import main, parse_layout
 
-CHECK = "import sys; from difffn._cli import main; sys.exit(main(sys.argv[1:]))"
+CHECK = "import runpy; runpy.run_module('difffn._cli', run_name='__main__', alter_sys=True)"
 
 
 def test_check_of_a_valid_layer_prints_the_report_and_exits_0():
