@@ -91,8 +91,9 @@ def check_layer(layer, *layouts, check_export: bool = False, key=None) -> CheckR
       *layouts: one ``df.Layout`` per layer input; the batch axis is the one labeled ``B``.
         Unknown sizes (``None``) become 4 for ``B`` and 8 for other axes.
       check_export: also export ``predict`` with ``jax.export`` and compare.
-      key: a ``jax.random`` key (or an int seed) for initialization and test data; default
-        ``jax.random.key(0)``.
+      key: a ``jax.random`` key (or an int seed); default ``jax.random.key(0)``. An
+        uninitialized layer is initialized with this very key; the test data and the upstream
+        gradients are drawn deterministically from it.
 
     Returns:
       A :class:`~difffn.CheckReport`; ``print(report)`` shows every test, MATLAB's
@@ -372,6 +373,7 @@ class _LayerChecker:
         self.layouts = tuple(layouts)
         self.shapes = tuple(concrete_shape(layout) for layout in layouts)
         self.formats = tuple(layout.format for layout in layouts)
+        self.key = key  # initialize gets the caller's key itself
         self.rec = recorder
         self.notes: list[str] = []
         self.data = _Data(key)
@@ -467,7 +469,7 @@ class _LayerChecker:
         if layer.initialized:
             return skipped("the layer was given initialized")
         try:
-            new = layer.initialize(*self.layouts, key=self.data.key(0))
+            new = layer.initialize(*self.layouts, key=self.key)
         except Exception as error:
             self.usable = False
             raise failed(

@@ -215,6 +215,42 @@ class WeightedSum(df.Layer):
         return dy * self.weights[0], dy * self.weights[1], dw
 
 
+class ScaleAndSine(df.Layer):
+    """Two outputs, ``w x`` and ``sin(x)``, with a backward."""
+
+    num_outputs = 2
+    w: jax.Array | None = df.learnable(default_factory=lambda: jnp.array(2.0))
+
+    def predict(self, x):
+        return x * self.w, jnp.sin(x)
+
+    def backward(self, x, y1, y2, dy1, dy2, memory):
+        return dy1 * self.w + dy2 * jnp.cos(x), jnp.sum(dy1 * x)
+
+
+class ScaleAndSineWrongOutput(ScaleAndSine):
+    """dL/dw uses the upstream gradient of the wrong output."""
+
+    def backward(self, x, y1, y2, dy1, dy2, memory):
+        return dy1 * self.w + dy2 * jnp.cos(x), jnp.sum(dy2 * x)
+
+
+class Accumulator(df.Layer):
+    """A state that sums half the scaled input; backward takes dL/dSout and returns dL/dSin."""
+
+    total: jax.Array | None = df.state(default_factory=lambda: jnp.zeros((1, 3)))
+    scale: jax.Array | None = df.learnable(default_factory=lambda: jnp.ones((1, 3)))
+
+    def predict(self, x):
+        y = x * self.scale
+        return y, self.total + 0.5 * jnp.sum(y, axis=0, keepdims=True)
+
+    def backward(self, x, y, dy, dtotal, memory):
+        dx = (dy + 0.5 * dtotal) * self.scale
+        dscale = jnp.sum((dy + 0.5 * dtotal) * x, axis=0, keepdims=True)
+        return dx, dscale, dtotal
+
+
 class ShiftedReLU(df.Layer):
     """``x + relu(bias)`` with the bias at 0: every bias element sits on relu's kink."""
 

@@ -50,8 +50,19 @@ def test_seed_layers_written_correctly_pass(cls, seed):
         (L.ChannelPool(), (IMAGES,)),
         (L.EagerTanh(), (df.Layout((3, 4), "BC"),)),
         (L.SReLULayer(), (df.Layout((2, 5, 4), "BTC"),)),
+        (L.ScaleAndSine(), (df.Layout((None, 3), "BC"),)),
+        (L.Accumulator(), (df.Layout((None, 3), "BC"),)),
     ],
-    ids=["memory", "two-inputs", "state", "formattable", "not-acceleratable", "sequence"],
+    ids=[
+        "memory",
+        "two-inputs",
+        "state",
+        "formattable",
+        "not-acceleratable",
+        "sequence",
+        "two-outputs",
+        "state-gradients",
+    ],
 )
 def test_other_correct_layers_pass(layer, layouts):
     report = df.check_layer(layer, *layouts)
@@ -84,6 +95,7 @@ BUGS = {
     "c-elu-blog-typo": (L.ELUTypo, {"gradients_are_correct[alpha]"}),
     "d-wrong-axes": (L.PReLUWrongAxes, {"gradients_are_correct[alpha]"}),
     "e-memory-ignored": (L.ELUIgnoresMemory, {"gradients_are_correct[in]"}),
+    "wrong-output": (L.ScaleAndSineWrongOutput, {"gradients_are_correct[w]"}),
 }
 
 
@@ -104,6 +116,11 @@ def test_each_wrong_backward_fails_with_the_culprit_named(bug, seed):
     # a failed gradient does not stop the other checks
     assert report["export_matches_predict"].status == "Skipped"
     assert report["autodiff_works[forward]"].status == "Skipped"
+
+
+def test_state_gradients_are_checked_when_backward_takes_them():
+    report = df.check_layer(L.Accumulator(), df.Layout((None, 3), "BC"))
+    assert report["gradients_are_correct[total]"].status == "Passed"
 
 
 def test_a_failure_says_where_with_axis_labels():
