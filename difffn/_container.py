@@ -87,8 +87,11 @@ def _fsync_folder(folder: Path) -> None:
         os.close(fd)
 
 
-def read(path: str | os.PathLike, kind: str) -> dict[str, Any]:
-    """Read and verify a container written by :func:`write`; returns its payload."""
+def read(path: str | os.PathLike, kind: str | tuple[str, ...]) -> dict[str, Any]:
+    """Read and verify a container written by :func:`write`; returns its payload.
+
+    ``kind`` is the kind expected, or a tuple of the kinds accepted.
+    """
     path = Path(path)
     try:
         blob = path.read_bytes()
@@ -110,8 +113,10 @@ def read(path: str | os.PathLike, kind: str) -> dict[str, Any]:
             f"version reads up to {VERSION}). Fix: upgrade difffn."
         )
     file_kind = file_kind.rstrip(b"\0").decode("ascii", "replace")
-    if file_kind != kind:
-        raise SerializationError(f"{str(path)!r} holds a difffn {file_kind!r}, not a {kind!r}.")
+    kinds = (kind,) if isinstance(kind, str) else tuple(kind)
+    if file_kind not in kinds:
+        wanted = " or ".join(repr(k) for k in kinds)
+        raise SerializationError(f"{str(path)!r} holds a difffn {file_kind!r}, not a {wanted}.")
     data = blob[_HEADER.size :]
     if len(data) != length:
         raise SerializationError(

@@ -21,6 +21,7 @@ from . import _container
 from ._errors import SerializationError
 from ._factors import _set as _set_factor
 from ._format import Layout
+from ._layer import InputLayer
 from ._network import Network, leaf_kinds
 
 FORMAT = "difffn.network"
@@ -35,12 +36,13 @@ def save(path: str | os.PathLike, net: Network) -> Path:
     Examples:
       >>> import jax, jax.numpy as jnp, tempfile, os
       >>> import difffn as df
-      >>> net = df.Network([df.layers.FeatureInput(3, normalization="none", name="in"),
-      ...                   df.layers.FullyConnected(2, name="fc")]).initialize(key=jax.random.key(0))
+      >>> def network():
+      ...     return df.Network([df.layers.FeatureInput(3, normalization="none", name="in"),
+      ...                        df.layers.FullyConnected(2, name="fc")])
+      >>> net = network().initialize(key=jax.random.key(0))
       >>> path = os.path.join(tempfile.mkdtemp(), "net.difffn")
       >>> _ = df.save(path, net)
-      >>> loaded = df.load(path, like=df.Network([df.layers.FeatureInput(3, normalization="none", name="in"),
-      ...                                        df.layers.FullyConnected(2, name="fc")]))
+      >>> loaded = df.load(path, like=network())
       >>> bool(jnp.all(loaded.learnables["fc/weights"] == net.learnables["fc/weights"]))
       True
     """
@@ -53,7 +55,8 @@ def load(path: str | os.PathLike, *, like: Network) -> Network:
     """Load parameters saved by :func:`save` into a network of the same structure.
 
     ``like`` gives the structure (layer classes, names, connections); it may be uninitialized.
-    Everything is checked before anything is built: a damaged file, a file of another
+    ``path`` may also be a training checkpoint (``net_checkpoint__*.difffn``): its network is
+    loaded. Everything is checked before anything is built: a damaged file, a file of another
     structure (the first differing parameter is named, with expected and found shape and
     dtype), a newer format, or a file that is not a difffn file are each a clear
     ``df.SerializationError``.
@@ -63,17 +66,21 @@ def load(path: str | os.PathLike, *, like: Network) -> Network:
             f"df.load(path, like=...) expected a df.Network giving the structure; got "
             f"{type(like).__name__}."
         )
-    payload = _container.read(path, "network")
+    payload = _container.read(path, ("network", "checkpoint"))
+    if payload.get("format") == "difffn.checkpoint" and isinstance(payload.get("network"), dict):
+        payload = payload["network"]
     return restore_network(payload, like, source=str(path))
 
 
-# -- payload ----------------------------------------------------------------------------------------
+# -- payload ---------------------------------------------------------------------------------------
 
 
 def network_payload(net: Network) -> dict[str, Any]:
     """The msgpack-ready description and values of a network."""
     values, parameters = {}, []
-    for (path, leaf), kind in zip(jax.tree_util.tree_flatten_with_path(net)[0], leaf_kinds(net)):
+    for (path, leaf), kind in zip(
+        jax.tree_util.tree_flatten_with_path(net)[0], leaf_kinds(net), strict=True
+    ):
         key = jax.tree_util.keystr(path)
         array, dtype = _to_numpy(leaf)
         values[key] = array
@@ -100,6 +107,7 @@ def restore_network(payload: dict[str, Any], like: Network, *, source: str) -> N
         )
     _check_structure(payload["structure"], _describe(like), source)
     values = payload["values"]
+    like = _fill_input_statistics(like, payload)
     if not like.initialized:
         like = _abstract_initialized(like, payload.get("layouts"), source)
     expected = [
@@ -138,6 +146,33 @@ def restore_network(payload: dict[str, Any], like: Network, *, source: str) -> N
     return net
 
 
+def _fill_input_statistics(like: Network, payload: dict[str, Any]) -> Network:
+    """Input layers of ``like`` whose statistics are still empty take the file's.
+
+    ``trainnet`` computes them from the training data; a freshly built network (the usual
+    ``like=``) has them empty, and the trained values are part of the model.
+    """
+    saved = {p["path"]: p for p in payload["parameters"]}
+    for layer in like.layers:
+        if not isinstance(layer, InputLayer):
+            continue
+        prefix = f".{layer.name}."
+        changes = {}
+        for path, entry in saved.items():
+            field = path[len(prefix) :]
+            if (
+                path.startswith(prefix)
+                and field.isidentifier()
+                and entry["kind"] == "constant"
+                and field in layer.__dict__
+                and getattr(layer, field) is None
+            ):
+                changes[field] = _from_numpy(payload["values"][path], entry["dtype"])
+        if changes:
+            like = like.replace_layer(layer.name, layer.replace(**changes))
+    return like
+
+
 def _describe(net: Network) -> dict[str, Any]:
     return {
         "layers": [
@@ -157,7 +192,7 @@ def _describe(net: Network) -> dict[str, Any]:
 
 def _check_structure(saved: dict[str, Any], current: dict[str, Any], source: str) -> None:
     saved_layers, layers = saved["layers"], current["layers"]
-    for i, (s, c) in enumerate(zip(saved_layers, layers)):
+    for i, (s, c) in enumerate(zip(saved_layers, layers, strict=False)):  # lengths next
         if (s["name"], s["class"]) != (c["name"], c["class"]):
             raise SerializationError(
                 f"{source!r} does not match the network at layer {i + 1}: the network has "
@@ -178,7 +213,7 @@ def _abstract_initialized(like: Network, layouts_data, source: str) -> Network:
     """``like`` initialized abstractly (shapes only), to know the shapes it expects."""
     recorded = _layouts_from_payload(layouts_data)
     layouts = []
-    for name, (i, j) in zip(like.input_names, like._graph.inputs):
+    for name, (i, j) in zip(like.input_names, like._graph.inputs, strict=True):
         known = like._known_input_layouts()[len(layouts)]
         if known is None and recorded is not None:
             known = recorded[i][0][j]
@@ -227,7 +262,7 @@ def _layouts_from_payload(data):
     )
 
 
-# -- arrays -----------------------------------------------------------------------------------------
+# -- arrays ----------------------------------------------------------------------------------------
 
 
 def _dtype_name(leaf) -> str:

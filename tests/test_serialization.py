@@ -92,7 +92,8 @@ def test_nested_network_parameters_round_trip(tmp_path, key):
                     Dense(size=2, name="fc2"),
                 ]
             ),
-            r"does not match the network at parameter '\.fc1\.w': the network expects shape \(3, 5\) float32; the file has \(3, 4\) float32",
+            r"does not match the network at parameter '\.fc1\.w': the network expects shape "
+            r"\(3, 5\) float32; the file has \(3, 4\) float32",
         ),
         (
             lambda: mlp(),
@@ -125,7 +126,8 @@ def test_dtype_mismatch_is_named(tmp_path, key, x64):
     path = df.save(tmp_path / "net.difffn", net64)
     with pytest.raises(
         df.SerializationError,
-        match=r"parameter '\.fc1\.w': the network expects shape \(3, 4\) float32; the file has \(3, 4\) float64",
+        match=r"parameter '\.fc1\.w': the network expects shape \(3, 4\) float32; the file has "
+        r"\(3, 4\) float64",
     ):
         df.load(
             path,
@@ -208,3 +210,24 @@ def test_a_crash_during_the_write_keeps_the_old_file(net, tmp_path, monkeypatch,
 def test_files_hold_no_pickle(net, tmp_path):
     blob = df.save(tmp_path / "net.difffn", net).read_bytes()
     assert b"pickle" not in blob and b"\x80\x04\x95" not in blob  # no pickle protocol frames
+
+
+def test_input_statistics_computed_by_trainnet_load_into_a_fresh_network(tmp_path):
+    def fresh():
+        return df.Network(
+            [
+                df.layers.FeatureInput(3, normalization="zscore", name="in"),
+                df.layers.FullyConnected(2, name="fc"),
+            ]
+        )
+
+    X = np.random.default_rng(0).normal(2.0, 3.0, size=(32, 3)).astype(np.float32)
+    options = df.TrainingOptions(max_epochs=1, mini_batch_size=16, verbose=False)
+    trained, _ = df.trainnet(X, X[:, :2], fresh(), "mse", options)
+    loaded = df.load(df.save(tmp_path / "net.difffn", trained), like=fresh())
+    assert_tree_allclose(loaded.learnables, trained.learnables, rtol=0, atol=0)
+    for name in ("mean", "standard_deviation"):
+        np.testing.assert_array_equal(
+            getattr(loaded.layer("in"), name), getattr(trained.layer("in"), name)
+        )
+    np.testing.assert_array_equal(loaded.predict(X).data, trained.predict(X).data)
