@@ -25,6 +25,8 @@ _SHARED_SYMBOLS = {"B": "batch", "T": "time"}
 def input_specs(layouts: Sequence[Layout], dtype=jnp.float32) -> list[jax.ShapeDtypeStruct]:
     """One ``jax.ShapeDtypeStruct`` per layout; unknown sizes become symbolic dimensions.
 
+    ``dtype`` is one dtype for every input, or a sequence with one per layout.
+
     Examples:
       >>> import difffn as df
       >>> from difffn._export import input_specs
@@ -37,9 +39,15 @@ def input_specs(layouts: Sequence[Layout], dtype=jnp.float32) -> list[jax.ShapeD
                 f"export: input {i + 1} is a {type_name(layout)}; expected a df.Layout. Fix: "
                 "describe each input as df.Layout(shape, fmt), with None for unknown sizes."
             )
+    dtypes = list(dtype) if isinstance(dtype, (tuple, list)) else [dtype] * len(layouts)
+    if len(dtypes) != len(layouts):
+        raise SerializationError(
+            f"export: {len(dtypes)} dtypes for {len(layouts)} inputs. Fix: give one dtype, or "
+            "one per input."
+        )
     scope = jax_export.SymbolicScope()
     specs = []
-    for i, layout in enumerate(layouts):
+    for i, (layout, dt) in enumerate(zip(layouts, dtypes, strict=True)):
         parts = []
         for axis, (size, label) in enumerate(zip(layout.shape, layout.format, strict=True)):
             if size is not None:
@@ -47,7 +55,7 @@ def input_specs(layouts: Sequence[Layout], dtype=jnp.float32) -> list[jax.ShapeD
             else:
                 parts.append(_SHARED_SYMBOLS.get(label, f"{label.lower()}{i}_{axis}"))
         shape = jax_export.symbolic_shape(", ".join(parts), scope=scope) if parts else ()
-        specs.append(jax.ShapeDtypeStruct(shape, dtype))
+        specs.append(jax.ShapeDtypeStruct(shape, dt))
     return specs
 
 
