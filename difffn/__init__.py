@@ -11,6 +11,7 @@ from ._cache import RetraceWarning as RetraceWarning
 from ._check_function import check_function as check_function
 from ._check_layer import check_layer as check_layer
 from ._check_report import CheckReport as CheckReport
+from ._checkpoint import CheckpointWarning as CheckpointWarning
 from ._deploy import ExportedNetwork as ExportedNetwork
 from ._deploy import export as export
 from ._deploy import load_exported as load_exported

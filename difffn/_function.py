@@ -31,6 +31,7 @@ import numpy as np
 from . import _cotangents as ct
 from ._errors import DifferentiableFunctionError, ForwardError, ForwardModeError
 from ._format import FormattedArray
+from ._primitive import custom_vjp
 
 _FORWARD_MODE_MESSAGES = ("forward-mode", "jvp")
 
@@ -329,23 +330,11 @@ def _has_jvp(cls) -> bool:
     return callable(getattr(cls, "jvp", None))
 
 
-def _implementation(fcn: DifferentiableFunction, num_inputs: int):
-    return _cached_implementation(fcn, num_inputs, bool(jax.config.jax_custom_vjp3))
-
-
 @functools.lru_cache(maxsize=512)
-def _cached_implementation(fcn: DifferentiableFunction, num_inputs: int, custom_vjp3: bool):
+def _implementation(fcn: DifferentiableFunction, num_inputs: int):
     """One differentiable callable per (configuration, input count), shared by equal instances."""
     del num_inputs  # part of the cache key: a variadic forward gets one rule per arity
-    if _has_jvp(type(fcn)) or custom_vjp3:
-        from ._primitive import primitive_implementation
 
-        return primitive_implementation(fcn)
-    return _custom_vjp_implementation(fcn)
-
-
-def _custom_vjp_implementation(fcn: DifferentiableFunction):
-    @jax.custom_vjp
     def call(*xs):
         return run_forward(fcn, xs)[0]
 
@@ -356,8 +345,43 @@ def _custom_vjp_implementation(fcn: DifferentiableFunction):
         return outputs, make_residuals(fcn, xs, outputs, memory, compute_gradients)
 
     def bwd(residuals, output_cotangents):
-        return run_backward(fcn, residuals, output_cotangents)
+        return run_backward(fcn, residuals, tuple(output_cotangents))
 
-    call.defvjp(fwd, bwd, symbolic_zeros=True)
-    call.__name__ = call.__qualname__ = type(fcn).__name__
-    return call
+    jvp = functools.partial(run_jvp, fcn) if _has_jvp(type(fcn)) else None
+    return custom_vjp(call, fwd, bwd, jvp=jvp, name=type(fcn).__name__)
+
+
+def run_jvp(fcn: DifferentiableFunction, primals, tangents):
+    """Call the user's ``jvp`` (tangents of unperturbed inputs are zeros) and check it."""
+    cls = type(fcn)
+    specs = [ct.Spec.of(x) for x in primals]
+    tangents = tuple(
+        None if not spec.differentiable else ct.instantiate(t, spec)
+        for t, spec in zip(tangents, specs)
+    )
+    result = fcn.jvp(tuple(primals), tangents)
+    who = f"{cls.__name__}.jvp"
+    if not isinstance(result, (tuple, list)) or len(result) != 2:
+        raise DifferentiableFunctionError(
+            f"{who} returned {type(result).__name__}; expected a pair (outputs, "
+            "output_tangents), like a jax.custom_jvp rule."
+        )
+    outputs, out_tangents = result
+    n_out = cls.num_outputs
+    if n_out == 1:
+        outputs, out_tangents = (outputs,), (out_tangents,)
+    names = [f"output{i + 1}" for i in range(n_out)]
+    outputs = tuple(
+        jnp.asarray(y) for y in ct.normalize_returns(outputs, n_out, who=who, names=names)
+    )
+    out_tangents = ct.normalize_returns(out_tangents, n_out, who=who, names=names)
+    checked = []
+    for i, (t, y) in enumerate(zip(out_tangents, outputs)):
+        spec = ct.Spec.of(y)
+        t = jnp.zeros(spec.shape, spec.dtype) if t is None else t
+        checked.append(
+            ct.check_gradient(
+                t, spec, who=who, what=f"the tangent of output {i + 1}", required=True
+            )
+        )
+    return outputs, tuple(checked)

@@ -35,6 +35,7 @@ import numpy as np
 from . import _cotangents as ct
 from ._errors import AccelerationError, ForwardError, LayerError
 from ._format import FormattedArray, dims, dlarray, stripdims
+from ._primitive import custom_vjp
 
 _KIND = "difffn_kind"
 LEARNABLE, STATE, PROPERTY, BASE = "learnable", "state", "property", "base"
@@ -736,7 +737,6 @@ def _call_with_backward(layer: Layer, inputs, training: bool, key):
         d.update(zip(const_fields, cs))
         return new
 
-    @jax.custom_vjp
     def run(ws, ss, cs, xs, k):
         outputs, new_state, _ = _run_user(assemble(ws, ss, cs), xs, training, k)
         return tuple(outputs), tuple(new_state)
@@ -823,8 +823,8 @@ def _call_with_backward(layer: Layer, inputs, training: bool, key):
             dss_in = zero_state
         return dws, dss_in, _none_like(cs), dxs, None
 
-    run.defvjp(fwd, bwd, symbolic_zeros=True)
-    outputs, new_state = run(learnables, states, consts, tuple(inputs), key)
+    run_with_backward = custom_vjp(run, fwd, bwd, name=f"{cls.__name__}.backward")
+    outputs, new_state = run_with_backward(learnables, states, consts, tuple(inputs), key)
     return outputs, new_state
 
 

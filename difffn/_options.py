@@ -72,6 +72,7 @@ _COMMON_DEFAULTS: dict[str, Any] = {
     "checkpoint_path": None,
     "checkpoint_frequency": 1,
     "checkpoint_frequency_unit": "epoch",
+    "checkpoint_keep": 3,
 }
 OPTION_NAMES = tuple(sorted(set(_COMMON_DEFAULTS) | set(_SOLVER_SPECIFIC)))
 
@@ -209,9 +210,14 @@ class TrainingOptions:
       execution_environment: ``"auto"``, ``"cpu"``, ``"gpu"`` or ``"multi-device"`` (batches
         sharded over ``jax.devices()``; ``mini_batch_size`` must be a multiple of the device
         count).
-      checkpoint_path: an existing folder for checkpoints (None: no checkpoints).
+      checkpoint_path: an existing folder for checkpoints (None: no checkpoints). Each is a
+        ``net_checkpoint__<iteration>__<date>.difffn`` file with everything needed to resume
+        (``df.trainnet(..., resume_from=folder)``); ``df.load(file, like=net)`` reads its
+        network. Use one folder per run: pruning counts every checkpoint in the folder.
       checkpoint_frequency: every this many units (1).
       checkpoint_frequency_unit: ``"epoch"`` (default) or ``"iteration"``.
+      checkpoint_keep: how many of the newest checkpoints to keep (3); older ones are deleted
+        once a new one is safely written. ``math.inf`` keeps them all (MATLAB's behavior).
 
     Raises:
       OptionsError: an unknown option, a bad value, or an option of another solver.
@@ -363,6 +369,9 @@ class TrainingOptions:
         c["checkpoint_frequency"] = _positive_int("checkpoint_frequency", v["checkpoint_frequency"])
         c["checkpoint_frequency_unit"] = _choice(
             "checkpoint_frequency_unit", v["checkpoint_frequency_unit"], CHECKPOINT_UNITS
+        )
+        c["checkpoint_keep"] = _positive_int(
+            "checkpoint_keep", v["checkpoint_keep"], allow_inf=True
         )
         return c
 

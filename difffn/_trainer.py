@@ -31,7 +31,7 @@ import numpy as np
 import optax
 
 from . import _batches, _checkpoint, _progress
-from ._errors import OptionsError
+from ._errors import OptionsError, SerializationError
 from ._factors import L2, LEARN_RATE, leaf_factors
 from ._format import FormattedArray, Layout, stripdims
 from ._layer import InputLayer
@@ -40,6 +40,7 @@ from ._metrics import Metric
 from ._network import Network, _execute_segmented, execute, learnable_mask
 from ._options import TrainingOptions
 from ._schedules import LearnRateSchedule
+from ._serialization import restore_network
 from ._sharding import Placement
 from ._solvers import training_transform
 
@@ -365,7 +366,10 @@ class _Steps:
         run = execute if self.accelerate else _execute_segmented
 
         def objective(learnables):
-            net = _combine(self.treedef, self.learnable_index, learnables, others)
+            # Each mini-batch holds independent observations: recurrent state (layers that
+            # define reset_state, e.g. LSTM) starts afresh, as in MATLAB. Layers that accumulate
+            # statistics (BatchNorm) do not define reset_state and keep theirs.
+            net = _combine(self.treedef, self.learnable_index, learnables, others).reset_state()
             outputs, states = run(
                 net, net._prepare_inputs(xs), step_key, training=True, wanted=self.wanted
             )
@@ -375,7 +379,8 @@ class _Steps:
         (value, (outputs, states)), grads = jax.value_and_grad(objective, has_aux=True)(learnables)
         learnables, opt_state = self._update(learnables, grads, opt_state, learn_rate)
         net = _combine(self.treedef, self.learnable_index, learnables, others)
-        _, others = _split(net.with_layer_states(states), self.learnable_index)
+        # Stored reset, so the state's shape (and the donated buffers) stay the same each step.
+        _, others = _split(net.with_layer_states(states).reset_state(), self.learnable_index)
         values = tuple(m(outputs[0], ts[0]) for m in self.metrics)
         return learnables, others, opt_state, value, values
 
@@ -462,7 +467,7 @@ class _Steps:
 # -- trainnet -----------------------------------------------------------------------------------
 
 
-def trainnet(*args, key=None):
+def trainnet(*args, key=None, resume_from=None):
     """Train a network (MATLAB ``trainnet``).
 
     Two forms: ``trainnet(X, T, net, loss, options)`` with in-memory data, and
@@ -482,7 +487,19 @@ def trainnet(*args, key=None):
         ``loss(Y1.., T1..)`` returning a scalar, or a ``df.DifferentiableFunction``.
       options: a ``df.TrainingOptions``.
       key: a ``jax.random`` key for the shuffles, per-iteration randomness and initialization
-        (default ``jax.random.key(0)``: training is reproducible).
+        (default ``jax.random.key(0)``: training is reproducible). When resuming, the
+        checkpoint's keys are used; a ``key`` other than the one the run started with is an
+        error.
+      resume_from: a checkpoint file, or a folder of checkpoints (the newest valid one is used;
+        a damaged newest one is reported with a ``df.CheckpointWarning`` and the previous one
+        used). Training continues exactly where the checkpoint stopped: the same epoch and
+        mini-batch, data order, keys, optimizer state, learn-rate schedule position,
+        validation and patience state and history, so the result equals an uninterrupted
+        run's. Pass the network, loss, data and options of the run that wrote it (the
+        options that change the numbers, the loss, the data and the factors are checked);
+        ``verbose``, ``plots``, ``output_fcn``, ``execution_environment`` and the checkpoint
+        options may differ. A run that was stopped by ``output_fcn`` continues; one that
+        ended (max epochs, patience, NaN loss) returns its result.
 
     Returns:
       ``(net, info)``: the trained network (per ``output_network``) and a
@@ -490,6 +507,9 @@ def trainnet(*args, key=None):
 
     Raises:
       OptionsError: bad arguments (the message says which and how to fix it).
+      SerializationError: ``resume_from`` has no valid checkpoint, or its checkpoint was
+        written by a run with another network, loss, data or options (the first difference
+        is named).
 
     Examples:
       >>> import jax, jax.numpy as jnp, numpy as np
@@ -525,15 +545,21 @@ def trainnet(*args, key=None):
             f"{who}: options must be df.TrainingOptions(...); got {type(options).__name__}."
         )
     loss_fn = get_loss(loss, who=who)
+    resume = None
+    if resume_from is not None:
+        resume = _checkpoint.find(resume_from)
+        if key is None:
+            key = _checkpoint.restore_key(resume[1]["run_key"])
     key = jax.random.key(0) if key is None else key
-    run = _Run(who, net, loss_fn, loss_name(loss), options, key, X=X, T=T, data=data)
+    run = _Run(who, net, loss_fn, loss, options, key, X=X, T=T, data=data, resume=resume)
     return run.train()
 
 
 class _Run:
     """One call of trainnet: setup, the loop, logging, and the result."""
 
-    def __init__(self, who, net, loss_fn, loss_label, options, key, *, X, T, data):
+    def __init__(self, who, net, loss_fn, loss, options, key, *, X, T, data, resume):
+        loss_label = loss_name(loss)
         self.who = who
         self.options = options
         self.metrics: tuple[Metric, ...] = options.metrics
@@ -559,6 +585,41 @@ class _Run:
             self.iterations_per_epoch = self.iterable.n_per_epoch
         self.messages: list[str] = []
         net = self._prepare_network(net, init_key)
+        fingerprint = None
+        if resume is not None or options.checkpoint_path is not None:
+            fingerprint = _checkpoint.fingerprint(
+                options,
+                loss=loss,
+                data=self._data_fingerprint(X, T, data),
+                factors=_factor_fingerprint(net),
+            )
+        saved = None
+        if resume is not None:
+            source, saved = resume
+            source = str(source)
+            self.messages = [
+                f"Resuming from {source} (iteration {saved['iteration']}, epoch {saved['epoch']})."
+            ]
+            if not _checkpoint.same_key(saved["run_key"], _checkpoint.key_payload(key)):
+                raise SerializationError(
+                    f"trainnet(resume_from={source!r}): the key differs from the key the run "
+                    "that wrote the checkpoint started with. Fix: pass that run's key, or "
+                    "leave key out to use the checkpoint's."
+                )
+            try:
+                restored = restore_network(saved["network"], net, source=source)
+            except SerializationError as error:
+                raise SerializationError(
+                    f"trainnet(resume_from={source!r}): {error} Fix: pass the network the run "
+                    "started from (the same layers, names and sizes)."
+                ) from None
+            _checkpoint.check_fingerprint(saved["fingerprint"], fingerprint, source)
+            net = restored
+        self.checkpoints = (
+            _checkpoint.Writer(options, fingerprint=fingerprint, run_key=key)
+            if options.checkpoint_path is not None
+            else None
+        )
         learnable_index = tuple(i for i, m in enumerate(jax.tree.leaves(learnable_mask(net))) if m)
         lr_factors = leaf_factors(net, LEARN_RATE)
         l2_factors = leaf_factors(net, L2)
@@ -590,7 +651,7 @@ class _Run:
         # Copies: the step donates these buffers, and the caller's network must stay usable.
         learnables = jax.device_put(learnables, self.placement.replicated, may_alias=False)
         others = jax.device_put(others, self.placement.replicated, may_alias=False)
-        opt_state = self.placement.put(self.steps.tx.init(learnables))
+        opt_state = self.steps.tx.init(learnables)
         seed = np.asarray(jax.random.key_data(shuffle_key)).astype(np.uint64).ravel()
         self.state = TrainingState(
             treedef=jax.tree.structure(net),
@@ -598,9 +659,13 @@ class _Run:
             learnables=learnables,
             others=others,
             opt_state=opt_state,
-            key=self.placement.put(step_key),
+            key=step_key,
             shuffle_seed=tuple(int(s) for s in seed),
         )
+        if saved is not None:
+            self._restore(saved, source)
+        self.state.opt_state = self.placement.put(self.state.opt_state)
+        self.state.key = self.placement.put(self.state.key)
         self.schedule = LearnRateSchedule(options, self.iterations_per_epoch)
         self.validation = (
             _validation_batches(who, options.validation_data, net, options.mini_batch_size)
@@ -611,6 +676,74 @@ class _Run:
             self.validation = [self._place_validation(xs, ts, net) for xs, ts in self.validation]
 
     # -- setup -----------------------------------------------------------------------------------
+
+    def _data_fingerprint(self, X, T, data) -> dict[str, str]:
+        if data is not None:
+            return {"data": _checkpoint.describe_data(data, "training")}
+        out = {}
+        for name, group in (("X", _as_tuple(X)), ("T", _as_tuple(T))):
+            for k, x in enumerate(group):
+                out[f"data {name}[{k}]"] = _checkpoint.describe_array(x)
+        return out
+
+    def _restore(self, saved, source):
+        """Put a checkpoint's progress into the fresh state (after the checks in __init__)."""
+        state = self.state
+        fix = "Fix: resume with the options and network of the run that wrote the checkpoint."
+        state.opt_state = _checkpoint.restore_tree(
+            saved["optimizer"], state.opt_state, what="the optimizer state", source=source, fix=fix
+        )
+        state.key = _checkpoint.restore_key(saved["key"])
+        state.shuffle_seed = tuple(int(s) for s in saved["shuffle_seed"])
+        state.iteration = int(saved["iteration"])
+        state.epoch = int(saved["epoch"])
+        state.batch = int(saved["batch"])
+        order = saved["order"]
+        state.order = None if order is None else np.asarray(order, dtype=np.int32)
+        best = saved["best"]
+        if best is not None:
+            state.best_objective = float(best["objective"])
+            state.best_iteration = int(best["iteration"])
+            if best["network"] is not None:
+                learnables = _checkpoint.restore_tree(
+                    best["network"]["learnables"],
+                    state.learnables,
+                    what="the best-validation network",
+                    source=source,
+                    fix=fix,
+                )
+                others = _checkpoint.restore_tree(
+                    best["network"]["others"],
+                    state.others,
+                    what="the best-validation network",
+                    source=source,
+                    fix=fix,
+                )
+                state.best_network = self.placement.put((learnables, others))
+        state.bad_validations = int(saved["bad_validations"])
+        state.training_rows = [dict(r) for r in saved["training_rows"]]
+        state.validation_rows = [dict(r) for r in saved["validation_rows"]]
+        state.elapsed = float(saved["elapsed"])
+        # A stop asked for by output_fcn is a pause: resuming continues. Other stops are final.
+        reason = saved["stop_reason"]
+        state.stop_reason = None if reason == "Stopped by output_fcn" else reason
+        if self.iterable is not None and saved["data_batch_size"] is not None:
+            self.iterable.batch_size = int(saved["data_batch_size"])
+
+    def _save_checkpoint(self, unit):
+        if self.checkpoints is None:
+            return
+        state = self.state
+        count = state.iteration if unit == "iteration" else state.epoch
+        if not _checkpoint.due(self.options, unit, count):
+            return
+        self._flush()
+        self.checkpoints.maybe_save(
+            state,
+            unit,
+            elapsed=time.perf_counter() - self.start,
+            data_batch_size=None if self.iterable is None else self.iterable.batch_size,
+        )
 
     def _prepare_network(self, net: Network, init_key) -> Network:
         needs = [
@@ -682,7 +815,7 @@ class _Run:
         self.start = time.perf_counter() - state.elapsed
         self.reporter.header()
         self.last_logged = -1
-        self._flushed = 0
+        self._flushed = len(state.training_rows)  # rows from a checkpoint are host numbers
         if state.iteration == 0 and self.validation is not None:
             self._validate()
             self._log(state.iteration, training=None)
@@ -695,7 +828,7 @@ class _Run:
             self._run_epoch()
             if state.stop_reason is None:
                 state.batch = 0
-                _checkpoint.maybe_save(state, options, unit="epoch")
+                self._save_checkpoint("epoch")
         if state.stop_reason is None:
             state.stop_reason = "Max epochs completed"
         return self._finish()
@@ -732,9 +865,8 @@ class _Run:
                 )
             return
         source = self.iterable
-        for b, item in enumerate(source.data):
-            if b < state.batch:
-                continue
+        skip = state.batch  # full batches of this epoch trained on before a resume
+        for item in source.data:
             xs, ts = source.split(self.who, item)
             in_axes, t_axes = source.axes(xs, ts, self.who)
             size = _batches.count(xs[0], in_axes[0])
@@ -748,6 +880,9 @@ class _Run:
                     f"{self.who}: the data's batches have different sizes ({source.batch_size} "
                     f"then {size}); only a smaller last batch is allowed (it is dropped)."
                 )
+            if skip:
+                skip -= 1
+                continue
             step = self.steps.direct_step(in_axes, t_axes)
             xs = self.placement.put(tuple(_batches.as_device_array(x) for x in xs))
             ts = self.placement.put(tuple(_batches.as_device_array(t) for t in ts))
@@ -797,7 +932,7 @@ class _Run:
                 state.stop_reason = "Stopped by output_fcn"
             elif state.bad_validations >= options.validation_patience:
                 state.stop_reason = "Stopped by validation patience"
-            _checkpoint.maybe_save(state, options, unit="iteration")
+            self._save_checkpoint("iteration")
             if state.stop_reason is not None:
                 return
 
@@ -987,6 +1122,18 @@ class _Run:
             iteration = state.iteration
         info = TrainingInfo(training, validation, state.stop_reason, iteration, plot_path, elapsed)
         return net, info
+
+
+def _factor_fingerprint(net: Network) -> dict[str, str]:
+    """The learn-rate and L2 factor of every learnable leaf, by its path (for resuming)."""
+    paths = [jax.tree_util.keystr(p) for p, _ in jax.tree_util.tree_flatten_with_path(net)[0]]
+    mask = jax.tree.leaves(learnable_mask(net))
+    lr, l2 = leaf_factors(net, LEARN_RATE), leaf_factors(net, L2)
+    return {
+        f"factors of {path}": f"learn rate {a!r}, L2 {b!r}"
+        for path, m, a, b in zip(paths, mask, lr, l2, strict=True)
+        if m
+    }
 
 
 def _transform_key(options: TrainingOptions, lr_factors, l2_factors):

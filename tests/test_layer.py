@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -578,4 +580,44 @@ def test_replace_revalidates_configuration_like_the_constructor():
 def test_builtin_biases_have_matlabs_l2_factor_of_zero():
     for layer in (df.layers.Conv2D(3, 4), df.layers.FullyConnected(2), df.layers.LSTM(3)):
         assert df.get_l2_factor(layer, "bias") == 0.0
-        assert df.get_l2_factor(layer, "weights" if "weights" in layer.learnable_names else "input_weights") == 1.0
+        assert (
+            df.get_l2_factor(
+                layer, "weights" if "weights" in layer.learnable_names else "input_weights"
+            )
+            == 1.0
+        )
+
+
+TRANSFORMS = {
+    "checkpoint": lambda f: jax.grad(jax.checkpoint(f)),
+    "checkpoint(nothing_saveable)": lambda f: jax.grad(
+        jax.checkpoint(f, policy=jax.checkpoint_policies.nothing_saveable)
+    ),
+    "vmap(grad)": lambda f: jax.vmap(jax.grad(f), in_axes=(None, 0)),
+}
+
+
+@pytest.mark.parametrize("name", list(TRANSFORMS))
+def test_custom_backward_composes_with_transformations(name, key, x64):
+    layer = init(PReLU()).replace(alpha=jnp.full((1, 1, 1, 4), 0.3, jnp.float64))
+    x = image(key, dtype=jnp.float64)
+    xs = jnp.stack([x, -x]) if name.startswith("vmap") else x
+    transform = TRANSFORMS[name]
+    got = transform(lambda layer, x: jnp.sum(layer(x) ** 2))(layer, xs)
+    expected = transform(lambda layer, x: jnp.sum(prelu_reference(layer.alpha, x) ** 2))(layer, xs)
+    assert_tree_allclose(got.alpha, expected.alpha, rtol=1e-12)
+
+
+@pytest.mark.skipif(os.environ.get("JAX_CUSTOM_VJP3") == "1", reason="already the strict run")
+def test_layer_backward_tests_pass_with_the_stricter_custom_vjp():
+    """JAX_CUSTOM_VJP3=1: custom backwards (incl. under jax.checkpoint) still work."""
+    from helpers import ROOT, run_python
+
+    result = run_python(
+        "import sys, pytest; sys.exit(pytest.main(['-q', '-p', 'no:cacheprovider', '-k', "
+        "'(backward or memory or state or formattable or nested or transformations) "
+        "and not stricter', "
+        f"'{ROOT / 'tests' / 'test_layer.py'}']))",
+        env={"JAX_CUSTOM_VJP3": "1"},
+    )
+    assert result.returncode == 0, result.stdout[-4000:] + result.stderr[-2000:]

@@ -1,0 +1,356 @@
+"""trainnet's checkpoints and resume_from: files, pruning, exact resumes, damage, a full disk."""
+
+from __future__ import annotations
+
+import errno
+import math
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import checkpoint_run as run
+import jax
+import numpy as np
+import pytest
+from helpers import ROOT, assert_tree_allclose
+from training_layers import classification_data, classifier_net
+
+import difffn as df
+from difffn import _checkpoint
+
+
+@pytest.fixture(scope="module")
+def uninterrupted():
+    """The reference: the checkpoint_run training without interruption or checkpoints."""
+    return run.train()
+
+
+def assert_same_run(result, reference):
+    """Bit for bit: the networks (learnables and state) and the loss histories."""
+    (net, info), (ref, ref_info) = result, reference
+    assert_tree_allclose(net.learnables, ref.learnables, rtol=0, atol=0)
+    assert_tree_allclose(net.state, ref.state, rtol=0, atol=0)
+    assert info.stop_reason == ref_info.stop_reason
+    assert info.output_network_iteration == ref_info.output_network_iteration
+    for history in ("training_history", "validation_history"):
+        a, b = getattr(info, history), getattr(ref_info, history)
+        assert a.columns == b.columns
+        for column in a.columns:
+            if column != "time_elapsed":
+                np.testing.assert_array_equal(a[column], b[column], err_msg=column)
+
+
+def pause_at(iteration):
+    return lambda info: info["iteration"] >= iteration
+
+
+def names(folder):
+    return [p.name for p in _checkpoint.checkpoints(folder)]
+
+
+def iterations(folder):
+    return sorted(int(name.split("__")[1]) for name in names(folder))
+
+
+# -- writing --------------------------------------------------------------------------------------
+
+
+def test_checkpoints_follow_frequency_and_unit_and_keep_the_newest(tmp_path):
+    X, T = classification_data(64)
+    base = {"max_epochs": 3, "mini_batch_size": 16, "verbose": False}  # 4 iterations an epoch
+    by_iteration, by_epoch = tmp_path / "it", tmp_path / "ep"
+    by_iteration.mkdir()
+    by_epoch.mkdir()
+    options = df.TrainingOptions(
+        **base,
+        checkpoint_path=by_iteration,
+        checkpoint_frequency=3,
+        checkpoint_frequency_unit="iteration",
+        checkpoint_keep=2,
+    )
+    net, _ = df.trainnet(X, T, classifier_net(), "crossentropy", options)
+    assert iterations(by_iteration) == [9, 12]  # 3 and 6 were written, then pruned
+    assert all(
+        n.startswith("net_checkpoint__") and n.endswith(".difffn") for n in names(by_iteration)
+    )
+    payload = _checkpoint.read(by_iteration / names(by_iteration)[0])
+    assert (payload["iteration"], payload["epoch"], payload["batch"]) == (12, 3, 4)
+    assert len(payload["training_rows"]) == 12
+    # a checkpoint's network loads with df.load
+    loaded = df.load(by_iteration / names(by_iteration)[0], like=classifier_net())
+    assert_tree_allclose(loaded.learnables, net.learnables, rtol=0, atol=0)
+
+    options = df.TrainingOptions(**base, checkpoint_path=by_epoch, checkpoint_keep=math.inf)
+    df.trainnet(X, T, classifier_net(), "crossentropy", options)
+    assert iterations(by_epoch) == [4, 8, 12]
+    payload = _checkpoint.read(by_epoch / names(by_epoch)[-1])
+    assert (payload["iteration"], payload["epoch"], payload["batch"]) == (4, 1, 0)
+
+
+def test_checkpoint_keep_is_validated(tmp_path):
+    with pytest.raises(
+        df.OptionsError, match=r"checkpoint_keep must be a positive int or math.inf"
+    ):
+        df.TrainingOptions(checkpoint_keep=0)
+    assert df.TrainingOptions().checkpoint_keep == 3
+
+
+def test_files_hold_no_pickle(tmp_path):
+    X, T = classification_data(32)
+    options = df.TrainingOptions(max_epochs=1, mini_batch_size=16, verbose=False)
+    df.trainnet(X, T, classifier_net(), "crossentropy", options.replace(checkpoint_path=tmp_path))
+    blob = (tmp_path / names(tmp_path)[0]).read_bytes()
+    assert (
+        blob.startswith(b"DIFFFN") and b"\x80\x04\x95" not in blob and b"\x80\x05\x95" not in blob
+    )
+
+
+# -- exact resumes --------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("pause", [8, 12], ids=["mid-epoch", "end-of-epoch"])
+def test_resuming_from_a_file_equals_the_uninterrupted_run(tmp_path, uninterrupted, pause):
+    _, info = run.train(tmp_path, output_fcn=pause_at(pause))
+    assert info.stop_reason == "Stopped by output_fcn"
+    newest = tmp_path / names(tmp_path)[0]
+    assert _checkpoint.read(newest)["iteration"] == pause
+    assert_same_run(run.train(resume_from=newest), uninterrupted)
+
+
+@pytest.mark.parametrize("solver", ["adam", "rmsprop"])
+def test_every_solver_state_resumes_exactly(tmp_path, solver):
+    X, T = classification_data(64)
+    options = df.TrainingOptions(
+        solver, max_epochs=3, mini_batch_size=16, verbose=False, shuffle="every-epoch"
+    )
+    reference = df.trainnet(X, T, classifier_net(), "crossentropy", options)
+    df.trainnet(
+        X,
+        T,
+        classifier_net(),
+        "crossentropy",
+        options.replace(
+            checkpoint_path=tmp_path, checkpoint_frequency_unit="iteration", output_fcn=pause_at(6)
+        ),
+    )
+    resumed = df.trainnet(X, T, classifier_net(), "crossentropy", options, resume_from=tmp_path)
+    assert_same_run(resumed, reference)
+
+
+def test_iterable_data_resumes_at_the_same_batch(tmp_path):
+    X, T = classification_data(70)
+    batches = [(X[i : i + 16], T[i : i + 16]) for i in range(0, 70, 16)]  # the last has 6: dropped
+    options = df.TrainingOptions(max_epochs=2, verbose=False)
+    reference = df.trainnet(batches, classifier_net(), "crossentropy", options)
+    df.trainnet(
+        batches,
+        classifier_net(),
+        "crossentropy",
+        options.replace(
+            checkpoint_path=tmp_path, checkpoint_frequency_unit="iteration", output_fcn=pause_at(4)
+        ),
+    )
+    assert _checkpoint.read(tmp_path / names(tmp_path)[0])["batch"] == 4
+    resumed = df.trainnet(batches, classifier_net(), "crossentropy", options, resume_from=tmp_path)
+    assert len(resumed[1].training_history) == 8
+    assert_same_run(resumed, reference)
+
+
+def test_a_run_that_ended_returns_its_result(tmp_path, uninterrupted):
+    run.train(tmp_path)
+    assert_same_run(run.train(resume_from=tmp_path), uninterrupted)
+
+
+def test_sigkill_mid_run_then_resume_from_the_folder(tmp_path, uninterrupted):
+    folder = tmp_path / "checkpoints"
+    folder.mkdir()
+    env = dict(os.environ)
+    env.pop("JAX_ENABLE_X64", None)
+    env["PYTHONPATH"] = os.pathsep.join([str(ROOT), env.get("PYTHONPATH", "")])
+    script = [sys.executable, str(ROOT / "tests" / "checkpoint_run.py"), str(folder)]
+    with open(tmp_path / "stderr.txt", "wb") as stderr:
+        process = subprocess.Popen(
+            [*script, "--slow", "0.1"], env=env, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=stderr
+        )
+        try:
+            deadline = time.monotonic() + 120
+            while len(names(folder)) < 3 and process.poll() is None:
+                assert time.monotonic() < deadline, "no checkpoints after 120 s"
+                time.sleep(0.02)
+            assert process.poll() is None, (tmp_path / "stderr.txt").read_text()[-3000:]
+            os.kill(process.pid, signal.SIGKILL)
+            process.wait(timeout=30)
+        finally:
+            if process.poll() is None:
+                process.kill()
+                process.wait()
+    assert process.returncode == -signal.SIGKILL
+    newest = _checkpoint.read(folder / names(folder)[0])["iteration"]
+    assert 3 <= newest < run.ITERATIONS  # killed mid-run
+    assert_same_run(run.train(resume_from=folder), uninterrupted)
+
+
+# -- damage ---------------------------------------------------------------------------------------
+
+
+def damage(path, how):
+    blob = path.read_bytes()
+    if how == "truncated":
+        path.write_bytes(blob[: len(blob) // 2])
+    else:
+        middle = len(blob) // 2
+        path.write_bytes(blob[:middle] + bytes([blob[middle] ^ 0xFF]) + blob[middle + 1 :])
+
+
+@pytest.mark.parametrize(
+    "how, reason",
+    [("truncated", r"is truncated"), ("corrupted", r"is corrupted: its checksum does not match")],
+)
+def test_a_damaged_newest_checkpoint_is_reported_and_the_previous_one_used(
+    tmp_path, uninterrupted, how, reason
+):
+    run.train(tmp_path, output_fcn=pause_at(10))
+    assert iterations(tmp_path) == [8, 9, 10]
+    damage(tmp_path / names(tmp_path)[0], how)
+    with pytest.warns(
+        df.CheckpointWarning,
+        match=rf"skipping the damaged checkpoint net_checkpoint__10__.*{reason}.*resuming from "
+        r"the previous good one, net_checkpoint__9__",
+    ):
+        result = run.train(resume_from=tmp_path)
+    assert_same_run(result, uninterrupted)
+
+
+def test_no_valid_checkpoint_lists_what_was_tried(tmp_path):
+    run.train(tmp_path, output_fcn=pause_at(2), checkpoint_keep=2)
+    for name in names(tmp_path):
+        damage(tmp_path / name, "corrupted")
+    with pytest.raises(
+        df.SerializationError,
+        match=r"none of its 2 checkpoint\(s\) is valid\. Tried, newest first: "
+        r"net_checkpoint__2__.*corrupted.*; net_checkpoint__1__.*corrupted",
+    ):
+        run.train(resume_from=tmp_path)
+
+
+def test_missing_and_empty_resume_sources(tmp_path):
+    with pytest.raises(df.SerializationError, match=r"resume_from='.*nope' does not exist"):
+        run.train(resume_from=tmp_path / "nope")
+    with pytest.raises(df.SerializationError, match=r"holds no checkpoints"):
+        run.train(resume_from=tmp_path)
+    (tmp_path / "file.difffn").write_bytes(b"not a checkpoint")
+    with pytest.raises(df.SerializationError, match=r"is not a difffn file"):
+        run.train(resume_from=tmp_path / "file.difffn")
+    with pytest.raises(df.SerializationError, match=r"resume_from must be a checkpoint file"):
+        run.train(resume_from=3)
+
+
+# -- resuming another run -------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def paused(tmp_path_factory):
+    folder = tmp_path_factory.mktemp("paused")
+    run.train(folder, output_fcn=pause_at(5))
+    return folder
+
+
+def test_resume_with_another_network_is_a_clear_error(paused):
+    X, T, _, _ = run.data()
+    other = df.Network([*run.network().layers[:-2], df.layers.FullyConnected(3, name="fc3")])
+    with pytest.raises(
+        df.SerializationError,
+        match=r"resume_from=.*does not match the network at layer 6: the network has 'fc3'.*"
+        r"the file has 'fc2'.*Fix: pass the network the run started from",
+    ):
+        df.trainnet(X, T, other, "crossentropy", run.options(), resume_from=paused)
+
+
+@pytest.mark.parametrize(
+    "changes, message",
+    [
+        (
+            {"options": {"mini_batch_size": 32}},
+            r"differs in option mini_batch_size: it had 16; this call has 32",
+        ),
+        (
+            {"options": {"initial_learn_rate": 0.1}},
+            r"differs in option initial_learn_rate: it had 0.05; this call has 0.1",
+        ),
+        ({"loss": "mse"}, r"differs in loss: it had 'crossentropy'; this call has 'mse'"),
+        ({"data": True}, r"differs in data X\[0\]: it had shape \(96, 4\) float32, hash"),
+        (
+            {"factor": True},
+            r"differs in factors of \.fc1\.weights: it had learn rate 1.0, L2 1.0; this call "
+            r"has learn rate 0.5, L2 1.0",
+        ),
+        ({"key": jax.random.key(8)}, r"the key differs from the key the run"),
+    ],
+    ids=["batch-size", "learn-rate", "loss", "data", "factor", "key"],
+)
+def test_resume_with_other_options_data_or_key_is_a_clear_error(paused, changes, message):
+    X, T, _, _ = run.data()
+    if changes.get("data"):
+        X = X + 1
+    net = run.network()
+    if changes.get("factor"):
+        net = df.set_learn_rate_factor(net, "fc1/weights", 0.5)
+    options = run.options(**changes.get("options", {}))
+    with pytest.raises(df.SerializationError, match=message):
+        df.trainnet(
+            X,
+            T,
+            net,
+            changes.get("loss", "crossentropy"),
+            options,
+            key=changes.get("key"),
+            resume_from=paused,
+        )
+
+
+def test_what_may_change_when_resuming(paused, uninterrupted):
+    # display and checkpoint options are not part of the run's numbers
+    result = run.train(
+        resume_from=paused, verbose=True, verbose_frequency=100, checkpoint_path=None
+    )
+    assert_same_run(result, uninterrupted)
+
+
+# -- a full disk ----------------------------------------------------------------------------------
+
+
+def test_a_full_disk_warns_keeps_the_older_checkpoints_and_training_goes_on(
+    tmp_path, monkeypatch, uninterrupted
+):
+    real_fsync = os.fsync
+
+    def fsync(fd):
+        if disk_full:
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+        return real_fsync(fd)
+
+    disk_full = False
+
+    def fill_the_disk(info):
+        nonlocal disk_full
+        disk_full = disk_full or info["iteration"] >= 6
+        return False
+
+    monkeypatch.setattr(os, "fsync", fsync)
+    with pytest.warns(
+        df.CheckpointWarning,
+        match=r"checkpoint of iteration \d+ could not be written \(could not write .*No space "
+        r"left on device.*Training goes on; the older checkpoints .* are kept and still valid",
+    ) as warned:
+        result = run.train(tmp_path, output_fcn=fill_the_disk)
+    monkeypatch.undo()
+    assert len(warned) == run.ITERATIONS - 5
+    assert "checkpoint of iteration 6 could not" in str(warned[0].message)
+    assert_same_run(result, uninterrupted)  # training was not lost
+    assert iterations(tmp_path) == [3, 4, 5]
+    assert sorted(os.listdir(tmp_path)) == sorted(names(tmp_path))  # no temporary files left
+    for name in names(tmp_path):
+        _checkpoint.read(tmp_path / name)
+    assert_same_run(run.train(resume_from=tmp_path), uninterrupted)
