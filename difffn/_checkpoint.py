@@ -94,8 +94,9 @@ class Writer:
     def maybe_save(self, state, unit: str, *, elapsed: float, data_batch_size=None):
         """Write a checkpoint of ``state`` if one is due; return its path (None if not written).
 
-        A failed write (e.g. a full disk) warns with :class:`CheckpointWarning` and returns None;
-        the checkpoints written before are left as they are.
+        A failed write (a full disk, a folder removed or read-only) warns with
+        :class:`CheckpointWarning` and returns None; the checkpoints written before are left as
+        they are.
         """
         count = state.iteration if unit == "iteration" else state.epoch
         if not due(self.options, unit, count):
@@ -110,9 +111,7 @@ class Writer:
         path = Path(self.folder) / file_name(state.iteration)
         try:
             _container.write(path, KIND, payload)
-        except SerializationError as error:
-            if not isinstance(error.__cause__, OSError):
-                raise
+        except SerializationError as error:  # the disk or the folder, never the payload
             warnings.warn(
                 f"trainnet: the checkpoint of iteration {state.iteration} could not be written "
                 f"({error}) Training goes on; the older checkpoints in {str(self.folder)!r} are "

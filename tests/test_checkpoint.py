@@ -5,6 +5,7 @@ from __future__ import annotations
 import errno
 import math
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -354,3 +355,18 @@ def test_a_full_disk_warns_keeps_the_older_checkpoints_and_training_goes_on(
     for name in names(tmp_path):
         _checkpoint.read(tmp_path / name)
     assert_same_run(run.train(resume_from=tmp_path), uninterrupted)
+
+
+def test_a_checkpoint_folder_removed_mid_run_warns_and_training_goes_on(tmp_path, uninterrupted):
+    folder = tmp_path / "checkpoints"
+    folder.mkdir()
+
+    def remove_the_folder(info):
+        if info["iteration"] == 20:
+            shutil.rmtree(folder)
+        return False
+
+    with pytest.warns(df.CheckpointWarning, match=r"the folder .* does not exist") as warned:
+        result = run.train(folder, output_fcn=remove_the_folder)
+    assert len(warned) == run.ITERATIONS - 19
+    assert_same_run(result, uninterrupted)
