@@ -33,7 +33,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from . import _cotangents as ct
-from ._errors import AccelerationError, ForwardError, LayerError
+from ._errors import AccelerationError, BackwardError, ForwardError, LayerError
 from ._format import FormattedArray, dims, dlarray, stripdims
 from ._primitive import custom_vjp
 
@@ -774,7 +774,19 @@ def _call_with_backward(layer: Layer, inputs, training: bool, key):
         if takes_state:
             args += [_instantiate(c, None, spec) for c, spec in zip(dss, s_out_specs)]
         args.append(memory)
-        result = assemble(ws, ss, cs).backward(*args)
+        try:
+            result = assemble(ws, ss, cs).backward(*args)
+        except Exception as error:
+            if memory is None and not training and _has_method(cls, "forward"):
+                raise BackwardError(
+                    f"{cls.__name__}.backward (layer {layer.name!r}) failed with memory=None: "
+                    "memory comes from forward (training), but here predict was differentiated "
+                    "(layer(x), net.predict), which has no memory, as in MATLAB. Fix: handle "
+                    "memory is None in backward (recompute what it needs from X and Y), or "
+                    f"differentiate the training path (net.forward). It raised: "
+                    f"{type(error).__name__}: {error}"
+                ) from error
+            raise
         who = f"{cls.__name__}.backward (layer {layer.name!r})"
         n_in, n_w, n_s = len(xs), len(ws), len(ss) if takes_state else 0
         names = (

@@ -621,3 +621,12 @@ def test_layer_backward_tests_pass_with_the_stricter_custom_vjp():
         env={"JAX_CUSTOM_VJP3": "1"},
     )
     assert result.returncode == 0, result.stdout[-4000:] + result.stderr[-2000:]
+
+
+def test_backward_needing_memory_from_forward_says_so_under_predict():
+    layer = SplitWithMemory(scale=1.5, num_outputs=2, name="split")
+    with pytest.raises(
+        df.BackwardError,
+        match=r"SplitWithMemory\.backward \(layer 'split'\) failed with memory=None.*handle memory is None.*net\.forward",
+    ):
+        jax.grad(lambda x: jnp.sum(layer(x)[0]))(jnp.ones(3))
