@@ -1,5 +1,8 @@
 """The ``difffn`` command line.
 
+``difffn demo [--small]`` runs the main example (the custom ELU layer checked and trained on the
+bundled digits, ``examples/00_elu_digits.py``), as ``make demo`` does.
+
 ``difffn check MODULE:FACTORY --layout "128,24,24,20:BSSC" [--layout ...] [--export] [--seed N]``
 imports ``MODULE`` (from the current directory too, as ``python -m`` would), gets ``FACTORY`` (a
 layer, or a callable returning one), runs :func:`difffn.check_layer` and prints the report. Exit
@@ -14,7 +17,9 @@ from __future__ import annotations
 import argparse
 import importlib
 import os
+import runpy
 import sys
+from pathlib import Path
 
 EXIT_OK, EXIT_FAILED, EXIT_USAGE = 0, 1, 2
 
@@ -41,6 +46,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     subparsers = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     _add_check(subparsers)
+    _add_demo(subparsers)
     return parser
 
 
@@ -149,6 +155,48 @@ def _run_check(args) -> int:
         raise UsageError(str(error)) from None
     print(report)
     return EXIT_OK if report.ok else EXIT_FAILED
+
+
+# -- difffn demo ----------------------------------------------------------------------------------
+
+DEMO = "00_elu_digits.py"
+
+
+def _add_demo(subparsers) -> None:
+    demo = subparsers.add_parser(
+        "demo",
+        help="check and train a custom ELU layer on the bundled digits",
+        description=(
+            "The main example: a custom ELU layer with a hand-written backward, checked with "
+            "check_layer, trained with trainnet (default SGDM) on scikit-learn's bundled digits; "
+            "prints the check report, the progress table, the test accuracy and the plot's path."
+        ),
+    )
+    demo.add_argument("--small", action="store_true", help="tiny settings (a few seconds)")
+    demo.set_defaults(handler=_run_demo)
+
+
+def demo_script() -> Path:
+    """The demo script: shipped in the package, or in the source checkout's examples/."""
+    package = Path(__file__).resolve().parent
+    for folder in (package / "examples", package.parent / "examples"):
+        if (folder / DEMO).is_file():
+            return folder / DEMO
+    raise UsageError(
+        f"the demo script {DEMO} was found neither in {package / 'examples'} nor in "
+        f"{package.parent / 'examples'}. Fix: reinstall difffn, or run it from a source checkout."
+    )
+
+
+def _run_demo(args) -> int:
+    script = demo_script()
+    argv = sys.argv
+    sys.argv = [str(script), *(["--small"] if args.small else [])]
+    try:
+        runpy.run_path(str(script), run_name="__main__")
+    finally:
+        sys.argv = argv
+    return EXIT_OK
 
 
 if __name__ == "__main__":

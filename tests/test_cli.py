@@ -82,3 +82,12 @@ def test_a_bad_layout_is_an_argparse_error(text, capsys):
 def test_parse_layout():
     assert parse_layout("128,24,24,20:BSSC") == df.Layout((128, 24, 24, 20), "BSSC")
     assert parse_layout("?, 8, None:BTC") == df.Layout((None, 8, None), "BTC")
+
+
+def test_demo_subcommand_runs_the_main_example_with_small_settings(tmp_path):
+    result = run_python(
+        "import sys; from difffn._cli import main; sys.exit(main(['demo', '--small']))",
+        env={"MPLBACKEND": "Agg", "DIFFFN_OUTPUT_DIR": str(tmp_path)},
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert "Test Summary:" in result.stdout and "test accuracy:" in result.stdout
