@@ -75,11 +75,19 @@ def run(*, quick: bool = False) -> None:
             n: jax.jit(lambda x, p, dy, f=f: jax.vjp(lambda *p: f(x, *p), *p)[1](dy))
             for n, f in implementations.items()
         }
-        cases = {"copy": (lambda: copy(x), 2 * nbytes)}
+        # default arguments bind this iteration's arrays (the thunks run within the iteration)
+        cases = {"copy": (lambda c=copy, x=x: c(x), 2 * nbytes)}
+        bound = dict(x=x, p=params, dy=dy)
         for n in implementations:
-            cases[f"forward/{n}"] = (lambda f=forward[n]: f(x, *params), 2 * nbytes)
-            cases[f"grad all/{n}"] = (lambda f=grad_all[n]: f(x, params, dy), 3 * nbytes)
-            cases[f"grad params/{n}"] = (lambda f=grad_params[n]: f(x, params, dy), 2 * nbytes)
+            cases[f"forward/{n}"] = (lambda f=forward[n], b=bound: f(b["x"], *b["p"]), 2 * nbytes)
+            cases[f"grad all/{n}"] = (
+                lambda f=grad_all[n], b=bound: f(b["x"], b["p"], b["dy"]),
+                3 * nbytes,
+            )
+            cases[f"grad params/{n}"] = (
+                lambda f=grad_params[n], b=bound: f(b["x"], b["p"], b["dy"]),
+                2 * nbytes,
+            )
         timings = compare({name: fn for name, (fn, _) in cases.items()}, rounds=rounds)
 
         rows = []

@@ -32,7 +32,7 @@ class BackwardError(Error, ValueError):
 
 
 class ForwardModeError(Error, TypeError):
-    """Forward-mode differentiation (``jax.jvp``, ``jax.jacfwd``) of an operation without ``jvp``."""
+    """Forward-mode differentiation (``jax.jvp``, ``jax.jacfwd``) of an op that has no ``jvp``."""
 
 
 class LayerError(Error, TypeError):

@@ -22,7 +22,7 @@ from ._layer import InputLayer, Layer
 
 @dataclass(frozen=True)
 class Source:
-    """Where a layer input comes from: network input ``index``, or layer ``index`` output ``port``."""
+    """Where a layer input comes from: network input ``index``, or layer ``index``'s ``port``."""
 
     kind: str  # "input" or "layer"
     index: int

@@ -1,9 +1,9 @@
 r"""``Layer``: custom layers as immutable pytrees, with MATLAB's method contract.
 
-A layer class declares fields like a dataclass. ``df.learnable()`` fields are trained, ``df.state()``
-fields are updated by ``predict``/``forward``, and plain fields are properties: hashable values
-are static configuration (part of the compiled trace's key), array values are leaves that are not
-trained. Layers are immutable; ``layer.replace(**changes)`` returns a new one.
+A layer class declares fields like a dataclass. ``df.learnable()`` fields are trained,
+``df.state()`` fields are updated by ``predict``/``forward``, and plain fields are properties:
+hashable values are static configuration (part of the compiled trace's key), array values are
+leaves that are not trained. Layers are immutable; ``layer.replace(**changes)`` returns a new one.
 
 The method contract (DESIGN.md, "Semantics"):
 
@@ -587,7 +587,9 @@ def _split_returns(layer: Layer, method: str, result, with_memory: bool):
         got = (
             f"{len(result)} values"
             if isinstance(result, (tuple, list))
-            else f"a single {'array' if _is_array(result) or isinstance(result, FormattedArray) else type(result).__name__}"
+            else "a single array"
+            if _is_array(result) or isinstance(result, FormattedArray)
+            else f"a single {type(result).__name__}"
         )
         parts = [f"{m} output(s)"]
         if k:

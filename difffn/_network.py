@@ -470,7 +470,7 @@ class Network(NetworkBase):
         )
 
 
-# -- construction helpers ---------------------------------------------------------------------------
+# -- construction helpers --------------------------------------------------------------------------
 
 
 def _flatten_layers(layers):
@@ -598,14 +598,17 @@ def _propagate(net: Network, input_layouts, key, *, abstract: bool) -> Network:
         layer_key = jax.random.fold_in(key, i) if key is not None else jax.random.key(0)
         try:
             if abstract and layer.acceleratable:
-                layer = jax.eval_shape(lambda lyr=layer, k=layer_key: lyr.initialize(*ins, key=k))
+                layer = jax.eval_shape(
+                    lambda lyr=layer, k=layer_key, ins=ins: lyr.initialize(*ins, key=k)
+                )
             else:
                 layer = layer.initialize(*ins, key=layer_key)
             if not isinstance(layer, Layer) or layer.name != layers[i].name:
                 raise NetworkError(
                     f"{type(layers[i]).__name__}.initialize must return the layer (e.g. "
                     "self.replace(...)); got "
-                    f"{type(layer).__name__ if not isinstance(layer, Layer) else 'a renamed layer'}."
+                    + (type(layer).__name__ if not isinstance(layer, Layer) else "a renamed layer")
+                    + "."
                 )
             if isinstance(layer, InputLayer):
                 outs = (ins[0],)
@@ -653,7 +656,7 @@ def _propagate(net: Network, input_layouts, key, *, abstract: bool) -> Network:
     return new
 
 
-# -- running ----------------------------------------------------------------------------------------
+# -- running ---------------------------------------------------------------------------------------
 
 
 def execute(net: Network, inputs, key, *, training: bool, wanted):
@@ -730,7 +733,7 @@ def _execute_segmented(net: Network, inputs, key, *, training: bool, wanted):
                 lambda m=members, p=tuple(produced): jax.jit(
                     functools.partial(_run_members_static, members=m, training=training, produced=p)
                 ),
-                lambda: _cache.describe_signature(args),
+                lambda args=args: _cache.describe_signature(args),
             )
             out_env, seg_states = compiled(net, args, key)
         env.update(out_env)

@@ -33,7 +33,8 @@ class ParameterTable(Mapping):
     Examples:
       >>> import jax.numpy as jnp
       >>> import difffn as df
-      >>> table = df.ParameterTable([("fc", "weights", jnp.ones((2, 3))), ("fc", "bias", jnp.zeros(3))])
+      >>> rows = [("fc", "weights", jnp.ones((2, 3))), ("fc", "bias", jnp.zeros(3))]
+      >>> table = df.ParameterTable(rows)
       >>> table["fc/bias"]
       Array([0., 0., 0.], dtype=float32)
       >>> print(table)

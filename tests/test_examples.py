@@ -14,6 +14,10 @@ def test_examples_exist():
 
 @pytest.mark.parametrize("path", EXAMPLES, ids=[p.stem for p in EXAMPLES])
 def test_example_runs_with_small_settings(path, tmp_path):
-    result = run_python(path, "--small", env={"MPLBACKEND": "Agg", "DIFFFN_OUTPUT_DIR": str(tmp_path)})
-    assert result.returncode == 0, f"{path.name} failed:\n{result.stdout[-3000:]}\n{result.stderr[-3000:]}"
+    result = run_python(
+        path, "--small", env={"MPLBACKEND": "Agg", "DIFFFN_OUTPUT_DIR": str(tmp_path)}
+    )
+    assert result.returncode == 0, (
+        f"{path.name} failed:\n{result.stdout[-3000:]}\n{result.stderr[-3000:]}"
+    )
     assert result.stdout.strip(), f"{path.name} printed nothing"

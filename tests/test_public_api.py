@@ -12,17 +12,61 @@ import difffn as df
 
 # The names of the API contract (API.md), which users and outside test suites rely on.
 CONTRACT = [
-    "BackwardError", "CheckReport", "DifferentiableFunction", "Error", "FormattedArray", "Layer",
-    "Layout", "Network", "TrainingOptions", "adamupdate", "check_function", "check_layer",
-    "data", "dims", "dlarray", "export", "finddim", "get_l2_factor", "get_learn_rate_factor",
-    "layers", "learnable", "load", "load_exported", "losses", "minibatchpredict", "permute",
-    "rmspropupdate", "save", "scores2label", "set_l2_factor", "set_learn_rate_factor",
-    "sgdmupdate", "state", "stripdims", "testnet", "trainnet",
+    "BackwardError",
+    "CheckReport",
+    "DifferentiableFunction",
+    "Error",
+    "FormattedArray",
+    "Layer",
+    "Layout",
+    "Network",
+    "TrainingOptions",
+    "adamupdate",
+    "check_function",
+    "check_layer",
+    "data",
+    "dims",
+    "dlarray",
+    "export",
+    "finddim",
+    "get_l2_factor",
+    "get_learn_rate_factor",
+    "layers",
+    "learnable",
+    "load",
+    "load_exported",
+    "losses",
+    "minibatchpredict",
+    "permute",
+    "rmspropupdate",
+    "save",
+    "scores2label",
+    "set_l2_factor",
+    "set_learn_rate_factor",
+    "sgdmupdate",
+    "state",
+    "stripdims",
+    "testnet",
+    "trainnet",
 ]
 LAYERS = [
-    "ImageInput", "FeatureInput", "SequenceInput", "Conv2D", "BatchNorm", "FullyConnected",
-    "ReLU", "ELU", "Softmax", "Dropout", "Flatten", "MaxPool2D", "GlobalAveragePool2D",
-    "Addition", "Concatenation", "LSTM", "FunctionLayer",
+    "ImageInput",
+    "FeatureInput",
+    "SequenceInput",
+    "Conv2D",
+    "BatchNorm",
+    "FullyConnected",
+    "ReLU",
+    "ELU",
+    "Softmax",
+    "Dropout",
+    "Flatten",
+    "MaxPool2D",
+    "GlobalAveragePool2D",
+    "Addition",
+    "Concatenation",
+    "LSTM",
+    "FunctionLayer",
 ]
 
 
@@ -60,7 +104,8 @@ def test_every_public_name_has_a_docstring():
 def test_every_public_name_appears_in_the_api_reference():
     reference = (ROOT / "docs" / "api.md").read_text()
     missing = [
-        f"df.{name}" for name in public_names(df)
+        f"df.{name}"
+        for name in public_names(df)
         if f"df.{name}" not in reference and name not in ("annotations",)
     ]
     assert not missing, f"docs/api.md does not mention: {missing}"

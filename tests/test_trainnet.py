@@ -542,10 +542,15 @@ def test_recurrent_state_does_not_leak_across_mini_batches():
     x = rng.standard_normal((64, 6, 1)).astype(np.float32)
     t = (np.cumsum(x[..., 0], axis=1)[:, -1] > 0).astype(np.int32)
     L = df.layers
-    net = df.Network([
-        L.SequenceInput(1, name="in"), L.LSTM(4, output_mode="last", name="lstm"),
-        L.BatchNorm(name="bn"), L.FullyConnected(2, name="fc"), L.Softmax(name="sm"),
-    ])
+    net = df.Network(
+        [
+            L.SequenceInput(1, name="in"),
+            L.LSTM(4, output_mode="last", name="lstm"),
+            L.BatchNorm(name="bn"),
+            L.FullyConnected(2, name="fc"),
+            L.Softmax(name="sm"),
+        ]
+    )
     options = df.TrainingOptions("adam", max_epochs=2, mini_batch_size=16, verbose=False)
     trained, _ = df.trainnet(x, t, net, "crossentropy", options)
     assert trained.state["lstm/hidden_state"].shape == (1, 4)
