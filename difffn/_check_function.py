@@ -331,14 +331,9 @@ class _FunctionChecker:
         xs = tuple(_cast64(x) for x in self.xs)
         shapes = tuple(tuple(xs[i].shape) for i in checked)
         model = _FunctionModel(self.fcn, tuple(checked), shapes)
-        segments, offset = [], 0
-        for i in checked:
-            segments.append(numerical.Segment(str(i), offset, int(xs[i].size)))
-            offset += int(xs[i].size)
-        checked_values = [np.ravel(np.asarray(xs[i], np.float64)) for i in checked]
-        base = np.concatenate(checked_values)
-        parts = numerical.to_device(numerical.split(base, segments))
-        scale = numerical.element_scale(checked_values)
+        segments, base, scale, parts = numerical.lay_out(
+            [str(i) for i in checked], [np.ravel(np.asarray(xs[i], np.float64)) for i in checked]
+        )
         try:
             shapes_out = jax.eval_shape(lambda p: model.outputs((xs, ()), p), parts)
         except Exception:  # noqa: BLE001 - not traceable: evaluate eagerly, without autodiff
@@ -352,12 +347,7 @@ class _FunctionChecker:
         try:
             grads = numerical.compute_gradients(model, args, parts)
         except Exception as error:  # noqa: BLE001 - retry without the autodiff reference
-            model = dataclasses.replace(model, with_autodiff=False)
-            note = (
-                "JAX autodiff of forward is not available as a reference "
-                f"({type(error).__name__}); only finite differences were used."
-            )
-            grads = numerical.compute_gradients(model, args, parts)
+            model, grads, note = numerical.without_autodiff(model, args, parts, error)
         verdicts = numerical.check_gradients(
             model,
             args,

@@ -1049,14 +1049,12 @@ class _LayerChecker:
             True,
             self.cls.acceleratable,
         )
-        segments, offset = [], 0
-        for part in parts:
-            segments.append(numerical.Segment(part.key, offset, part.size))
-            offset += part.size
-        checked = [np.ravel(np.asarray(leaves[i], np.float64)) for p in parts for i in p.leaves]
-        base = np.concatenate(checked) if checked else np.zeros((0,), np.float64)
-        scale = numerical.element_scale(checked)
-        base_parts = numerical.to_device(numerical.split(base, segments))
+        flat = {i: np.ravel(np.asarray(leaves[i], np.float64)) for p in parts for i in p.leaves}
+        segments, base, scale, base_parts = numerical.lay_out(
+            [part.key for part in parts],
+            [np.concatenate([flat[i] for i in p.leaves]) for p in parts],
+            scale_leaves=[flat[i] for p in parts for i in p.leaves],
+        )
         evaluate = jax.eval_shape if model.traceable else (lambda f, p: f(p))
         outputs = evaluate(
             lambda p: model.outputs((tuple(leaves), self.forward_key, ()), p), base_parts
@@ -1074,12 +1072,7 @@ class _LayerChecker:
                     "JAX autodiff cannot differentiate the layer's forward (see "
                     f"autodiff_works[forward]): {type(error).__name__}"
                 ) from None
-            model = dataclasses.replace(model, with_autodiff=False)
-            autodiff_note = (
-                "JAX autodiff of forward is not available as a reference "
-                f"({type(error).__name__}); only finite differences were used."
-            )
-            grads = numerical.compute_gradients(model, args, base_parts)
+            model, grads, autodiff_note = numerical.without_autodiff(model, args, base_parts, error)
         verdicts = numerical.check_gradients(
             model,
             args,

@@ -79,6 +79,16 @@ def _learnable_field(layer: Layer, path: str, kind: str) -> tuple[str, str]:
     return field, rest
 
 
+def _nested_network(layer: Layer, field: str, path: str, kind: str) -> Network:
+    inner = getattr(layer, field)
+    if not isinstance(inner, Network):
+        raise LayerError(
+            f"{kind} path {path!r}: {type(layer).__name__}.{field} is not a network, so it has no "
+            "sub-parameters."
+        )
+    return inner
+
+
 def _set(obj, path, kind, value):
     if isinstance(obj, Network):
         layer_name, rest = _split_network_path(obj, path, kind)
@@ -88,12 +98,7 @@ def _set(obj, path, kind, value):
         raise LayerError(f"{kind}: expected a df.Layer or df.Network; got {type(obj).__name__}.")
     field, rest = _learnable_field(obj, path, kind)
     if rest:
-        inner = getattr(obj, field)
-        if not isinstance(inner, Network):
-            raise LayerError(
-                f"{kind} path {path!r}: {type(obj).__name__}.{field} is not a network, so it "
-                "has no sub-parameters."
-            )
+        inner = _nested_network(obj, field, path, kind)
         return obj.replace(**{field: _set(inner, rest, kind, value)})
     value = _check_value(kind, path, value)
     factors = tuple(f for f in obj.__dict__["_factors"] if f[:2] != (field, kind))
@@ -112,12 +117,7 @@ def _get(obj, path, kind):
         raise LayerError(f"{kind}: expected a df.Layer or df.Network; got {type(obj).__name__}.")
     field, rest = _learnable_field(obj, path, kind)
     if rest:
-        inner = getattr(obj, field)
-        if not isinstance(inner, Network):
-            raise LayerError(
-                f"{kind} path {path!r}: {type(obj).__name__}.{field} is not a network."
-            )
-        return _get(inner, rest, kind)
+        return _get(_nested_network(obj, field, path, kind), rest, kind)
     return _field_factor(obj, field, kind)
 
 

@@ -39,6 +39,7 @@ noise floor.
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import math
 from collections.abc import Sequence
@@ -188,6 +189,32 @@ def split(flat, segments: Sequence[Segment]) -> tuple:
 def to_device(parts) -> tuple:
     """Host parts as float64 device arrays (a transfer, nothing compiled)."""
     return tuple(jnp.asarray(np.asarray(p, np.float64)) for p in parts)
+
+
+def lay_out(keys: Sequence[str], values: Sequence[np.ndarray], scale_leaves=None):
+    """Concatenate the checked values (flat float64) into one point with a segment per key.
+
+    Returns ``(segments, base, scale, parts)``: the segments, the flat point, the per-element
+    scale for step sizes (computed per leaf of ``scale_leaves``, default ``values``), and the
+    point split back into device arrays (the model's input).
+    """
+    segments, offset = [], 0
+    for key, value in zip(keys, values, strict=True):
+        segments.append(Segment(key, offset, int(value.size)))
+        offset += int(value.size)
+    base = np.concatenate(values) if len(values) else np.zeros((0,), np.float64)
+    scale = element_scale(values if scale_leaves is None else scale_leaves)
+    return segments, base, scale, to_device(split(base, segments))
+
+
+def without_autodiff(model, args, parts: tuple, error: Exception):
+    """After JAX autodiff failed as a reference: ``(model, gradients, note)`` with it turned off."""
+    model = dataclasses.replace(model, with_autodiff=False)
+    note = (
+        "JAX autodiff of forward is not available as a reference "
+        f"({type(error).__name__}); only finite differences were used."
+    )
+    return model, compute_gradients(model, args, parts), note
 
 
 def compute_gradients(model: Model, args, parts: tuple) -> dict:

@@ -260,6 +260,11 @@ def _state(view: _View, value, what: str):
     return view.to_leaves(value, what)
 
 
+def _check_decay(who: str, name: str, value) -> None:
+    """A decay factor: a number in [0, 1)."""
+    _check_number(who, name, value, low=0, low_open=False, high=1, high_open=True)
+
+
 def _check_number(who: str, name: str, value, *, low, high=None, low_open=True, high_open=False):
     if isinstance(value, jax.core.Tracer) or (
         hasattr(value, "shape") and not isinstance(value, numbers.Number) and value.ndim != 0
@@ -386,24 +391,8 @@ def adamupdate(
     ):
         raise OptionsError(f"{who}: iteration must be an int counted from 1; got {iteration!r}.")
     _check_number(who, "learn_rate", learn_rate, low=0)
-    _check_number(
-        who,
-        "gradient_decay_factor",
-        gradient_decay_factor,
-        low=0,
-        low_open=False,
-        high=1,
-        high_open=True,
-    )
-    _check_number(
-        who,
-        "squared_gradient_decay_factor",
-        squared_gradient_decay_factor,
-        low=0,
-        low_open=False,
-        high=1,
-        high_open=True,
-    )
+    _check_decay(who, "gradient_decay_factor", gradient_decay_factor)
+    _check_decay(who, "squared_gradient_decay_factor", squared_gradient_decay_factor)
     _check_number(who, "epsilon", epsilon, low=0)
     view = _view(who, net)
     grads = view.to_leaves(grad, "grad")
@@ -442,15 +431,7 @@ def rmspropupdate(
     """
     who = "rmspropupdate"
     _check_number(who, "learn_rate", learn_rate, low=0)
-    _check_number(
-        who,
-        "squared_gradient_decay_factor",
-        squared_gradient_decay_factor,
-        low=0,
-        low_open=False,
-        high=1,
-        high_open=True,
-    )
+    _check_decay(who, "squared_gradient_decay_factor", squared_gradient_decay_factor)
     _check_number(who, "epsilon", epsilon, low=0)
     view = _view(who, net)
     grads = view.to_leaves(grad, "grad")
