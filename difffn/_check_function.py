@@ -158,14 +158,7 @@ class _FunctionModel:
         return list(run_forward(self.fcn, self.inputs(args, parts))[0])
 
     def gradients(self, args, parts):
-        result = {}
-        if self.with_backward:
-            result["backward"] = self._backward(args, parts)
-        if self.with_autodiff:
-            outs, vjp = jax.vjp(lambda *p: self.outputs(args, p), *parts)
-            cotangents = [jnp.asarray(c, y.dtype) for c, y in zip(args[1], outs, strict=True)]
-            result["autodiff"] = jnp.concatenate(vjp(cotangents))
-        return result
+        return numerical.model_gradients(self, args, parts, args[1])
 
     def _backward(self, args, parts):
         xs = self.inputs(args, parts)

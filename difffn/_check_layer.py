@@ -302,14 +302,7 @@ class _LayerModel:
         return values
 
     def gradients(self, args, parts):
-        result = {}
-        if self.with_backward:
-            result["backward"] = self._backward(args, parts)
-        if self.with_autodiff:
-            outs, vjp = jax.vjp(lambda *p: self.outputs(args, p), *parts)
-            cotangents = [jnp.asarray(c, y.dtype) for c, y in zip(args[2], outs, strict=True)]
-            result["autodiff"] = jnp.concatenate(vjp(cotangents))
-        return result
+        return numerical.model_gradients(self, args, parts, args[2])
 
     def _backward(self, args, parts):
         layer, xs, (outs, state, memory) = self.forward(args, parts)

@@ -191,6 +191,23 @@ def to_device(parts) -> tuple:
     return tuple(jnp.asarray(np.asarray(p, np.float64)) for p in parts)
 
 
+def model_gradients(model, args, parts: tuple, cotangents) -> dict:
+    """What a model's ``gradients`` reports: its custom backward and/or JAX autodiff.
+
+    ``model`` has ``with_backward``/``with_autodiff`` flags, ``_backward(args, parts)`` and
+    ``outputs(args, parts)``; the autodiff gradient is the VJP of the outputs with
+    ``cotangents``, flattened like the parts.
+    """
+    result = {}
+    if model.with_backward:
+        result["backward"] = model._backward(args, parts)
+    if model.with_autodiff:
+        outs, vjp = jax.vjp(lambda *p: model.outputs(args, p), *parts)
+        cts = [jnp.asarray(c, y.dtype) for c, y in zip(cotangents, outs, strict=True)]
+        result["autodiff"] = jnp.concatenate(vjp(cts))
+    return result
+
+
 def lay_out(keys: Sequence[str], values: Sequence[np.ndarray], scale_leaves=None):
     """Concatenate the checked values (flat float64) into one point with a segment per key.
 
