@@ -34,10 +34,9 @@ from . import _batches, _checkpoint, _progress
 from ._errors import OptionsError, SerializationError
 from ._factors import L2, LEARN_RATE, leaf_factors
 from ._format import FormattedArray, Layout, stripdims
-from ._layer import InputLayer
 from ._losses import get_loss, loss_name
 from ._metrics import Metric
-from ._network import Network, _execute_segmented, execute, learnable_mask
+from ._network import Network, learnable_mask
 from ._options import TrainingOptions
 from ._schedules import LearnRateSchedule
 from ._serialization import restore_network
@@ -202,7 +201,7 @@ class _ArrayData:
                 f"{who}: the network has {len(net.input_names)} input(s) {list(net.input_names)}"
                 f" but X has {len(inputs)} array(s). Fix: pass a tuple with one array per input."
             )
-        known = net._known_input_layouts()
+        known = net.input_layouts
         self.input_axes = tuple(
             _batches.batch_axis(x, lo.format if lo else None, what=f"{who}: X[{k}]")
             for k, (x, lo) in enumerate(zip(inputs, known, strict=True))
@@ -253,7 +252,7 @@ class _IterableData:
         self.data = data
         self.num_inputs = len(net.input_names)
         self.n_per_epoch = len(data) if hasattr(data, "__len__") else None
-        self.known = net._known_input_layouts()
+        self.known = net.input_layouts
         self.batch_size = None
 
     def split(self, who, item):
@@ -284,7 +283,7 @@ def _validation_batches(who, validation, net, mini_batch_size):
     ):
         X, T = validation
         inputs, targets = _as_tuple(X), _as_tuple(T)
-        known = net._known_input_layouts()
+        known = net.input_layouts
         if len(inputs) != len(net.input_names):
             raise OptionsError(
                 f"{who}: validation_data has {len(inputs)} input array(s); the network has "
@@ -357,22 +356,19 @@ class _Steps:
         self.metrics = metrics
         self.tx = tx
         self.placement = placement
-        self.wanted = net._wanted(None)
+        self.wanted = net.output_ports()
         self.accelerate = net.acceleratable
         self._jitted: dict = {}
 
     def _core(self, learnables, others, opt_state, xs, ts, key, iteration, learn_rate):
         step_key = jax.random.fold_in(key, iteration)
-        run = execute if self.accelerate else _execute_segmented
 
         def objective(learnables):
             # Each mini-batch holds independent observations: recurrent state (layers that
             # define reset_state, e.g. LSTM) starts afresh, as in MATLAB. Layers that accumulate
             # statistics (BatchNorm) do not define reset_state and keep theirs.
             net = _combine(self.treedef, self.learnable_index, learnables, others).reset_state()
-            outputs, states = run(
-                net, net._prepare_inputs(xs), step_key, training=True, wanted=self.wanted
-            )
+            outputs, states = net.run(xs, step_key, training=True, outputs=self.wanted)
             value = _scalar_loss(self.loss(*outputs, *ts), self.loss_label)
             return value, (outputs, states)
 
@@ -453,8 +449,7 @@ class _Steps:
 
         def evaluate(learnables, others, xs, ts):
             net = _combine(self.treedef, self.learnable_index, learnables, others)
-            run = execute if self.accelerate else _execute_segmented
-            outputs, _ = run(net, net._prepare_inputs(xs), None, training=False, wanted=self.wanted)
+            outputs, _ = net.run(xs, None, training=False, outputs=self.wanted)
             value = _scalar_loss(self.loss(*outputs, *ts), self.loss_label)
             states = tuple(m.update(m.init(outputs[0]), outputs[0], ts[0]) for m in self.metrics)
             return value, states
@@ -747,9 +742,9 @@ class _Run:
 
     def _prepare_network(self, net: Network, init_key) -> Network:
         needs = [
-            (k, net.layers[i])
-            for k, (i, _) in enumerate(net._graph.inputs)
-            if isinstance(net.layers[i], InputLayer) and net.layers[i].needs_statistics()
+            (k, layer)
+            for k, layer in enumerate(net.input_layers)
+            if layer is not None and layer.needs_statistics()
         ]
         if needs:
             self.messages.append("Initializing input data normalization.")
@@ -758,7 +753,7 @@ class _Run:
                 net = net.replace_layer(layer.name, layer.with_statistics(sample))
         if not net.initialized:
             layouts = []
-            known = net._known_input_layouts()
+            known = net.input_layouts
             examples = self._first_inputs()
             for k, (x, lo) in enumerate(zip(examples, known, strict=True)):
                 if lo is not None:
@@ -972,7 +967,7 @@ class _Run:
         placement = self.placement
         if placement.mesh is None or n % placement.count:
             return placement.put(xs), placement.put(ts)
-        known = net._known_input_layouts()
+        known = net.input_layouts
         xs = tuple(
             jax.device_put(x, placement.batch_sharding(x, lo.format if lo else None))
             for x, lo in zip(xs, known, strict=True)
