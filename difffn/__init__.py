@@ -31,6 +31,8 @@ from ._factors import get_l2_factor as get_l2_factor
 from ._factors import get_learn_rate_factor as get_learn_rate_factor
 from ._factors import set_l2_factor as set_l2_factor
 from ._factors import set_learn_rate_factor as set_learn_rate_factor
+from ._fields import learnable as learnable
+from ._fields import state as state
 from ._format import FormattedArray as FormattedArray
 from ._format import Layout as Layout
 from ._format import dims as dims
@@ -39,10 +41,8 @@ from ._format import finddim as finddim
 from ._format import permute as permute
 from ._format import stripdims as stripdims
 from ._function import DifferentiableFunction as DifferentiableFunction
-from ._layer import InputLayer as InputLayer
+from ._input_layer import InputLayer as InputLayer
 from ._layer import Layer as Layer
-from ._layer import learnable as learnable
-from ._layer import state as state
 from ._network import Network as Network
 from ._options import TrainingOptions as TrainingOptions
 from ._predict import minibatchpredict as minibatchpredict

@@ -22,7 +22,7 @@ import jax
 from . import _cache
 from ._format import FormattedArray
 from ._graph import Graph
-from ._layer import call_layer
+from ._layer_call import call_layer
 
 ACCELERATION = ("auto", "none")
 

@@ -17,7 +17,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from ._errors import NetworkError
-from ._layer import InputLayer, Layer
+from ._input_layer import InputLayer
+from ._layer import Layer
 
 
 @dataclass(frozen=True)

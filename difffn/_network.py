@@ -22,9 +22,11 @@ import jax.numpy as jnp
 
 from . import _cache, _execute
 from ._errors import AccelerationError, NetworkError
+from ._fields import LEARNABLE, STATE, NetworkBase
 from ._format import FormattedArray, Layout
 from ._graph import Graph, build_graph, flatten_layers, name_layers
-from ._layer import LEARNABLE, STATE, InputLayer, Layer, NetworkBase
+from ._input_layer import InputLayer
+from ._layer import Layer
 from ._propagate import propagate, resolve_layouts
 from ._table import ParameterTable
 

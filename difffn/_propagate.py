@@ -17,7 +17,9 @@ import jax.numpy as jnp
 
 from ._errors import Error, NetworkError
 from ._format import FormattedArray, Layout, dims, dlarray
-from ._layer import InputLayer, Layer, call_layer
+from ._input_layer import InputLayer
+from ._layer import Layer
+from ._layer_call import call_layer
 
 
 def resolve_layouts(net, given) -> list[Layout]:

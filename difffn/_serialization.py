@@ -21,7 +21,7 @@ from . import _container
 from ._errors import SerializationError
 from ._factors import _set as _set_factor
 from ._format import Layout
-from ._layer import InputLayer
+from ._input_layer import InputLayer
 from ._network import Network, leaf_kinds
 
 FORMAT = "difffn.network"
