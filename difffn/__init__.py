@@ -53,8 +53,8 @@ from ._serialization import save as save
 from ._solvers import adamupdate as adamupdate
 from ._solvers import rmspropupdate as rmspropupdate
 from ._solvers import sgdmupdate as sgdmupdate
+from ._state import TrainingInfo as TrainingInfo
 from ._table import ParameterTable as ParameterTable
-from ._trainer import TrainingInfo as TrainingInfo
 from ._trainer import trainnet as trainnet
 
 __version__ = "0.1.0"
