@@ -10,6 +10,8 @@ from ._convolution import Conv2D as Conv2D
 from ._dropout import Dropout as Dropout
 from ._flatten import Flatten as Flatten
 from ._fully_connected import FullyConnected as FullyConnected
+from ._from_equinox import FromEquinox as FromEquinox
+from ._from_nnx import FromNNX as FromNNX
 from ._function_layer import FunctionLayer as FunctionLayer
 from ._input import FeatureInput as FeatureInput
 from ._input import ImageInput as ImageInput
@@ -30,6 +32,8 @@ __all__ = [
     "ELU",
     "FeatureInput",
     "Flatten",
+    "FromEquinox",
+    "FromNNX",
     "FullyConnected",
     "FunctionLayer",
     "GlobalAveragePool2D",

@@ -1,0 +1,133 @@
+"""What ``FromNNX`` and ``FromEquinox`` share: a module of another library seen as a layer.
+
+A foreign module takes and returns plain arrays in the axis order it was written for. The layer
+says that order with ``fmt`` (one format per input, or one for all) and ``output_format``;
+without ``fmt`` it is a ``formattable = False`` layer (plain arrays in, the input's format out).
+Its parameters live in flat dicts keyed by their path inside the module (``"linear1/kernel"``),
+the names users see in ``net.learnables`` and in files written by ``df.save``.
+"""
+
+from __future__ import annotations
+
+import inspect
+from collections.abc import Sequence
+from typing import Any
+
+import jax
+
+from .._errors import FormatError, LayerError
+from .._format import FormattedArray, _validate_format, dlarray, permute
+from ._checks import who
+
+
+def path_name(path: Sequence[Any]) -> str:
+    """``("layers", 0, "kernel")`` or a jax key path to ``"layers/0/kernel"``."""
+    parts = []
+    for entry in path:
+        for attr in ("name", "key", "idx"):  # GetAttrKey, DictKey, SequenceKey
+            if hasattr(entry, attr):
+                entry = getattr(entry, attr)
+                break
+        parts.append(str(entry))
+    return "/".join(parts)
+
+
+def call_arity(fn, *, skip: int = 0) -> int | None:
+    """Required positional parameters of ``fn`` (a module's ``__call__``), less ``skip``."""
+    try:
+        params = inspect.signature(fn).parameters.values()
+    except (TypeError, ValueError):
+        return None
+    if any(p.kind is p.VAR_POSITIONAL for p in params):
+        return None
+    count = sum(
+        1
+        for p in params
+        if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD) and p.default is p.empty
+    )
+    return max(count - skip, 1)
+
+
+def accepts_keyword(fn, name: str) -> bool:
+    try:
+        params = inspect.signature(fn).parameters.values()
+    except (TypeError, ValueError):
+        return False
+    return any(p.name == name or p.kind is p.VAR_KEYWORD for p in params)
+
+
+def port_count(layer, kind: str) -> int:
+    """``num_inputs``/``num_outputs``, also before the base class has resolved them."""
+    n, names = getattr(layer, f"num_{kind}s"), getattr(layer, f"{kind}_names")
+    if n is None:
+        n = len(names) if names is not None else 1
+    return n
+
+
+def formats(layer, value, count: int, argument: str) -> tuple[str, ...] | None:
+    """``fmt`` / ``output_format`` as one validated format per port (or None)."""
+    if value is None:
+        return None
+    items = (value,) * count if isinstance(value, str) else value
+    if not isinstance(items, (tuple, list)) or len(items) != count:
+        raise LayerError(
+            f"{who(layer)}: {argument} must be a format string or a tuple of {count} (one per "
+            f"{'input' if argument == 'fmt' else 'output'}); got {value!r}. Fix: e.g. "
+            f"{argument}='BC'."
+        )
+    return tuple(_validate_format(f, what=f"{who(layer)}: {argument}") for f in items)
+
+
+def module_inputs(layer, inputs) -> tuple:
+    """The plain arrays the module receives, in the axis order of ``fmt``."""
+    fmts = layer.fmt_per_input
+    if fmts is None:
+        return tuple(inputs)
+    plain = []
+    for name, x, fmt in zip(layer.input_names, inputs, fmts):
+        if isinstance(x, FormattedArray):
+            try:
+                x = permute(x, fmt)
+            except FormatError:
+                raise LayerError(
+                    f"{who(layer)}: input {name!r} has format {x.format!r}, which cannot be "
+                    f"reordered to the module's fmt {fmt!r} (the labels differ). Fix: give "
+                    "fmt the module's axis order with the input's labels, or reshape the input "
+                    "before this layer (e.g. df.layers.Flatten)."
+                ) from None
+            plain.append(x.data)
+        else:
+            if jax.numpy.ndim(x) != len(fmt):
+                raise LayerError(
+                    f"{who(layer)}: input {name!r} is a plain {jax.numpy.ndim(x)}-D array but "
+                    f"fmt is {fmt!r} ({len(fmt)} axes)."
+                )
+            plain.append(x)
+    return tuple(plain)
+
+
+def layer_outputs(layer, result, module_name: str) -> tuple:
+    """The module's return value as ``num_outputs`` outputs, formatted as ``output_format``."""
+    n = layer.num_outputs
+    if n == 1 and not isinstance(result, (tuple, list)):
+        result = (result,)
+    if not isinstance(result, (tuple, list)) or len(result) != n:
+        got = f"{len(result)} values" if isinstance(result, (tuple, list)) else "one value"
+        raise LayerError(
+            f"{who(layer)}: the module {module_name} returned {got}; the layer has "
+            f"num_outputs={n}. Fix: pass num_outputs= (or output_names=) to match the module."
+        )
+    fmts = layer.output_format_per_output
+    if fmts is None:
+        return tuple(result)
+    outputs = []
+    for name, y, fmt in zip(layer.output_names, result, fmts):
+        if jax.numpy.ndim(y) != len(fmt):
+            raise LayerError(
+                f"{who(layer)}: output {name!r} of the module {module_name} has "
+                f"{jax.numpy.ndim(y)} dimensions (shape {jax.numpy.shape(y)}) but its format "
+                f"{fmt!r} has {len(fmt)}. Fix: pass output_format= with one label per axis "
+                "(e.g. output_format='BC')."
+            )
+        outputs.append(dlarray(y, fmt))
+    return tuple(outputs)
