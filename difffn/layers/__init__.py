@@ -9,9 +9,9 @@ from ._activation import Softmax as Softmax
 from ._convolution import Conv2D as Conv2D
 from ._dropout import Dropout as Dropout
 from ._flatten import Flatten as Flatten
-from ._fully_connected import FullyConnected as FullyConnected
 from ._from_equinox import FromEquinox as FromEquinox
 from ._from_nnx import FromNNX as FromNNX
+from ._fully_connected import FullyConnected as FullyConnected
 from ._function_layer import FunctionLayer as FunctionLayer
 from ._input import FeatureInput as FeatureInput
 from ._input import ImageInput as ImageInput

@@ -16,7 +16,7 @@ from typing import Any
 import jax
 
 from .._errors import FormatError, LayerError
-from .._format import FormattedArray, _validate_format, dlarray, permute
+from .._format import FormattedArray, Layout, _validate_format, dlarray, permute
 from ._checks import who
 
 
@@ -131,3 +131,29 @@ def layer_outputs(layer, result, module_name: str) -> tuple:
             )
         outputs.append(dlarray(y, fmt))
     return tuple(outputs)
+
+
+def check_output_ranks(layer, layouts: Sequence[Layout]) -> None:
+    """Without ``fmt``, outputs take the input's format: say early when their rank differs.
+
+    Runs the module abstractly (``jax.eval_shape``; unknown sizes become 2) on the layouts that
+    ``initialize`` receives, so that a module that changes the rank (a CNN ending in a dense
+    head) gets the fix that applies to it (``fmt``/``output_format``), not the generic one.
+    """
+    formatted = [lo for lo in layouts if isinstance(lo, Layout) and lo.format]
+    if layer.formattable or not formatted or len(layouts) != layer.num_inputs:
+        return
+    fmt = formatted[0].format
+    specs = [
+        jax.ShapeDtypeStruct(tuple(2 if n is None else n for n in lo.shape), jax.numpy.float32)
+        for lo in layouts
+    ]
+    outputs = jax.eval_shape(lambda *xs: layer.predict(*xs)[: layer.num_outputs], *specs)
+    for name, y in zip(layer.output_names, outputs):
+        if len(y.shape) != len(fmt):
+            raise LayerError(
+                f"{who(layer)}: output {name!r} of the module has {len(y.shape)} dimensions "
+                f"but the input format {fmt!r} has {len(fmt)}; without fmt the outputs take "
+                "the input's format. Fix: pass the module's formats, e.g. "
+                f"fmt={fmt!r}, output_format='BC'."
+            )

@@ -237,6 +237,16 @@ class FromEquinox(Layer):
         """``("state",)`` for a module with an ``eqx.nn.State``, else ``()``."""
         return ("state",) if self.state else ()
 
+    def initialize(self, *layouts, key):
+        """Nothing to fill (the module has its parameters); checks that the outputs fit.
+
+        Raises:
+          LayerError: without ``fmt``, an output's rank differs from the input format's.
+        """
+        del key
+        _foreign.check_output_ranks(self, layouts)
+        return self
+
     @property
     def fmt_per_input(self):
         return _foreign.formats(self, self.fmt, self.num_inputs, "fmt")
@@ -295,9 +305,10 @@ class FromEquinox(Layer):
             batch = xs[0].shape[in_axes[0]]
             keys = jax.random.split(key, batch) if use_key else None
             out_fmts = self.output_format_per_output
-            out_axes = tuple(f.index("B") if "B" in f else None for f in out_fmts) if out_fmts else 0
-            if out_fmts and self.num_outputs == 1:
-                out_axes = out_axes[0]
+            out_axes = 0
+            if out_fmts is not None:
+                axes = tuple(f.index("B") if "B" in f else None for f in out_fmts)
+                out_axes = axes[0] if self.num_outputs == 1 else axes
             result = jax.vmap(
                 call,
                 in_axes=(in_axes, None, 0 if use_key else None),

@@ -41,6 +41,8 @@ class NNXStructure:
         as ``(name, path)`` pairs.
       rng_streams: per random-stream variable: path, ``"key"``/``"count"``, its stream tag,
         shape and key implementation.
+      random: whether training draws from the streams (they are held by something other than
+        an ``nnx.Dropout`` of rate 0), so that a key is needed.
       module_type: the module's class name, for messages.
     """
 
@@ -48,6 +50,7 @@ class NNXStructure:
     eval: Any
     paths: tuple[tuple[tuple[str, tuple], ...], ...]
     rng_streams: tuple[tuple[tuple, str, str, tuple[int, ...], Any], ...]
+    random: bool
     module_type: str
 
     @property
@@ -163,6 +166,7 @@ class FromNNX(Layer):
             eval=nnx.split(inference)[0],
             paths=tuple(tuple((n, p) for n, (p, _) in g.items()) for g in groups),
             rng_streams=streams,
+            random=_draws_randomness(nnx, module),
             module_type=type(module).__name__,
         )
         self.params = {n: v for n, (_, v) in groups[0].items()}
@@ -177,6 +181,16 @@ class FromNNX(Layer):
 
     def __post_init__(self):
         self.formattable = _check_formats(self)
+
+    def initialize(self, *layouts, key):
+        """Nothing to fill (the module has its parameters); checks that the outputs fit.
+
+        Raises:
+          LayerError: without ``fmt``, an output's rank differs from the input format's.
+        """
+        del key
+        _foreign.check_output_ranks(self, layouts)
+        return self
 
     @property
     def fmt_per_input(self):
@@ -229,7 +243,7 @@ class FromNNX(Layer):
 
     def forward(self, *inputs, key=None):
         nnx = _nnx()
-        if key is None and self.structure.rng_streams:
+        if key is None and self.structure.random:
             raise LayerError(
                 f"{who(self)}: the module {self.structure.module_type} has random streams "
                 f"{list(self.structure.tags)} (e.g. nnx.Dropout), so training needs randomness, "
@@ -244,6 +258,13 @@ class FromNNX(Layer):
         if not names:
             return outputs
         return (*outputs, {n: stats[p].get_value() for n, p in names.items()})
+
+
+def _draws_randomness(nnx, module) -> bool:
+    """Whether some random stream of ``module`` is used in training (not a rate-0 dropout's)."""
+    nodes = list(nnx.iter_graph(module))
+    idle = {path for path, node in nodes if isinstance(node, nnx.Dropout) and node.rate == 0}
+    return any(isinstance(node, nnx.RngStream) and path[:-1] not in idle for path, node in nodes)
 
 
 def _set_base(layer, properties: dict) -> None:
