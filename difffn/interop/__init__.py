@@ -5,7 +5,13 @@ The other direction, an nnx or equinox module inside a difffn network, is a laye
 load ``flax.nnx`` on first use (PEP 562), so ``import difffn`` does not pay for it.
 """
 
+from typing import TYPE_CHECKING
+
 from ._mask import learnable_mask as learnable_mask
+
+if TYPE_CHECKING:  # for type checkers and the API reference; at run time, __getattr__ below
+    from ._nnx import NNXNetwork as NNXNetwork
+    from ._nnx import to_nnx as to_nnx
 
 _NNX_NAMES = ("NNXNetwork", "to_nnx")
 

@@ -73,7 +73,7 @@ def _nested(flat: dict[tuple, Any]) -> dict:
 
 
 class FromNNX(Layer):
-    """A ``flax.nnx`` module used as a layer: its ``nnx.Param``\\ s are learnables.
+    """A ``flax.nnx`` module used as a layer: its ``nnx.Param`` variables are learnables.
 
     The module's parameters become the learnable ``params`` (a dict from each parameter's path
     in the module, such as ``"linear1/kernel"``, to its value) and its ``nnx.BatchStat``
