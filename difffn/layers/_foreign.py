@@ -9,6 +9,7 @@ the names users see in ``net.learnables`` and in files written by ``df.save``.
 
 from __future__ import annotations
 
+import dataclasses
 import inspect
 from collections.abc import Sequence
 from typing import Any
@@ -18,6 +19,31 @@ import jax
 from .._errors import FormatError, LayerError
 from .._format import FormattedArray, Layout, _validate_format, dlarray, permute
 from ._checks import who
+
+
+class Structure:
+    """Base of the frozen dataclasses that hold a foreign module's static structure.
+
+    They are part of a layer's pytree aux data, which JAX hashes and compares on every call of
+    a compiled function; an nnx ``GraphDef`` takes milliseconds to hash. So the hash is
+    computed once, and the same object (every unflattened layer shares its structure) compares
+    equal by identity first.
+    """
+
+    def __hash__(self):
+        cached = self.__dict__.get("_hash")
+        if cached is None:
+            cached = hash(tuple(getattr(self, f.name) for f in dataclasses.fields(self)))
+            object.__setattr__(self, "_hash", cached)
+        return cached
+
+    def __eq__(self, other):
+        if self is other:
+            return True
+        if type(other) is not type(self) or hash(self) != hash(other):
+            return False
+        names = [f.name for f in dataclasses.fields(self)]
+        return all(getattr(self, n) == getattr(other, n) for n in names)
 
 
 def path_name(path: Sequence[Any]) -> str:

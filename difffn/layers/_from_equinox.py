@@ -42,8 +42,8 @@ def _eqx():
     return equinox
 
 
-@dataclasses.dataclass(frozen=True)
-class EquinoxStructure:
+@dataclasses.dataclass(frozen=True, eq=False)
+class EquinoxStructure(_foreign.Structure):
     """The static part of an equinox module (hashable: part of the compiled trace's key).
 
     Attributes:

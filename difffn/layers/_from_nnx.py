@@ -29,8 +29,8 @@ def _nnx():
     return nnx
 
 
-@dataclasses.dataclass(frozen=True)
-class NNXStructure:
+@dataclasses.dataclass(frozen=True, eq=False)
+class NNXStructure(_foreign.Structure):
     """The static part of a split nnx module (hashable: part of the compiled trace's key).
 
     Attributes:
