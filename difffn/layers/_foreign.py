@@ -18,6 +18,7 @@ import jax
 
 from .._errors import FormatError, LayerError
 from .._format import FormattedArray, Layout, _validate_format, dlarray, permute
+from .._layer import BASE_FIELDS
 from ._checks import who
 
 
@@ -104,9 +105,22 @@ def formats(layer, value, count: int, argument: str) -> tuple[str, ...] | None:
     return tuple(_validate_format(f, what=f"{who(layer)}: {argument}") for f in items)
 
 
+def input_formats(layer) -> tuple[str, ...] | None:
+    """The module's format per input (``fmt``), or None without ``fmt``."""
+    return formats(layer, layer.fmt, layer.num_inputs, "fmt")
+
+
+def output_formats(layer) -> tuple[str, ...] | None:
+    """The format per output: ``output_format``, else the first input's ``fmt``."""
+    value = layer.output_format
+    if value is None and layer.fmt is not None:
+        value = input_formats(layer)[0]
+    return formats(layer, value, layer.num_outputs, "output_format")
+
+
 def module_inputs(layer, inputs) -> tuple:
     """The plain arrays the module receives, in the axis order of ``fmt``."""
-    fmts = layer.fmt_per_input
+    fmts = input_formats(layer)
     if fmts is None:
         return tuple(inputs)
     plain = []
@@ -143,7 +157,7 @@ def layer_outputs(layer, result, module_name: str) -> tuple:
             f"{who(layer)}: the module {module_name} returned {got}; the layer has "
             f"num_outputs={n}. Fix: pass num_outputs= (or output_names=) to match the module."
         )
-    fmts = layer.output_format_per_output
+    fmts = output_formats(layer)
     if fmts is None:
         return tuple(result)
     outputs = []
@@ -183,3 +197,31 @@ def check_output_ranks(layer, layouts: Sequence[Layout]) -> None:
                 "the input's format. Fix: pass the module's formats, e.g. "
                 f"fmt={fmt!r}, output_format='BC'."
             )
+
+
+def set_base(layer, properties: dict) -> None:
+    """Set the base properties given to a hand-written ``__init__``; others are an error."""
+    unknown = sorted(set(properties) - set(BASE_FIELDS))
+    if unknown:
+        raise LayerError(
+            f"{type(layer).__name__}(...) got unknown argument(s) {unknown}; besides its own "
+            f"arguments it takes the base properties {list(BASE_FIELDS)}."
+        )
+    for n, value in properties.items():
+        setattr(layer, n, value)
+
+
+def check_formats(layer) -> bool:
+    """Validate ``fmt``/``output_format``; True when the layer handles formats itself."""
+    if layer.fmt is None:
+        if layer.output_format is not None:
+            raise LayerError(
+                f"{who(layer)}: output_format={layer.output_format!r} needs fmt (the module's "
+                "input format). Fix: pass fmt= too, e.g. fmt='BSSC', output_format='BC'."
+            )
+        return False
+    formats(layer, layer.fmt, port_count(layer, "input"), "fmt")
+    if layer.output_format is not None:
+        count = port_count(layer, "output")
+        formats(layer, layer.output_format, count, "output_format")
+    return True

@@ -26,7 +26,6 @@ from .._layer import Layer, learnable
 from .._layer import state as state_field
 from . import _foreign
 from ._checks import who
-from ._from_nnx import _check_formats, _set_base
 
 BATCH_AXIS_NAME = "batch"
 
@@ -150,7 +149,7 @@ class FromEquinox(Layer):
     def __init__(self, module, *, state=None, fmt=None, output_format=None, vmap=True,
                  **properties):  # fmt: skip
         eqx = _eqx()
-        _set_base(self, properties)
+        _foreign.set_base(self, properties)
         if not isinstance(module, eqx.Module):
             raise LayerError(
                 f"{who(self)}: module must be an equinox Module; got {type(module).__name__}. "
@@ -221,7 +220,7 @@ class FromEquinox(Layer):
     def __post_init__(self):
         if not isinstance(self.vmap, bool):
             raise LayerError(f"{who(self)}: vmap must be True or False; got {self.vmap!r}.")
-        self.formattable = _check_formats(self)
+        self.formattable = _foreign.check_formats(self)
         if self.vmap and self.fmt is not None:
             count = _foreign.port_count(self, "input")
             for f in _foreign.formats(self, self.fmt, count, "fmt"):
@@ -246,17 +245,6 @@ class FromEquinox(Layer):
         del key
         _foreign.check_output_ranks(self, layouts)
         return self
-
-    @property
-    def fmt_per_input(self):
-        return _foreign.formats(self, self.fmt, self.num_inputs, "fmt")
-
-    @property
-    def output_format_per_output(self):
-        value = self.output_format
-        if value is None and self.fmt is not None:
-            value = self.fmt_per_input[0]
-        return _foreign.formats(self, value, self.num_outputs, "output_format")
 
     def module(self, *, training: bool = False):
         """The equinox module with the layer's current values (in training or inference mode)."""
@@ -300,11 +288,11 @@ class FromEquinox(Layer):
             return module(*args, **({"key": k} if use_key else {}))
 
         if self.vmap:
-            fmts = self.fmt_per_input
+            fmts = _foreign.input_formats(self)
             in_axes = tuple(f.index("B") for f in fmts) if fmts else (0,) * len(xs)
             batch = xs[0].shape[in_axes[0]]
             keys = jax.random.split(key, batch) if use_key else None
-            out_fmts = self.output_format_per_output
+            out_fmts = _foreign.output_formats(self)
             out_axes = 0
             if out_fmts is not None:
                 axes = tuple(f.index("B") if "B" in f else None for f in out_fmts)

@@ -18,7 +18,7 @@ import jax
 import jax.numpy as jnp
 
 from .._errors import LayerError
-from .._layer import BASE_FIELDS, Layer, learnable, state
+from .._layer import Layer, learnable, state
 from . import _foreign
 from ._checks import who
 
@@ -133,17 +133,16 @@ class FromNNX(Layer):
 
     def __init__(self, module, *, fmt=None, output_format=None, **properties):
         nnx = _nnx()
-        _set_base(self, properties)
+        _foreign.set_base(self, properties)
         if not isinstance(module, nnx.Module):
             raise LayerError(
                 f"{who(self)}: module must be a flax.nnx Module; got {type(module).__name__}. "
                 "Fix: FromNNX(nnx.Linear(3, 2, rngs=nnx.Rngs(0))); for an equinox module use "
                 "df.layers.FromEquinox."
             )
-        train = nnx.view(module, deterministic=False, use_running_average=False,
-                         raise_if_not_found=False)  # fmt: skip
-        inference = nnx.view(module, deterministic=True, use_running_average=True,
-                             raise_if_not_found=False)  # fmt: skip
+        modes = {"raise_if_not_found": False}
+        train = nnx.view(module, deterministic=False, use_running_average=False, **modes)
+        inference = nnx.view(module, deterministic=True, use_running_average=True, **modes)
         graphdef, params, stats, rngs, rest = nnx.split(
             train, nnx.Param, nnx.BatchStat, nnx.RngState, ...
         )
@@ -180,7 +179,7 @@ class FromNNX(Layer):
         self.__post_init__()
 
     def __post_init__(self):
-        self.formattable = _check_formats(self)
+        self.formattable = _foreign.check_formats(self)
 
     def initialize(self, *layouts, key):
         """Nothing to fill (the module has its parameters); checks that the outputs fit.
@@ -191,17 +190,6 @@ class FromNNX(Layer):
         del key
         _foreign.check_output_ranks(self, layouts)
         return self
-
-    @property
-    def fmt_per_input(self):
-        return _foreign.formats(self, self.fmt, self.num_inputs, "fmt")
-
-    @property
-    def output_format_per_output(self):
-        value = self.output_format
-        if value is None and self.fmt is not None:
-            value = self.fmt_per_input[0]
-        return _foreign.formats(self, value, self.num_outputs, "output_format")
 
     @property
     def state_names(self) -> tuple[str, ...]:
@@ -265,31 +253,3 @@ def _draws_randomness(nnx, module) -> bool:
     nodes = list(nnx.iter_graph(module))
     idle = {path for path, node in nodes if isinstance(node, nnx.Dropout) and node.rate == 0}
     return any(isinstance(node, nnx.RngStream) and path[:-1] not in idle for path, node in nodes)
-
-
-def _set_base(layer, properties: dict) -> None:
-    """Set the base properties given to a hand-written ``__init__``; others are an error."""
-    unknown = sorted(set(properties) - set(BASE_FIELDS))
-    if unknown:
-        raise LayerError(
-            f"{type(layer).__name__}(...) got unknown argument(s) {unknown}; besides the module "
-            f"it takes fmt, output_format and the base properties {list(BASE_FIELDS)}."
-        )
-    for n, value in properties.items():
-        setattr(layer, n, value)
-
-
-def _check_formats(layer) -> bool:
-    """Validate ``fmt``/``output_format``; True when the layer handles formats itself."""
-    if layer.fmt is None:
-        if layer.output_format is not None:
-            raise LayerError(
-                f"{who(layer)}: output_format={layer.output_format!r} needs fmt (the module's "
-                "input format). Fix: pass fmt= too, e.g. fmt='BSSC', output_format='BC'."
-            )
-        return False
-    _foreign.formats(layer, layer.fmt, _foreign.port_count(layer, "input"), "fmt")
-    if layer.output_format is not None:
-        count = _foreign.port_count(layer, "output")
-        _foreign.formats(layer, layer.output_format, count, "output_format")
-    return True
