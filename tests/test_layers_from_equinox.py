@@ -15,7 +15,7 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 import pytest
-from helpers import assert_tree_allclose
+from helpers import assert_tree_allclose, run_python
 
 import difffn as df
 from difffn._layer import call_layer
@@ -227,6 +227,29 @@ def test_without_equinox_it_says_what_to_install(monkeypatch, key):
     ):
         L.FromEquinox(linear)
     assert issubclass(df.MissingDependencyError, ImportError)
+
+
+def test_difffn_imports_and_works_without_equinox():
+    code = """
+import sys
+sys.modules["equinox"] = None  # as if it were not installed
+import jax, jax.numpy as jnp
+import difffn as df
+net = df.Network([df.layers.FeatureInput(2, normalization="none", name="in"),
+                  df.layers.FullyConnected(1, name="fc")]).initialize(key=jax.random.key(0))
+print(net.predict(jnp.ones((1, 2))).shape)
+try:
+    df.layers.FromEquinox(object())
+except df.MissingDependencyError as error:
+    print(error)
+"""
+    result = run_python(code)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.splitlines() == [
+        "(1, 1)",
+        "df.layers.FromEquinox needs equinox, which is not installed. Fix: pip install equinox "
+        "(or pip install 'difffn[equinox]').",
+    ]
 
 
 def test_check_layer_passes_for_a_module_without_state(key):
