@@ -146,8 +146,9 @@ class FromEquinox(Layer):
     structure: EquinoxStructure | None = None
     formattable: bool = False
 
-    def __init__(self, module, *, state=None, fmt=None, output_format=None, vmap=True,
-                 **properties):  # fmt: skip
+    def __init__(
+        self, module, *, state=None, fmt=None, output_format=None, vmap=True, **properties
+    ):
         eqx = _eqx()
         _foreign.set_base(self, properties)
         if not isinstance(module, eqx.Module):
