@@ -4,6 +4,7 @@ This module only re-exports; each concept lives in one private module.
 """
 
 from . import data as data
+from . import interop as interop
 from . import layers as layers
 from . import losses as losses
 from . import metrics as metrics
@@ -24,6 +25,7 @@ from ._errors import FormatError as FormatError
 from ._errors import ForwardError as ForwardError
 from ._errors import ForwardModeError as ForwardModeError
 from ._errors import LayerError as LayerError
+from ._errors import MissingDependencyError as MissingDependencyError
 from ._errors import NetworkError as NetworkError
 from ._errors import OptionsError as OptionsError
 from ._errors import SerializationError as SerializationError

@@ -128,8 +128,10 @@ class Network(NetworkBase):
         return self._layers, (self._graph, self._layouts, self._token)
 
     def tree_flatten_with_keys(self):
-        children = tuple((jax.tree_util.GetAttrKey(layer.name), layer) for layer in self._layers)
-        return children, (self._graph, self._layouts, self._token)
+        # Key names come from the static graph, not the children: tree utilities (orbax's
+        # metadata trees, tree.map with is_leaf) put arbitrary values in the layer slots.
+        keys = map(jax.tree_util.GetAttrKey, self._graph.names)
+        return tuple(zip(keys, self._layers)), (self._graph, self._layouts, self._token)
 
     @classmethod
     def tree_unflatten(cls, aux, layers):
