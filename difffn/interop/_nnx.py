@@ -15,8 +15,8 @@ import jax
 from flax import nnx
 
 from .._errors import NetworkError
+from .._fields import LEARNABLE, STATE
 from .._format import stripdims
-from .._layer import LEARNABLE, STATE
 from .._network import Network, leaf_kinds
 
 

@@ -17,8 +17,8 @@ from typing import Any
 import jax
 
 from .._errors import FormatError, LayerError
+from .._fields import BASE_FIELDS
 from .._format import FormattedArray, Layout, _validate_format, dlarray, permute
-from .._layer import BASE_FIELDS
 from ._checks import who
 
 

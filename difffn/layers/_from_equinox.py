@@ -22,8 +22,9 @@ import jax
 import numpy as np
 
 from .._errors import LayerError, MissingDependencyError
-from .._layer import Layer, learnable
-from .._layer import state as state_field
+from .._fields import learnable
+from .._fields import state as state_field
+from .._layer import Layer
 from . import _foreign
 from ._checks import who
 

@@ -18,7 +18,8 @@ import jax
 import jax.numpy as jnp
 
 from .._errors import LayerError
-from .._layer import Layer, learnable, state
+from .._fields import learnable, state
+from .._layer import Layer
 from . import _foreign
 from ._checks import who
 
