@@ -39,7 +39,6 @@ noise floor.
 
 from __future__ import annotations
 
-import dataclasses
 import functools
 import math
 from collections.abc import Sequence
@@ -74,17 +73,24 @@ COORDINATE, DIRECTION = "coordinate", "direction"
 
 
 class Model(Protocol):
-    """What is differentiated. Hashable (it is a static argument of the compiled evaluators)."""
+    """What is differentiated: everything this module uses of it, and nothing more.
+
+    Hashable (it is a static argument of the compiled evaluators). Calls go one way: this module
+    calls the model; the model never calls back into this module.
+    """
 
     traceable: bool
+    """Whether ``outputs`` and ``gradients`` may be traced (``jax.jit``, ``jax.vmap``); if not,
+    they run eagerly, one point at a time."""
 
     def outputs(self, args: Any, parts: tuple) -> list:
-        """The outputs for the checked values, one flat float64 array per segment (``args``:
-        the fixed arrays, a pytree)."""
+        """The outputs at the point ``parts`` (one flat float64 array per segment); ``args``:
+        the fixed arrays (a pytree)."""
 
     def gradients(self, args: Any, parts: tuple) -> dict:
-        """``{source: gradient, all segments concatenated}``; ``"backward"`` (if any) is the
-        source under test, else ``"autodiff"``."""
+        """``{source: gradient, all segments concatenated}`` at ``parts``; ``"backward"`` (if
+        any) is the source under test, else ``"autodiff"``. A second source serves as a
+        reference."""
 
 
 @dataclass(frozen=True)
@@ -191,23 +197,6 @@ def to_device(parts) -> tuple:
     return tuple(jnp.asarray(np.asarray(p, np.float64)) for p in parts)
 
 
-def model_gradients(model, args, parts: tuple, cotangents) -> dict:
-    """What a model's ``gradients`` reports: its custom backward and/or JAX autodiff.
-
-    ``model`` has ``with_backward``/``with_autodiff`` flags, ``_backward(args, parts)`` and
-    ``outputs(args, parts)``; the autodiff gradient is the VJP of the outputs with
-    ``cotangents``, flattened like the parts.
-    """
-    result = {}
-    if model.with_backward:
-        result["backward"] = model._backward(args, parts)
-    if model.with_autodiff:
-        outs, vjp = jax.vjp(lambda *p: model.outputs(args, p), *parts)
-        cts = [jnp.asarray(c, y.dtype) for c, y in zip(cotangents, outs, strict=True)]
-        result["autodiff"] = jnp.concatenate(vjp(cts))
-    return result
-
-
 def lay_out(keys: Sequence[str], values: Sequence[np.ndarray], scale_leaves=None):
     """Concatenate the checked values (flat float64) into one point with a segment per key.
 
@@ -222,16 +211,6 @@ def lay_out(keys: Sequence[str], values: Sequence[np.ndarray], scale_leaves=None
     base = np.concatenate(values) if len(values) else np.zeros((0,), np.float64)
     scale = element_scale(values if scale_leaves is None else scale_leaves)
     return segments, base, scale, to_device(split(base, segments))
-
-
-def without_autodiff(model, args, parts: tuple, error: Exception):
-    """After JAX autodiff failed as a reference: ``(model, gradients, note)`` with it turned off."""
-    model = dataclasses.replace(model, with_autodiff=False)
-    note = (
-        "JAX autodiff of forward is not available as a reference "
-        f"({type(error).__name__}); only finite differences were used."
-    )
-    return model, compute_gradients(model, args, parts), note
 
 
 def compute_gradients(model: Model, args, parts: tuple) -> dict:
@@ -564,8 +543,6 @@ def _analyse(probe: ProbeResult, raw, sources, floors, tau_i: float) -> None:
 
 
 # -- words ----------------------------------------------------------------------------------------
-
-SOURCE_LABELS = {"backward": "the custom backward", "autodiff": "JAX autodiff"}
 
 
 def describe_failure(verdict: GradientVerdict, locate) -> list[str]:
