@@ -11,7 +11,11 @@ The two checkers are siblings over this module (neither imports the other):
 * :class:`CheckModel`: the base of the checkers' numerical models (the gradient sources);
   :func:`gradients_or_without_autodiff`;
 * :func:`gradient_outcome` (with the swapped-order hint) and :func:`record_gradient_tests`: a
-  verdict of ``_numerical`` turned into a test result with the words a user needs.
+  verdict of ``_numerical`` turned into a test result with the words a user needs;
+* :func:`declared_surrogates`: a class's ``surrogate_gradients``, validated;
+* :func:`narrowest_float` and :func:`reference_outcome`: a forward that computes in a narrower
+  dtype inside (mixed precision) is checked against JAX autodiff at that dtype's tolerance,
+  because float64 finite differences cannot resolve it.
 """
 
 from __future__ import annotations
@@ -19,13 +23,15 @@ from __future__ import annotations
 import dataclasses
 import inspect
 import time
+from collections.abc import Mapping
 
 import jax
+import jax.extend.core as jax_core
 import jax.numpy as jnp
 import numpy as np
 
 from . import _numerical as numerical
-from ._check_report import Recorder, describe_exception, failed, incomplete, passed
+from ._check_report import Recorder, describe_exception, failed, incomplete, passed, skipped
 from ._errors import CheckError, type_name
 from ._format import FormattedArray
 
@@ -136,22 +142,34 @@ def positional_parameters(method):
 # -- comparisons ----------------------------------------------------------------------------------
 
 
-def compare(what: str, expected, got, rtol: float) -> list[str]:
-    """``[]`` when ``got`` is within ``rtol`` (of the largest ``|expected|``) of ``expected``,
-    else one line saying by how much and where."""
+def compare(what: str, expected, got, rtol: float, *, equal_nan: bool = False) -> list[str]:
+    """``[]`` when ``got`` is within ``rtol`` (of the largest finite ``|expected|``) of
+    ``expected``, else one line saying by how much and where.
+
+    ``equal_nan``: NaN (and the same infinity) in both at the same place counts as equal.
+    """
     expected, got = np.asarray(expected), np.asarray(got)
     if expected.shape != got.shape:
         return [f"{what} has shape {shape_text(got.shape)}, expected {shape_text(expected.shape)}"]
-    scale = max(float(np.max(np.abs(expected), initial=0.0)), 1e-30)
-    gap = np.abs(expected.astype(np.float64) - got.astype(np.float64))
+    e, g = expected.astype(np.float64), got.astype(np.float64)
+    finite = np.abs(e[np.isfinite(e)])
+    scale = max(float(np.max(finite, initial=0.0)), 1e-30)
+    with np.errstate(invalid="ignore"):
+        gap = np.abs(e - g)
+        if equal_nan:
+            gap = np.where((e == g) | (np.isnan(e) & np.isnan(g)), 0.0, gap)
+    gap = np.where(np.isnan(gap), np.inf, gap)
     error = float(np.max(gap, initial=0.0))
     if not error <= rtol * scale:
-        where = index_text(int(np.argmax(gap)), gap.shape) if gap.size else "()"
+        k = int(np.argmax(gap)) if gap.size else 0
+        where = index_text(k, gap.shape) if gap.size else "()"
+        if not np.isfinite(error):
+            return [f"{what} is {g.flat[k]:.6g} at {where}, expected {e.flat[k]:.6g}"]
         return [f"{what} differs by {error:.3g} at {where} (relative {error / scale:.3g})"]
     return []
 
 
-def compare_trees(what: str, expected, got, rtol_for) -> list[str]:
+def compare_trees(what: str, expected, got, rtol_for, *, equal_nan: bool = False) -> list[str]:
     """:func:`compare` leaf by leaf; ``rtol_for(expected leaf)`` gives each leaf's tolerance."""
     leaves_e, leaves_g = jax.tree.leaves(expected), jax.tree.leaves(got)
     if len(leaves_e) != len(leaves_g):
@@ -159,8 +177,28 @@ def compare_trees(what: str, expected, got, rtol_for) -> list[str]:
     problems = []
     for k, (e, g) in enumerate(zip(leaves_e, leaves_g, strict=True)):
         label = what if len(leaves_e) == 1 else f"{what} {k + 1}"
-        problems += compare(label, e, g, rtol_for(e))
+        problems += compare(label, e, g, rtol_for(e), equal_nan=equal_nan)
     return problems
+
+
+def non_finite(value, fmt: str = "") -> str:
+    """``""`` when every value is finite, else ``"NaN at (B=0, C=2) (3 of 24 values)"``."""
+    value = np.asarray(value)
+    if not np.issubdtype(value.dtype, np.inexact):
+        return ""
+    bad = ~np.isfinite(value)
+    if not bad.any():
+        return ""
+    k = int(np.argmax(bad))
+    kinds = [
+        word
+        for word, found in (("NaN", np.isnan(value).any()), ("Inf", np.isinf(value).any()))
+        if found
+    ]
+    return (
+        f"{' and '.join(kinds)} at {index_text(k, value.shape, fmt)} ({int(bad.sum())} of "
+        f"{value.size} values)"
+    )
 
 
 # -- the numerical model --------------------------------------------------------------------------
@@ -209,6 +247,119 @@ def gradients_or_without_autodiff(model, args, parts, *, required: str = ""):
 
 class Unusable(Exception):
     """The gradient check cannot run, for a reason another test reports."""
+
+
+# -- declared surrogate gradients -----------------------------------------------------------------
+
+
+def declared_surrogates(cls, checker: str, inputs, learnables=()) -> dict[str, str]:
+    """``cls.surrogate_gradients`` (``{input or learnable name: reason}``), validated.
+
+    Raises:
+      CheckError: it is not a mapping of names to reasons, or a name is neither an input nor a
+        learnable of ``cls``.
+    """
+    declared = getattr(cls, "surrogate_gradients", None)
+    if declared is None:
+        return {}
+    example = (
+        f"surrogate_gradients = {{{(list(inputs) or ['x'])[0]!r}: 'straight-through estimator'}}"
+    )
+    if not isinstance(declared, Mapping) or not all(
+        isinstance(k, str) and isinstance(v, str) for k, v in declared.items()
+    ):
+        raise CheckError(
+            f"{checker}: {cls.__name__}.surrogate_gradients is a {type_name(declared)}; expected "
+            "a dict mapping input or learnable names to the reason their gradient is not the "
+            f"derivative. Fix: {example}."
+        )
+    known = list(inputs) + list(learnables)
+    for name in declared:
+        if name not in known:
+            what = f"inputs {list(inputs)}" + (
+                f" and learnables {list(learnables)}" if learnables else ""
+            )
+            raise CheckError(
+                f"{checker}: {cls.__name__}.surrogate_gradients names {name!r}, which is not an "
+                f"input or learnable of {cls.__name__}; its {what}. Fix: key it by the name "
+                f"whose gradient is intentionally not the derivative, e.g. {example}."
+            )
+    return dict(declared)
+
+
+def surrogate_outcome(reason: str):
+    return skipped(f"declared a surrogate gradient: {reason} (surrogate_gradients)")
+
+
+SURROGATE_HINT = (
+    "If this gradient is intentionally not the derivative (a straight-through estimator, "
+    "gradient reversal, clipping), declare it on the class: surrogate_gradients = "
+    "{{{name!r}: 'the reason'}}."
+)
+
+
+# -- mixed precision ------------------------------------------------------------------------------
+
+MIXED_PRECISION_RTOL = {"float32": 1e-3, "bfloat16": 5e-2, "float16": 5e-2}
+"""Tolerance of a gradient against JAX autodiff, relative to the largest reference value, when
+the forward computes in that dtype inside."""
+
+
+def narrowest_float(fn, *args):
+    """The narrowest floating dtype that ``fn(*args)`` computes in (read from its jaxpr), or
+    ``None`` when it is float64 throughout or cannot be traced."""
+    try:
+        closed = jax.make_jaxpr(fn)(*args)
+    except Exception:  # noqa: BLE001 - not traceable: no claim either way
+        return None
+    found = set()
+    pending = [closed.jaxpr]
+    while pending:
+        jaxpr = pending.pop()
+        for eqn in jaxpr.eqns:
+            for var in eqn.outvars:
+                dtype = getattr(var.aval, "dtype", None)
+                if dtype is not None and jnp.issubdtype(dtype, jnp.floating):
+                    found.add(np.dtype(dtype))
+        pending.extend(jax_core.subjaxprs(jaxpr))
+    narrow = [d for d in found if d.itemsize < 8]
+    return min(narrow, key=lambda d: d.itemsize) if narrow else None
+
+
+def reference_outcome(
+    what,
+    got,
+    expected,
+    *,
+    dtype,
+    size,
+    locate,
+    who,
+    fix,
+    subject="the gradient of the loss",
+    reference="JAX autodiff of forward",
+):
+    """The outcome of a gradient checked against JAX autodiff of a forward that computes in
+    ``dtype`` inside (float64 finite differences cannot resolve it)."""
+    rtol = MIXED_PRECISION_RTOL.get(np.dtype(dtype).name, 1e-3)
+    got, expected = np.asarray(got, np.float64), np.asarray(expected, np.float64)
+    scale = float(np.max(np.abs(expected), initial=0.0))
+    gap = np.abs(got - expected)
+    error = float(np.max(np.where(np.isnan(gap), np.inf, gap), initial=0.0))
+    method = (
+        f"forward computes in {np.dtype(dtype).name} inside, which float64 finite differences "
+        f"cannot resolve, so {subject} was compared with {reference} at "
+        f"{np.dtype(dtype).name} tolerance ({rtol:g} of the largest value, {scale:.3g})"
+    )
+    if error <= rtol * scale:
+        return passed(f"{method}: largest difference {error:.3g}")
+    lines = [
+        f"{subject[0].upper()}{subject[1:]} with respect to {what} ({size}) from {who} "
+        f"disagrees with {reference}."
+    ]
+    lines += numerical.largest_errors(got, expected, range(got.size), locate)
+    lines += [f"  ({method})", fix]
+    return failed("\n".join(lines))
 
 
 # -- gradient verdicts, in words ------------------------------------------------------------------
@@ -277,12 +428,14 @@ def _swap_hint(key, verdicts, labels) -> str:
     return ""
 
 
-def record_gradient_tests(rec: Recorder, test: str, names, compute) -> None:
+def record_gradient_tests(rec: Recorder, test: str, names, compute, *, fixed=None) -> None:
     """Record ``test[name]`` for each name from ``compute()`` (``{name: Outcome}``).
 
     The time is shared among the results. :class:`Unusable` makes every one Incomplete; any other
-    exception (the user's forward or backward raised) makes every one Failed.
+    exception (the user's forward or backward raised) makes every one Failed. ``fixed``
+    (``{name: Outcome}``, e.g. declared surrogates) holds outcomes decided whatever happens.
     """
+    fixed = fixed or {}
     began = time.perf_counter()
     try:
         outcomes = compute()
@@ -293,4 +446,4 @@ def record_gradient_tests(rec: Recorder, test: str, names, compute) -> None:
         outcomes = {name: failed(diagnostic) for name in names}
     share = (time.perf_counter() - began) / max(len(names), 1)
     for name in names:
-        rec.add(f"{test}[{name}]", outcomes[name], duration=share)
+        rec.add(f"{test}[{name}]", fixed.get(name, outcomes.get(name)), duration=share)

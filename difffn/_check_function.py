@@ -10,27 +10,27 @@ float64, with random upstream gradients; see ``_numerical.py`` for the method an
 
 from __future__ import annotations
 
-import dataclasses
-import math
-
 import jax
 import jax.numpy as jnp
 import numpy as np
 
-from . import _numerical as numerical
+from . import _check_second_order as second_order
 from ._check_common import (
-    CheckModel,
     Data,
     as_key,
-    cast_floating,
     compare,
     compare_trees,
+    declared_surrogates,
     describe_value,
-    gradient_outcome,
-    gradients_or_without_autodiff,
-    index_text,
     is_array,
     record_gradient_tests,
+    surrogate_outcome,
+)
+from ._check_function_gradients import (
+    FunctionGradients,
+    all_flags,
+    call_backward,
+    differentiable,
 )
 from ._check_list import FUNCTION, run_by
 from ._check_report import (
@@ -44,12 +44,7 @@ from ._check_report import (
 )
 from ._errors import CheckError, type_name
 from ._format import FormattedArray, stripdims
-from ._function import (
-    DifferentiableFunction,
-    _forward_parameters,
-    _input_names,
-    run_forward,
-)
+from ._function import DifferentiableFunction, _forward_parameters, _input_names, run_forward
 
 GRADIENTS = "gradients_are_correct"
 TRANSFORM_RTOL = {"float16": 1e-2, "bfloat16": 1e-2, "float32": 1e-5, "float64": 1e-12}
@@ -68,8 +63,9 @@ def check_function(fcn, *example_inputs, key=None) -> CheckReport:
       A :class:`~difffn.CheckReport` (see :func:`difffn.check_layer`).
 
     Raises:
-      CheckError: ``fcn`` is not a DifferentiableFunction instance, or the example inputs do
-        not match its forward.
+      CheckError: ``fcn`` is not a DifferentiableFunction instance, the example inputs do
+        not match its forward, or the class's ``surrogate_gradients`` names something that is
+        not an input.
 
     Examples:
       >>> import jax.numpy as jnp
@@ -125,79 +121,21 @@ def _validate(fcn, example_inputs) -> tuple:
     return tuple(xs)
 
 
-def _differentiable(x) -> bool:
-    return jnp.issubdtype(x.dtype, jnp.inexact)
-
-
-@dataclasses.dataclass(frozen=True)
-class _FunctionModel(CheckModel):
-    """The function's outputs as a function of its floating inputs (hashable, static).
-
-    ``args``: ``(inputs, upstream gradients)``.
-    """
-
-    fcn: DifferentiableFunction
-    checked: tuple[int, ...]
-    shapes: tuple[tuple[int, ...], ...]
-    with_backward: bool = True
-    with_autodiff: bool = True
-    traceable: bool = True
-
-    def inputs(self, args, parts):
-        xs = list(args[0])
-        for i, shape, flat in zip(self.checked, self.shapes, parts, strict=True):
-            xs[i] = flat.reshape(shape)
-        return xs
-
-    def outputs(self, args, parts):
-        return list(run_forward(self.fcn, self.inputs(args, parts))[0])
-
-    def cotangents(self, args):
-        return args[1]
-
-    def backward_gradient(self, args, parts):
-        xs = self.inputs(args, parts)
-        grads = _call_backward(self.fcn, xs, list(args[1]), _all_flags(xs))
-        pieces = []
-        for i, shape in zip(self.checked, self.shapes, strict=True):
-            g = grads[i] if isinstance(grads, tuple) and len(grads) == len(xs) else None
-            if is_array(g) and tuple(g.shape) == shape:
-                pieces.append(jnp.ravel(stripdims(g)).astype(jnp.float64))
-            else:
-                pieces.append(jnp.full((math.prod(shape),), jnp.nan, jnp.float64))
-        return jnp.concatenate(pieces)
-
-
-def _all_flags(xs) -> tuple[bool, ...]:
-    return tuple(_differentiable(x) for x in xs)
-
-
-def _call_backward(fcn, xs, cotangents, flags):
-    """The user's backward, called as the runtime calls it; its result as a tuple."""
-    cls = type(fcn)
-    outputs, memory = run_forward(fcn, xs)
-    saved_inputs = tuple(xs) if cls.save_inputs_for_backward else ()
-    saved_outputs = tuple(outputs) if cls.save_outputs_for_backward else ()
-    cotangents = [jnp.asarray(c, y.dtype) for c, y in zip(cotangents, outputs, strict=True)]
-    result = fcn.backward(*cotangents, flags, *saved_inputs, *saved_outputs, *memory)
-    if len(xs) == 1 and not isinstance(result, (tuple, list)):
-        result = (result,)
-    return tuple(result) if isinstance(result, (tuple, list)) else result
-
-
 class _FunctionChecker:
     def __init__(self, fcn, xs, key, recorder: Recorder):
         self.fcn, self.xs, self.rec = fcn, xs, recorder
         self.data = Data(key)
         self.cls = type(fcn)
         self.names = _input_names(self.cls, len(xs))
+        self.surrogates = declared_surrogates(self.cls, "check_function", self.names)
+        self.gradients = FunctionGradients(fcn, xs, self.names, self.data)
         self.outputs = None
         self.unusable: str | None = "backward did not run (see backward_runs)"
         self.invalid: dict[int, str] = {}
 
     def cotangents(self, outputs, tag: int):
         return [
-            self.data.normal(tag + i, y.shape, y.dtype if _differentiable(y) else jnp.float32)
+            self.data.normal(tag + i, y.shape, y.dtype if differentiable(y) else jnp.float32)
             for i, y in enumerate(outputs)
         ]
 
@@ -209,6 +147,7 @@ class _FunctionChecker:
             "backward_runs": self.test_backward_runs,
             "backward_returns_valid_gradients": self.test_backward_valid,
             "gradients_are_correct": self.run_gradient_tests,
+            "second_order_gradients_are_correct": self.test_second_order,
             "compute_gradients_is_respected": self.test_compute_gradients,
             "jit_agrees_with_eager": self.test_jit,
             "vmap_agrees_with_eager": self.test_vmap,
@@ -233,13 +172,13 @@ class _FunctionChecker:
 
     def test_backward_runs(self):
         self._require_forward()
-        _call_backward(self.fcn, self.xs, self.cotangents(self.outputs, 100), _all_flags(self.xs))
+        call_backward(self.fcn, self.xs, self.cotangents(self.outputs, 100), all_flags(self.xs))
 
     def test_backward_valid(self):
         self._require_forward()
-        flags = _all_flags(self.xs)
+        flags = all_flags(self.xs)
         self.unusable = "backward did not run (see backward_runs)"
-        grads = _call_backward(self.fcn, self.xs, self.cotangents(self.outputs, 100), flags)
+        grads = call_backward(self.fcn, self.xs, self.cotangents(self.outputs, 100), flags)
         order = ", ".join(f"dLd{n}" for n in self.names)
         if not isinstance(grads, tuple) or len(grads) != len(self.xs):
             got = f"{len(grads)} values" if isinstance(grads, tuple) else type_name(grads)
@@ -285,10 +224,14 @@ class _FunctionChecker:
 
     # -- gradients --
 
+    def checked(self) -> list[int]:
+        """The inputs whose gradients are checked: the floating-point ones."""
+        return [i for i, x in enumerate(self.xs) if differentiable(x)]
+
     def run_gradient_tests(self) -> None:
         """Record ``gradients_are_correct[NAME]`` for every input."""
         rec = self.rec
-        checked = [i for i, x in enumerate(self.xs) if _differentiable(x)]
+        checked = self.checked()
         names = [self.names[i] for i in checked]
         for i, x in enumerate(self.xs):
             if i not in checked:
@@ -296,66 +239,45 @@ class _FunctionChecker:
                     f"{GRADIENTS}[{self.names[i]}]",
                     skipped(f"input {self.names[i]!r} is {x.dtype}, not differentiable"),
                 )
+        declared = {
+            self.names[i]: surrogate_outcome(self.surrogates[self.names[i]])
+            for i in checked
+            if self.names[i] in self.surrogates
+        }
         if self.outputs is None or self.unusable:
             reason = "forward did not run" if self.outputs is None else self.unusable
             for n in names:
-                rec.add(f"{GRADIENTS}[{n}]", incomplete(reason))
+                rec.add(f"{GRADIENTS}[{n}]", declared.get(n, incomplete(reason)))
             return
 
         def compute():
             with jax.enable_x64(True):
-                outcomes = self._gradient_outcomes(checked)
-            for i in checked:
-                if i in self.invalid:
-                    outcomes[i] = incomplete(
-                        f"the backward's gradient for input {self.names[i]!r} is unusable (got "
-                        f"{self.invalid[i]}); see backward_returns_valid_gradients"
-                    )
-            return {self.names[i]: outcomes[i] for i in checked}
+                outcomes = self.gradients.first_order(
+                    [i for i in checked if self.names[i] not in declared]
+                )
+            for i in self.invalid:
+                outcomes[i] = incomplete(
+                    f"the backward's gradient for input {self.names[i]!r} is unusable (got "
+                    f"{self.invalid[i]}); see backward_returns_valid_gradients"
+                )
+            return {self.names[i]: outcomes[i] for i in outcomes}
 
-        record_gradient_tests(rec, GRADIENTS, names, compute)
+        record_gradient_tests(rec, GRADIENTS, names, compute, fixed=declared)
 
-    def _gradient_outcomes(self, checked) -> dict:
-        xs = tuple(cast_floating(self.xs, "float64"))
-        shapes = tuple(tuple(xs[i].shape) for i in checked)
-        model = _FunctionModel(self.fcn, tuple(checked), shapes)
-        segments, base, scale, parts = numerical.lay_out(
-            [str(i) for i in checked], [np.ravel(np.asarray(xs[i], np.float64)) for i in checked]
-        )
-        try:
-            shapes_out = jax.eval_shape(lambda p: model.outputs((xs, ()), p), parts)
-        except Exception:  # noqa: BLE001 - not traceable: evaluate eagerly, without autodiff
-            model = dataclasses.replace(model, traceable=False, with_autodiff=False)
-            shapes_out = model.outputs((xs, ()), parts)
-        cotangents = tuple(
-            self.data.normal(60 + i, tuple(y.shape), jnp.float64) for i, y in enumerate(shapes_out)
-        )
-        args = (xs, cotangents)
-        model, grads, note = gradients_or_without_autodiff(model, args, parts)
-        verdicts = numerical.check_gradients(
-            model, args, base, scale, cotangents, segments, seed=self.data.seq(7), gradients=grads
-        )
-        labels = {str(i): f"input {self.names[i]!r}" for i in checked}
-        order = ", ".join(f"dLd{n}" for n in self.names)
-        outcomes = {}
-        for i in checked:
-            shape = tuple(xs[i].shape)
-            outcomes[i] = gradient_outcome(
-                str(i),
-                verdicts,
-                labels,
-                shape=shape,
-                locate=lambda k, shape=shape: index_text(k, shape),
-                who=f"{self.cls.__name__}.backward",
-                fix=(
-                    f"Fix: check backward's formula for dLd{self.names[i]}: by the chain rule it "
-                    f"is the sum over outputs of dLdY * dY/d{self.names[i]} (multiply by the "
-                    "upstream gradient; for an input broadcast in forward, sum over the broadcast "
-                    f"axes); backward returns {order}, in forward's input order."
-                ),
-                note=note,
-            )
-        return outcomes
+    def test_second_order(self):
+        reason = second_order.skip_reason(self.cls)
+        if reason:
+            return skipped(reason)
+        checked = self.checked()
+        if not checked:
+            return skipped("no input is differentiable")
+        if self.outputs is None or self.unusable or self.invalid:
+            reason = self.unusable or "backward returned unusable gradients"
+            if self.outputs is None:
+                reason = "forward did not run"
+            return incomplete(f"{reason} (see backward_returns_valid_gradients)")
+        with jax.enable_x64(True):
+            return self.gradients.second_order(checked, trust_reference=not self.surrogates)
 
     # -- flags and transformations --
 
@@ -375,7 +297,7 @@ class _FunctionChecker:
 
     def test_compute_gradients(self):
         self._require_forward()
-        checked = [i for i, x in enumerate(self.xs) if _differentiable(x)]
+        checked = [i for i, x in enumerate(self.xs) if differentiable(x)]
         if len(checked) < 2:
             return passed("a single differentiable input: every flag set is the full one")
         cotangents = self.cotangents(self.outputs, 200)
@@ -384,7 +306,7 @@ class _FunctionChecker:
         for position, i in enumerate(checked):
             flags = tuple(j == i for j in range(len(self.xs)))
             try:
-                raw = _call_backward(self.fcn, self.xs, cotangents, flags)
+                raw = call_backward(self.fcn, self.xs, cotangents, flags)
             except Exception as error:  # noqa: BLE001 - that is the finding
                 problems.append(
                     f"with compute_gradients={flags} backward raised "
@@ -418,33 +340,43 @@ class _FunctionChecker:
 
     def test_jit(self):
         self._require_forward()
-        checked = [i for i, x in enumerate(self.xs) if _differentiable(x)]
+        checked = [i for i, x in enumerate(self.xs) if differentiable(x)]
         cotangents = self.cotangents(self.outputs, 300)
         problems = []
         eager, jitted = self._call(*self.xs), jax.jit(self._call)(*self.xs)
-        problems += compare_trees("outputs", eager, jitted, _rtol)
+        problems += compare_trees("outputs", eager, jitted, _rtol, equal_nan=True)
         if checked:
             eager_vjp = self._vjp(self.xs, cotangents, checked)
             jit_vjp = jax.jit(lambda xs, c: self._vjp(xs, c, checked))(self.xs, cotangents)
-            problems += compare_trees("gradients", eager_vjp, jit_vjp, _rtol)
+            problems += compare_trees("gradients", eager_vjp, jit_vjp, _rtol, equal_nan=True)
         if problems:
             return failed("jax.jit disagrees with eager: " + "; ".join(problems))
         return None
 
+    def _second_example(self, tag: int, x):
+        """Another example inside the domain of ``x``: its values mixed with each other (a
+        random convex combination of ``x`` and a shuffle of it, so within ``x``'s range: a
+        positive example stays positive), or scaled by 0.9 to 1.1 for a single value."""
+        if not jnp.issubdtype(x.dtype, jnp.floating):
+            return x
+        values = np.asarray(x, np.float64)
+        rng = self.data.rng(tag)
+        if values.size > 1:
+            shuffled = values.ravel()[rng.permutation(values.size)].reshape(values.shape)
+            mixed = values + rng.uniform(0.25, 0.75, values.shape) * (shuffled - values)
+        else:
+            mixed = values * rng.uniform(0.9, 1.1, values.shape)
+        return jnp.asarray(mixed, x.dtype)
+
     def test_vmap(self):
         self._require_forward()
-        other = [
-            x + 0.5 * self.data.normal(20 + i, x.shape, x.dtype)
-            if jnp.issubdtype(x.dtype, jnp.floating)
-            else x
-            for i, x in enumerate(self.xs)
-        ]
+        other = [self._second_example(20 + i, x) for i, x in enumerate(self.xs)]
         stacked = [jnp.stack([a, b]) for a, b in zip(self.xs, other, strict=True)]
         mapped = jax.vmap(self._call)(*stacked)
         one, two = self._call(*self.xs), self._call(*other)
         expected = jax.tree.map(lambda a, b: jnp.stack([a, b]), one, two)
-        problems = compare_trees("outputs", expected, mapped, _rtol)
-        checked = [i for i, x in enumerate(self.xs) if _differentiable(x)]
+        problems = compare_trees("outputs", expected, mapped, _rtol, equal_nan=True)
+        checked = [i for i, x in enumerate(self.xs) if differentiable(x)]
         if checked:
             outs = one if isinstance(one, tuple) else (one,)
             cotangents = self.cotangents(outs, 400)
@@ -455,7 +387,7 @@ class _FunctionChecker:
                 self._vjp(self.xs, cotangents, checked),
                 self._vjp(other, cotangents, checked),
             )
-            problems += compare_trees("gradients", expected_vjp, mapped_vjp, _rtol)
+            problems += compare_trees("gradients", expected_vjp, mapped_vjp, _rtol, equal_nan=True)
         if problems:
             return failed(
                 "jax.vmap over a stack of two examples disagrees with calling on each: "

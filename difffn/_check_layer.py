@@ -6,7 +6,12 @@ that order, and returns a :class:`~difffn.CheckReport`. The tests live by concer
 * ``_check_layer_subject``: the layer under check, its data, its methods run as the runtime does;
 * ``_check_layer_structure``: what the methods take and return (sizes, dtypes, state, formats);
 * ``_check_layer_backward``: the backward's returns, autodiff, export;
-* ``_check_layer_gradients``: the gradients against numerical derivatives (``_numerical``).
+* ``_check_layer_gradients``: the gradients against numerical derivatives (``_numerical``), and
+  the second derivative (``_check_second_order``).
+
+A class may declare ``surrogate_gradients = {"in": "gradient reversal"}`` (a plain class
+attribute: an input or learnable name mapped to the reason its gradient is intentionally not the
+derivative) and ``once_differentiable = True`` (its backward is first-order only).
 
 Unknown sizes (``None``) in a layout become 4 for the batch (``B``) and 8 for any other axis; the
 layer is initialized with the layouts as given. Data are deterministic (from ``key``): standard
@@ -45,8 +50,9 @@ def check_layer(layer, *layouts, check_export: bool = False, key=None) -> CheckR
       or was left incomplete.
 
     Raises:
-      CheckError: ``layer`` is not a layer instance, or the layouts are not one ``df.Layout``
-        per input.
+      CheckError: ``layer`` is not a layer instance, the layouts are not one ``df.Layout``
+        per input, or the class's ``surrogate_gradients`` names something that is not an input
+        or learnable.
 
     Examples:
       >>> import jax, jax.numpy as jnp
@@ -99,6 +105,7 @@ def _bodies(check_export: bool) -> dict:
         "backward_returns_valid_gradients": backward.backward_returns_valid_gradients,
         "backward_keeps_dtype": backward.backward_keeps_dtype,
         "gradients_are_correct": gradients.gradients_are_correct,
+        "second_order_gradients_are_correct": gradients.second_order_gradients_are_correct,
         "autodiff_works": backward.autodiff_works,
         "export_matches_predict": lambda s: backward.export_matches_predict(s, check_export),
     }

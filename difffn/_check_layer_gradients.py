@@ -4,6 +4,10 @@
 ``dLdSout``): in float64, the loss ``sum(dLdY * Y)`` through ``forward`` (the function the custom
 backward is paired with) is differenced along probes by ``_numerical``, against the custom
 backward's gradient (or JAX autodiff's, for a layer without one), with JAX autodiff as a reference.
+A name in the class's ``surrogate_gradients`` is Skipped with the declared reason; a forward that
+computes in a narrower dtype inside is compared with JAX autodiff at that dtype's tolerance.
+
+``second_order_gradients_are_correct``: ``_check_second_order`` around the same point.
 
 :class:`LayerModel` is the layer's forward as a function of the flat checked values (a
 ``_numerical.Model``).
@@ -18,8 +22,10 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from . import _check_second_order as second_order
 from . import _numerical as numerical
 from ._check_common import (
+    SURROGATE_HINT,
     CheckModel,
     Unusable,
     cast_floating,
@@ -28,11 +34,14 @@ from ._check_common import (
     index_text,
     is_array,
     is_floating,
+    narrowest_float,
     record_gradient_tests,
+    reference_outcome,
+    surrogate_outcome,
 )
 from ._check_layer_backward import gradient_problem
-from ._check_layer_subject import LayerSubject, like, run_user, user_inputs
-from ._check_report import incomplete, skipped
+from ._check_layer_subject import LayerSubject, call_layer, like, run_user, user_inputs
+from ._check_report import describe_exception, incomplete, skipped
 from ._errors import LayerError
 from ._format import stripdims
 
@@ -95,6 +104,15 @@ class LayerModel(CheckModel):
             values += [stripdims(s) for s in state]
         return values
 
+    def runtime_outputs(self, args, parts):
+        """The outputs of the layer called as users call it (custom backward wired in)."""
+        layer, xs = self.rebuild(args, parts)
+        outs, state = call_layer(layer, xs, training=True, key=args[1])
+        values = [stripdims(y) for y in outs]
+        if self.takes_state:
+            values += [stripdims(s) for s in state]
+        return values
+
     def cotangents(self, args):
         return args[2]
 
@@ -139,9 +157,10 @@ def gradients_are_correct(s: LayerSubject) -> None:
     rec = s.rec
     names = [("input", n) for n in s.names["inputs"]]
     names += [("learnable", n) for n in s.names["learnables"]]
+    declared = {n: surrogate_outcome(s.surrogates[n]) for _, n in names if n in s.surrogates}
     if s.forwarded is None:
         for _, n in names:
-            rec.add(f"{TEST}[{n}]", incomplete("forward did not run"))
+            rec.add(f"{TEST}[{n}]", declared.get(n, incomplete("forward did not run")))
         return
     custom = s.custom_backward
     takes_state = False
@@ -150,7 +169,7 @@ def gradients_are_correct(s: LayerSubject) -> None:
             takes_state = s.takes_state()
         except LayerError as error:
             for _, n in names:
-                rec.add(f"{TEST}[{n}]", incomplete(str(error)))
+                rec.add(f"{TEST}[{n}]", declared.get(n, incomplete(str(error))))
             return
         if takes_state:
             names += [("state", n) for n in s.names["states"]]
@@ -163,7 +182,7 @@ def gradients_are_correct(s: LayerSubject) -> None:
             for kind, n in names
         }
 
-    record_gradient_tests(rec, TEST, [n for _, n in names], compute)
+    record_gradient_tests(rec, TEST, [n for _, n in names], compute, fixed=declared)
 
 
 def checked_parts(s: LayerSubject, xs, layer, takes_state: bool):
@@ -199,11 +218,25 @@ def checked_parts(s: LayerSubject, xs, layer, takes_state: bool):
     return [leaf for _, leaf in path_leaves], treedef, tuple(parts)
 
 
-def _outcomes(s: LayerSubject, custom: bool, takes_state: bool) -> dict:
+@dataclass(frozen=True)
+class _Point:
+    model: LayerModel
+    args: tuple
+    segments: tuple
+    base: np.ndarray
+    scale: np.ndarray
+    base_parts: tuple
+    cotangents: tuple
+
+
+def _point(s: LayerSubject, custom: bool, takes_state: bool, *, exclude=(), xs=None) -> _Point:
+    """The float64 point of the check: the model over the checked values not in ``exclude``
+    (keys like ``"input:in"``), its arguments, segments and upstream gradients; at the test
+    inputs, or at ``xs``."""
     layer = cast_floating(s.layer, "float64")
-    xs = tuple(jnp.asarray(x, jnp.float64) for x in s.xs)
+    xs = tuple(jnp.asarray(x, jnp.float64) for x in (s.xs if xs is None else xs))
     leaves, treedef, parts = checked_parts(s, xs, layer, takes_state)
-    invalid = _invalid_gradients(s, custom)
+    parts = tuple(p for p in parts if p.key not in exclude)
     num_gradients = len(xs) + len(s.names["learnables"])
     num_gradients += len(s.names["states"]) if takes_state else 0
     model = LayerModel(
@@ -228,25 +261,65 @@ def _outcomes(s: LayerSubject, custom: bool, takes_state: bool) -> dict:
         s.data.normal(60 + i, tuple(y.shape), jnp.float64) for i, y in enumerate(outputs)
     )
     args = (tuple(leaves), s.forward_key, cotangents)
+    return _Point(model, args, tuple(segments), base, scale, base_parts, cotangents)
+
+
+def _outcomes(s: LayerSubject, custom: bool, takes_state: bool) -> dict:
+    declared = {
+        f"{kind}:{name}"
+        for kind in ("input", "learnable")
+        for name in s.names[f"{kind}s"]
+        if name in s.surrogates
+    }
+    invalid = _invalid_gradients(s, custom)
+    outcomes = {}
+    point = _point(s, custom, takes_state, exclude=declared)
+    model, args, parts = point.model, point.args, point.model.parts
+    if not parts:
+        return outcomes
     required = (
         ""
         if custom
         else "JAX autodiff cannot differentiate the layer's forward (see autodiff_works[forward])"
     )
-    model, grads, note = gradients_or_without_autodiff(model, args, base_parts, required=required)
-    verdicts = numerical.check_gradients(
-        model, args, base, scale, cotangents, segments, seed=s.data.seq(7), gradients=grads
+    model, grads, note = gradients_or_without_autodiff(
+        model, args, point.base_parts, required=required
     )
-    outcomes = {}
+    dtype = None
+    if custom and model.traceable and "autodiff" in grads:
+        dtype = narrowest_float(lambda p: model.outputs(args, p), point.base_parts)
+    verdicts = None
+    if dtype is None:
+        verdicts = numerical.check_gradients(
+            model,
+            args,
+            point.base,
+            point.scale,
+            point.cotangents,
+            point.segments,
+            seed=s.data.seq(7),
+            gradients=grads,
+        )
     by_key = {p.key: p for p in parts}
-    for part in parts:
+    for part, segment in zip(parts, point.segments, strict=True):
         if part.key in invalid:
             outcomes[part.key] = incomplete(
                 f"the backward's gradient for {part.kind} {part.name!r} is unusable "
                 f"({invalid[part.key]}); see backward_returns_valid_gradients"
             )
-            continue
-        outcomes[part.key] = _outcome(s, part, verdicts, by_key, custom, note)
+        elif verdicts is None:
+            outcomes[part.key] = reference_outcome(
+                f"{part.kind} {part.name!r}",
+                grads["backward"][segment.start : segment.stop],
+                grads["autodiff"][segment.start : segment.stop],
+                dtype=dtype,
+                size=_size_text(part),
+                locate=_locator(s, part),
+                who="the custom backward",
+                fix=_fix(s, part, custom),
+            )
+        else:
+            outcomes[part.key] = _outcome(s, part, verdicts, by_key, custom, note)
     return outcomes
 
 
@@ -269,10 +342,16 @@ def _invalid_gradients(s: LayerSubject, custom: bool) -> dict:
     return invalid
 
 
-def _outcome(s: LayerSubject, part: Part, verdicts, parts_by_key, custom, autodiff_note):
-    names = s.names
+def _size_text(part: Part) -> str:
+    if len(part.shapes) == 1:
+        return " x ".join(str(n) for n in part.shapes[0]) or "a scalar"
+    return f"{part.size} values"
+
+
+def _locator(s: LayerSubject, part: Part):
+    """Element index -> ``"(B=0, C=3)"`` (an input), ``"(0, 3)"``, or a pytree path and index."""
     shape = part.shapes[0] if len(part.shapes) == 1 else None
-    fmt = s.formats[names["inputs"].index(part.name)] if part.kind == "input" else ""
+    fmt = s.formats[s.names["inputs"].index(part.name)] if part.kind == "input" else ""
 
     def locate(i):
         if shape is not None:
@@ -284,33 +363,111 @@ def _outcome(s: LayerSubject, part: Part, verdicts, parts_by_key, custom, autodi
             offset += math.prod(leaf_shape)
         return str(i)
 
+    return locate
+
+
+def _fix(s: LayerSubject, part: Part, custom: bool) -> str:
+    names = s.names
     if custom:
         order = ", ".join(
             [f"dLd{n}" for n in names["inputs"]] + [f"dLd{n}" for n in names["learnables"]]
         )
-        fix = (
+        return (
             f"Fix: check backward's formula for dLd{part.name}: by the chain rule it is the "
             f"sum over outputs of dLdY * dY/d{part.name} (multiply by the upstream gradient, "
             "use the memory value forward returned, and for a parameter broadcast in forward "
-            f"sum over exactly the broadcast axes); backward returns {order}, in that order."
+            f"sum over exactly the broadcast axes); backward returns {order}, in that order. "
+            + SURROGATE_HINT.format(name=part.name)
         )
-    else:
-        fix = (
-            "Fix: an operation inside forward has a wrong derivative (a "
-            "DifferentiableFunction's backward, a jax.custom_vjp/custom_jvp rule) or blocks "
-            "it (jax.lax.stop_gradient); check it with df.check_function."
-        )
+    return (
+        "Fix: an operation inside forward has a wrong derivative (a "
+        "DifferentiableFunction's backward, a jax.custom_vjp/custom_jvp rule) or blocks "
+        "it (jax.lax.stop_gradient); check it with df.check_function."
+    )
+
+
+def _outcome(s: LayerSubject, part: Part, verdicts, parts_by_key, custom, autodiff_note):
     labels = {k: f"{p.kind} {p.name!r}" for k, p in parts_by_key.items()}
     return gradient_outcome(
         part.key,
         verdicts,
         labels,
-        shape=shape,
-        locate=locate,
+        shape=part.shapes[0] if len(part.shapes) == 1 else None,
+        locate=_locator(s, part),
         who="the custom backward" if custom else "JAX autodiff of forward",
-        fix=fix,
+        fix=_fix(s, part, custom),
         note=autodiff_note,
     )
+
+
+SECOND_ORDER_ELEMENTS = 4096
+"""The second-order test keeps the observations needed for about this many elements per input
+(at least 2): differentiability is a property of the code, and its cost grows with the data."""
+
+
+def _fewer_observations(s: LayerSubject):
+    """The test inputs, cut along ``B`` to the observations the second-order test needs (the
+    same number for every input with a ``B`` axis)."""
+    axes = [fmt.find("B") for fmt in s.formats]
+    sizes = [x.size // x.shape[a] for x, a in zip(s.xs, axes, strict=True) if a >= 0 and x.size]
+    if not sizes:
+        return s.xs
+    keep = max(2, -(-SECOND_ORDER_ELEMENTS // max(sizes)))
+    return tuple(
+        jax.lax.slice_in_dim(x, 0, min(keep, x.shape[a]), axis=a) if a >= 0 else x
+        for x, a in zip(s.xs, axes, strict=True)
+    )
+
+
+def second_order_gradients_are_correct(s: LayerSubject):
+    reason = second_order.skip_reason(s.cls)
+    if reason:
+        return skipped(reason)
+    if not s.cls.acceleratable:
+        return skipped(
+            f"{s.cls.__name__} sets acceleratable = False: it runs eagerly, and JAX traces what "
+            "it differentiates a second time, so its second derivative cannot be taken"
+        )
+    s.require("forwarded")
+    custom = s.custom_backward
+    takes_state = False
+    if custom:
+        try:
+            takes_state = s.takes_state()
+        except LayerError as error:
+            return incomplete(str(error))
+        try:
+            invalid = _invalid_gradients(s, custom)
+        except Unusable as reason:
+            return incomplete(str(reason))
+        if invalid:
+            return incomplete(
+                "backward returns unusable gradients (see backward_returns_valid_gradients)"
+            )
+    with jax.enable_x64(True):
+        try:
+            point = _point(s, custom, takes_state, xs=_fewer_observations(s))
+        except Exception as error:  # noqa: BLE001 - the user's forward raised
+            return incomplete(f"forward could not run in float64:\n{describe_exception(error)}")
+        parts = point.model.parts
+        if not parts:
+            return skipped("no input or learnable holds floating-point values")
+        by_key = {p.key: p for p in parts}
+        first = second_order.Point(
+            point.model,
+            point.args,
+            point.base,
+            point.scale,
+            point.base_parts,
+            point.segments,
+            {k: f"{p.kind} {p.name!r}" for k, p in by_key.items()},
+            {k: _locator(s, p) for k, p in by_key.items()},
+        )
+        who = "the custom backward" if custom else "JAX autodiff of forward"
+        note = "" if custom else "The layer has no custom backward: this is JAX's own derivative."
+        return second_order.second_order_outcome(
+            first, s.data, who=who, trust_reference=not s.surrogates, note=note
+        )
 
 
 def _belongs(path, where) -> bool:

@@ -18,11 +18,12 @@ from ._check_common import (
     index_text,
     is_array,
     is_floating,
+    non_finite,
     positional_parameters,
     shape_text,
 )
 from ._check_layer_subject import LayerSubject, NetworkBase, has_backward, has_method
-from ._check_report import describe_exception, failed, passed, skipped
+from ._check_report import describe_exception, failed, incomplete, passed, skipped
 from ._errors import LayerError, type_name
 from ._format import FormattedArray, stripdims
 
@@ -238,6 +239,9 @@ def multiple_observations_are_consistent(s: LayerSubject):
                 shape[axis] = batch
             xs.append(np.asarray(s.data.normal(30 + i, shape, jnp.float64)))
         together, _, _ = s.run(layer, [jnp.asarray(x) for x in xs], False)
+        nan = _non_finite_outputs(s, together, f"in a batch of {batch}")
+        if nan:
+            return nan
         problems = []
         for i in range(min(batch, MAX_SINGLE_OBSERVATIONS)):
             single = [
@@ -245,6 +249,9 @@ def multiple_observations_are_consistent(s: LayerSubject):
                 for x, a in zip(xs, batch_axes, strict=True)
             ]
             alone, _, _ = s.run(layer, single, False)
+            nan = _non_finite_outputs(s, alone, f"for observation {i} alone")
+            if nan:
+                return nan
             for name, y_all, y_one in zip(s.names["outputs"], together, alone, strict=True):
                 fmt = s.output_format(y_all)
                 axis = fmt.find("B") if fmt and len(fmt) == y_all.ndim else -1
@@ -282,6 +289,22 @@ def multiple_observations_are_consistent(s: LayerSubject):
             "do not mix values across the B axis (e.g. reduce over all axes, or reshape "
             "with a hard-coded batch size) in predict."
         )
+    return None
+
+
+def _non_finite_outputs(s: LayerSubject, outs, when: str):
+    """Incomplete, saying where, when predict produced NaN or Inf: the comparison means nothing
+    there, and a NaN is not a sign of mixing observations."""
+    for name, y in zip(s.names["outputs"], outs, strict=True):
+        where = non_finite(stripdims(y), s.output_format(y))
+        if where:
+            return incomplete(
+                f"predict produced non-finite values for the example data (standard normal "
+                f"values): output {name!r} has {where} {when}, so whether observations are "
+                "independent could not be judged. If the layer's domain is narrower than the "
+                "reals (log, sqrt, a division), that is expected for random data; otherwise "
+                "make predict numerically stable."
+            )
     return None
 
 

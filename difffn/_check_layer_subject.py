@@ -13,7 +13,7 @@ import functools
 import jax
 import jax.numpy as jnp
 
-from ._check_common import Data, describe_value, is_array
+from ._check_common import Data, declared_surrogates, describe_value, is_array
 from ._check_report import Recorder, failed, incomplete, skipped
 from ._errors import type_name
 from ._format import FormattedArray, Layout, dlarray, stripdims
@@ -80,6 +80,9 @@ class LayerSubject:
         self.shapes = tuple(concrete_shape(layout) for layout in layouts)
         self.formats = tuple(layout.format for layout in layouts)
         self.key = key  # initialize gets the caller's key itself
+        self.surrogates = declared_surrogates(
+            self.cls, "check_layer", layer.input_names, layer.learnable_names
+        )
         self.rec = recorder
         self.notes: list[str] = []
         self.data = Data(key)

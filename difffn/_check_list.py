@@ -185,6 +185,14 @@ TESTS: tuple[CheckTest, ...] = (
         placeholder="NAME",
     ),
     CheckTest(
+        "second_order_gradients_are_correct",
+        "the gradient is differentiable: JAX's derivative of `<v, gradient>` (through the custom "
+        "rule) agrees with finite differences of the gradient; names the input or learnable "
+        "with the largest error",
+        _BOTH,
+        skipped="the class sets `once_differentiable = True`, or the layer `acceleratable = False`",
+    ),
+    CheckTest(
         "compute_gradients_is_respected",
         "one input's gradient asked for alone is the same; `backward` copes with False flags",
         (FUNCTION,),
