@@ -71,7 +71,7 @@ def lstm_scan(xs, h0, c0, w, r, b, *, gate, act, reverse=False, sequence=True):
 def gru_scan(xs, h0, w, r, b, *, mode, gate, act, reverse=False, sequence=True):
     r"""The GRU recurrence on ``xs`` of shape ``(T, B, C)``; returns ``(hs, h)`` as LSTM's."""
     n = r.shape[0]
-    b_input, b_recurrent = (b[: 3 * n], b[3 * n :]) if b.shape[0] == 6 * n else (b, None)
+    b_input, b_recurrent = (b[: 3 * n], b[None, 3 * n :]) if b.shape[0] == 6 * n else (b, None)
     projected = jnp.tensordot(xs, w, axes=1) + jnp.reshape(b_input, (1, 1, -1))
 
     if mode == "before-multiplication":
