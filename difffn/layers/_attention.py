@@ -51,7 +51,7 @@ class SelfAttention(Layer):
     format (any channels; the first is used): a step attends only to steps where the mask is
     nonzero (MATLAB's padding mask). With ``has_scores_output=True`` a second output
     ``"scores"`` holds the attention weights ``(batch, heads, queries, keys)``, format
-    ``"BUUU"`` (``"UUU"`` without ``B``).
+    ``"BCUU"``: the heads on the ``C`` axis (``"CUU"`` without ``B``).
 
     Learnables, in this order: ``query_weights`` ``(C, num_key_channels)``, ``key_weights``
     ``(C, num_key_channels)``, ``value_weights`` ``(C, num_value_channels)``,
@@ -339,7 +339,7 @@ class SelfAttention(Layer):
         y = relabel(x, jnp.moveaxis(project("output", attended), -1, c), fmt)
         if scores is None:
             return y
-        return y, relabel(x, scores, "BUUU" if "B" in fmt else "UUU")
+        return y, relabel(x, scores, "BCUU" if "B" in fmt else "CUU")
 
     def _padding_mask(self, inputs, fmt: str, c: int):
         if not self.has_padding_mask_input:
