@@ -345,7 +345,7 @@ class SinusoidalPositionEncoding(Layer):
         half = self.output_size // 2
         dtype = positions.dtype
         rates = jnp.exp(-math.log(10000.0) * 2.0 * jnp.arange(half, dtype=dtype) / self.output_size)
-        angles = positions[..., None] * rates
+        angles = positions[..., None] * jnp.reshape(rates, (1,) * positions.ndim + (half,))
         pairs = jnp.stack([jnp.sin(angles), jnp.cos(angles)], axis=-1)
         return pairs.reshape(*positions.shape, self.output_size)
 
