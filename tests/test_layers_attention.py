@@ -169,8 +169,11 @@ def test_bad_arguments(make, match):
 
 def test_format_errors(key):
     layer = L.SelfAttention(2, 4, name="sa")
-    with pytest.raises(df.FormatError, match=r"SelfAttention \(layer 'sa'\)\.initialize: the "
-                       r"input layout .* format 'BC'; expected a 'C' axis, one 'T' or one 'S'"):
+    with pytest.raises(
+        df.FormatError,
+        match=r"SelfAttention \(layer 'sa'\)\.initialize: the "
+        r"input layout .* format 'BC'; expected a 'C' axis, one 'T' or one 'S'",
+    ):
         layer.initialize(df.Layout((None, 4), "BC"), key=key)  # fmt: skip
     with pytest.raises(df.FormatError, match=r"format 'BSSC'"):
         layer.initialize(df.Layout((None, 4, 4, 3), "BSSC"), key=key)

@@ -280,7 +280,9 @@ def test_gru_matches_nnx_gru_cell(key):
 def test_gru_reset_gate_modes_use_df_ops_gru(key):
     x = df.dlarray(_randn((2, 5, C), seed=7), "TBC")
     for mode, blocks in (("before-multiplication", 3), ("recurrent-bias-after-multiplication", 6)):
-        layer = L.GRU(H, reset_gate_mode=mode).initialize(df.Layout((None, None, C), "TBC"), key=key)
+        layer = L.GRU(H, reset_gate_mode=mode).initialize(
+            df.Layout((None, None, C), "TBC"), key=key
+        )
         assert layer.bias.shape == (blocks * H,)
         layer = layer.replace(bias=_randn((blocks * H,), seed=8))
         y, h = layer(x)
