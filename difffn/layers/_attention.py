@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import math
 from typing import Any
 
 import jax
@@ -11,7 +12,7 @@ import jax.numpy as jnp
 from .._errors import FormatError, LayerError, OpError
 from .._format import Layout
 from .._layer import Layer, learnable
-from ..ops._attention import attention, is_attention_format
+from ..ops._attention import combined_mask, from_blc, is_attention_format, multi_head, to_blc
 from ..ops._format_args import float_dtype
 from . import _factor_options as factors
 from . import _initializers as init
@@ -312,33 +313,44 @@ class SelfAttention(Layer):
         self._check_channels(data.shape[c], "the input")
         params = {n: getattr(self, n) for n in _WEIGHTS + _BIASES}
         dtype = float_dtype(data, *params.values())
-        channels_last = jnp.moveaxis(data.astype(dtype), c, -1)
+        work_fmt = fmt.replace("C", "") + "C"  # channels last
+        x_blc = to_blc(jnp.moveaxis(data.astype(dtype), c, -1), work_fmt)
+        heads = self.num_heads
 
-        def project(name, z):
+        def project(name):
+            # straight into heads (B, L, heads, per head): measured faster on CPU than a
+            # projection to (B, L, C) and a reshape
             w, b = params[f"{name}_weights"].astype(dtype), params[f"{name}_bias"].astype(dtype)
-            return jnp.tensordot(z, w, axes=1) + jnp.reshape(b, (1,) * (z.ndim - 1) + (-1,))
+            split = jnp.reshape(w, (w.shape[0], heads, -1))
+            return jnp.einsum("blc,cnh->blnh", x_blc, split) + jnp.reshape(b, (1, 1, heads, -1))
 
-        q, k, v = (project(name, channels_last) for name in ("query", "key", "value"))
-        work_fmt = fmt.replace("C", "") + "C"  # the channels-last order of q, k, v
+        q, k, v = (project(name) for name in ("query", "key", "value"))
         try:
-            result = attention(
-                q,
-                k,
-                v,
-                self.num_heads,
-                fmt=work_fmt,
-                padding_mask=self._padding_mask(inputs, fmt, c),
-                attention_mask=self.attention_mask,
-                dropout_probability=probability,
-                key=key,
-                return_weights=self.has_scores_output,
-            )
+            mask = combined_mask(
+                self._padding_mask(inputs, fmt, c), self.attention_mask, work_fmt,
+                x_blc.shape, x_blc.shape,
+            )  # fmt: skip
         except OpError as error:
             raise LayerError(f"{who(self)}: {error}") from None
-        attended, scores = result if self.has_scores_output else (result, None)
-        y = relabel(x, jnp.moveaxis(project("output", attended), -1, c), fmt)
-        if scores is None:
+        attended, scores = multi_head(
+            q,
+            k,
+            v,
+            mask=mask,
+            causal=isinstance(self.attention_mask, str) and self.attention_mask == "causal",
+            scale=1.0 / math.sqrt(q.shape[3]),
+            probability=probability,
+            key=key,
+            return_weights=self.has_scores_output,
+        )
+        w_out = params["output_weights"].astype(dtype)
+        out = jnp.einsum(
+            "blnh,nho->blo", attended, jnp.reshape(w_out, (heads, -1, w_out.shape[1]))
+        ) + jnp.reshape(params["output_bias"].astype(dtype), (1, 1, -1))
+        y = relabel(x, jnp.moveaxis(from_blc(out, work_fmt), -1, c), fmt)
+        if not self.has_scores_output:
             return y
+        scores = scores if "B" in fmt else scores[0]
         return y, relabel(x, scores, "BCUU" if "B" in fmt else "CUU")
 
     def _padding_mask(self, inputs, fmt: str, c: int):

@@ -103,11 +103,11 @@ def attention(
     require("attention", fmt, is_attention_format, _FORMAT)
     k_data = read_like("attention", "keys", keys, fmt)
     v_data = read_like("attention", "values", values, fmt)
-    q, k, v = (_to_blc(a, fmt) for a in (q_data, k_data, v_data))
+    q, k, v = (to_blc(a, fmt) for a in (q_data, k_data, v_data))
     heads = _check_sizes(q, k, v, num_heads)
     d_key, d_value = q.shape[2] // heads, v.shape[2] // heads
     scale = _scale(scale, d_key)
-    mask = _combined_mask(padding_mask, attention_mask, fmt, q.shape, k.shape)
+    mask = combined_mask(padding_mask, attention_mask, fmt, q.shape, k.shape)
     p = _probability(dropout_probability, key)
     dtype = float_dtype(q, k, v)
     batch, n_q, n_k = q.shape[0], q.shape[1], k.shape[1]
@@ -115,22 +115,39 @@ def attention(
     k = k.astype(dtype).reshape(batch, n_k, heads, d_key)
     v = v.astype(dtype).reshape(batch, n_k, heads, d_value)
     causal = isinstance(attention_mask, str) and attention_mask == "causal"
-    fused = not return_weights and p == 0 and d_key == d_value and jnp.finfo(dtype).bits <= 32
-    if fused:
-        y, weights = (
-            jax.nn.dot_product_attention(q, k, v, mask=mask, scale=scale, is_causal=causal),
-            None,
-        )
-    else:
-        if causal:
-            tril = jnp.tril(jnp.ones((n_q, n_k), bool))[None, None]
-            mask = tril if mask is None else jnp.logical_and(mask, tril)
-        y, weights = _attend(q, k, v, mask, scale, p, key)
-    y = _from_blc(y.reshape(batch, n_q, heads * d_value), fmt)
+    y, weights = multi_head(
+        q, k, v, mask=mask, causal=causal, scale=scale, probability=p, key=key,
+        return_weights=return_weights,
+    )  # fmt: skip
+    y = from_blc(y.reshape(batch, n_q, heads * d_value), fmt)
     y = label(y, fmt, formatted)
     if not return_weights:
         return y
     return y, (weights if "B" in fmt else weights[0])
+
+
+def multi_head(q, k, v, *, mask, causal, scale, probability, key, return_weights):
+    """Attention on split heads: ``(B, Lq, N, dk)``, ``(B, Lk, N, dk)``, ``(B, Lk, N, dv)``.
+
+    The computation itself, after :func:`attention`'s checks (``SelfAttention`` projects
+    straight into heads and calls it too). ``mask`` is boolean, broadcastable to
+    ``(B, N, Lq, Lk)``, or ``None``. Returns ``(y, weights)``, ``weights`` ``None`` when not
+    asked for and the fused path ran.
+    """
+    n_q, n_k = q.shape[1], k.shape[1]
+    fused = (
+        not return_weights
+        and probability == 0
+        and q.shape[3] == v.shape[3]
+        and jnp.finfo(q.dtype).bits <= 32
+    )
+    if fused:
+        y = jax.nn.dot_product_attention(q, k, v, mask=mask, scale=scale, is_causal=causal)
+        return y, None
+    if causal:
+        tril = jnp.tril(jnp.ones((n_q, n_k), bool))[None, None]
+        mask = tril if mask is None else jnp.logical_and(mask, tril)
+    return _attend(q, k, v, mask, scale, probability, key)
 
 
 def _attend(q, k, v, mask, scale, p, key):
@@ -152,13 +169,13 @@ def _sequence_label(fmt: str) -> str:
     return "T" if "T" in fmt else "S"
 
 
-def _to_blc(data, fmt: str):
+def to_blc(data, fmt: str):
     """``(B, L, C)``: batch (size 1 when absent), sequence, channels."""
     work, work_fmt = (data, fmt) if "B" in fmt else (data[None], "B" + fmt)
     return jnp.transpose(work, [work_fmt.index(a) for a in ("B", _sequence_label(fmt), "C")])
 
 
-def _from_blc(y, fmt: str):
+def from_blc(y, fmt: str):
     work_fmt = fmt if "B" in fmt else "B" + fmt
     order = [work_fmt.index(a) for a in ("B", _sequence_label(fmt), "C")]
     y = jnp.transpose(y, np.argsort(order))
@@ -220,12 +237,15 @@ def _probability(p, key) -> float:
     return float(p)
 
 
-def _combined_mask(padding_mask, attention_mask, fmt, q_shape, k_shape):
-    """A boolean mask broadcastable to ``(B, heads, queries, keys)``, or ``None``."""
+def combined_mask(padding_mask, attention_mask, fmt, q_shape, k_shape):
+    """A boolean mask broadcastable to ``(B, heads, queries, keys)``, or ``None``.
+
+    ``q_shape`` and ``k_shape`` start with (batch, steps); a padding mask is read in ``fmt``.
+    """
     batch, n_q, n_k = q_shape[0], q_shape[1], k_shape[1]
     masks = []
     if padding_mask is not None:
-        data = _to_blc(read_like("attention", "padding_mask", padding_mask, fmt), fmt)
+        data = to_blc(read_like("attention", "padding_mask", padding_mask, fmt), fmt)
         if data.shape[:2] != (batch, n_k) or data.shape[2] < 1:
             raise OpError(
                 f"df.ops.attention: padding_mask has (batch, steps) = {data.shape[:2]} but the "
