@@ -1,4 +1,5 @@
-"""Tests of difffn/layers/_recurrent.py: LSTM against a hand-written loop over time."""
+"""Tests of difffn/layers/_recurrent.py and _gru.py: LSTM against a hand-written loop over time,
+GRU and BiLSTM against flax.nnx's cells."""
 
 from __future__ import annotations
 
