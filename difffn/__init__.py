@@ -8,6 +8,7 @@ from . import interop as interop
 from . import layers as layers
 from . import losses as losses
 from . import metrics as metrics
+from . import ops as ops
 from ._cache import RetraceWarning as RetraceWarning
 from ._check_function import check_function as check_function
 from ._check_layer import check_layer as check_layer
@@ -27,6 +28,7 @@ from ._errors import ForwardModeError as ForwardModeError
 from ._errors import LayerError as LayerError
 from ._errors import MissingDependencyError as MissingDependencyError
 from ._errors import NetworkError as NetworkError
+from ._errors import OpError as OpError
 from ._errors import OptionsError as OptionsError
 from ._errors import SerializationError as SerializationError
 from ._factors import get_l2_factor as get_l2_factor

@@ -55,6 +55,10 @@ class SerializationError(Error, ValueError):
     """A file could not be saved or loaded safely."""
 
 
+class OpError(Error, ValueError):
+    """A ``df.ops`` function got an argument it cannot use (a size, a shape, an option)."""
+
+
 class CheckError(Error, ValueError):
     """``check_layer``/``check_function`` was called with arguments it cannot use."""
 

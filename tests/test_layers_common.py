@@ -43,6 +43,12 @@ LAYERS = [
     (L.Addition(), FEATURES, (2, 4)),
     (L.Concatenation(), FEATURES, (2, 4)),
     (L.LSTM(3), SEQUENCE, (2, 5, 3)),
+    (L.GRU(3), SEQUENCE, (2, 5, 3)),
+    (L.BiLSTM(3), SEQUENCE, (2, 5, 3)),
+    (L.Embedding(4, 10), df.Layout((None, None, 1), "BTC"), (2, 5, 1)),
+    (L.PositionEmbedding(4, 8), SEQUENCE, (2, 5, 3)),
+    (L.SinusoidalPositionEncoding(4), SEQUENCE, (2, 5, 3)),
+    (L.SelfAttention(2, 4, attention_mask="causal"), SEQUENCE, (2, 5, 3)),
     (L.FunctionLayer(jnp.sin), FEATURES, (2, 4)),
 ]
 IDS = [type(layer).__name__ for layer, _, _ in LAYERS]

@@ -67,6 +67,12 @@ LAYERS = [
     "Concatenation",
     "LSTM",
     "FunctionLayer",
+    "GRU",
+    "BiLSTM",
+    "Embedding",
+    "SelfAttention",
+    "PositionEmbedding",
+    "SinusoidalPositionEncoding",
 ]
 
 
