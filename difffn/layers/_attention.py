@@ -74,14 +74,16 @@ class SelfAttention(Layer):
         earlier steps) or an array ``(steps, steps)``, nonzero where attention is allowed
         (queries first: MATLAB's is keys first).
       dropout_probability: attention-weight dropout during training, in [0, 1) (default 0).
-      query_weights, key_weights, value_weights, output_weights, query_bias, key_bias,
-        value_bias, output_bias: the learnables; ``None`` until ``initialize``.
-      query_weights_initializer, key_weights_initializer, value_weights_initializer,
-        output_weights_initializer: ``"glorot"`` (default), ``"he"``, ``"orthogonal"``,
-        ``"narrow-normal"``, ``"zeros"``, ``"ones"`` or ``fn(key, shape, dtype)``.
-      query_bias_initializer, key_bias_initializer, value_bias_initializer,
-        output_bias_initializer: ``"zeros"`` (default), ``"ones"``, ``"narrow-normal"`` or a
-        function.
+      query_weights: the learnables (``query_weights``, ``key_weights``, ``value_weights``,
+        ``output_weights``, ``query_bias``, ``key_bias``, ``value_bias``, ``output_bias``);
+        ``None`` until ``initialize``.
+      query_weights_initializer: ``"glorot"`` (default), ``"he"``, ``"orthogonal"``,
+        ``"narrow-normal"``, ``"zeros"``, ``"ones"`` or ``fn(key, shape, dtype)``; likewise
+        ``key_weights_initializer``, ``value_weights_initializer``,
+        ``output_weights_initializer``.
+      query_bias_initializer: ``"zeros"`` (default), ``"ones"``, ``"narrow-normal"`` or a
+        function; likewise ``key_bias_initializer``, ``value_bias_initializer``,
+        ``output_bias_initializer``.
       weight_learn_rate_factor, bias_learn_rate_factor: multiply the global learn rate for all
         four weights or biases (default 1).
       weight_l2_factor, bias_l2_factor: multiply the global L2 regularization (defaults 1 and

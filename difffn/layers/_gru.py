@@ -54,8 +54,8 @@ class GRU(_Recurrent):
       recurrent_weights_initializer: ``"orthogonal"`` (default), ``"glorot"``, ``"he"``,
         ``"narrow-normal"``, ``"zeros"``, ``"ones"`` or a function.
       bias_initializer: ``"zeros"`` (default), ``"ones"``, ``"narrow-normal"`` or a function.
-      input_weights_learn_rate_factor, recurrent_weights_learn_rate_factor,
-        bias_learn_rate_factor: multiply the global learn rate (default 1).
+      input_weights_learn_rate_factor: multiplies the global learn rate (default 1); so do
+        ``recurrent_weights_learn_rate_factor`` and ``bias_learn_rate_factor``.
       input_weights_l2_factor, recurrent_weights_l2_factor: multiply the global L2
         regularization (default 1); bias_l2_factor: the same for the bias (default 0).
 
