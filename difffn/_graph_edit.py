@@ -24,6 +24,10 @@ belongs to a structure: an edit that changes the graph or a layer's structure ge
 
 from __future__ import annotations
 
+import dataclasses
+
+import jax
+
 from ._errors import NetworkError
 from ._graph import build_graph, name_layers
 from ._input_layer import InputLayer
@@ -218,6 +222,37 @@ def _map_port(what, old, new, port, kind, reconnect_by) -> str:
     )
 
 
+def _same_sizes(old: Layer, new: Layer) -> bool:
+    """Whether ``new`` surely maps input layouts to the same output layouts as ``old``.
+
+    True for the same class with the same configuration and parameters of the same shapes and
+    dtypes (values and factors may differ, as after ``set_learn_rate_factor``): such a layer
+    keeps its recorded layouts without being traced again.
+    """
+    if new is old:
+        return True
+    if type(new) is not type(old):
+        return False
+    for field in dataclasses.fields(old):
+        a, b = getattr(old, field.name), getattr(new, field.name)
+        if a is b:
+            continue
+        leaves_a, tree_a = jax.tree.flatten(a)
+        leaves_b, tree_b = jax.tree.flatten(b)
+        if tree_a != tree_b or not all(map(_same_leaf, leaves_a, leaves_b)):
+            return False
+    return True
+
+
+def _same_leaf(a, b) -> bool:
+    if hasattr(a, "shape") and hasattr(a, "dtype"):  # arrays: only the shape can matter
+        return hasattr(b, "shape") and (a.shape, a.dtype) == (b.shape, getattr(b, "dtype", None))
+    try:
+        return bool(a == b)
+    except Exception:  # noqa: BLE001 - a value without a plain equality: treat it as changed
+        return False
+
+
 def _outputs(net):
     """The outputs the user named (as ``"layer/port"``), or None for the default ones."""
     g = net.graph
@@ -248,9 +283,11 @@ def _relayout(net, layers, graph):
         if None not in inputs:
             previous = {}
             if net.recorded_layouts is not None:
-                previous = {
-                    layer.name: (layer, rec) for layer, rec in zip(net.layers, net.recorded_layouts)
-                }
+                now = {layer.name: layer for layer in layers}
+                for layer, rec in zip(net.layers, net.recorded_layouts):
+                    same = now.get(layer.name)
+                    if same is not None and _same_sizes(layer, same):
+                        previous[layer.name] = (same, rec)
             candidate = net.with_layers(layers, graph=graph, recorded_layouts=None)
             try:
                 recorded = propagate(

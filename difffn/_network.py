@@ -217,7 +217,7 @@ class Network(NetworkBase):
           >>> net = df.Network([df.layers.FeatureInput(4, name="in"), df.layers.ReLU(name="r")])
           >>> net = net.add_layers([df.layers.FullyConnected(2, name="fc"), df.layers.Softmax()])
           >>> net.connections
-          (('in/out', 'r/in'), ('fc/out', 'softmax/in'))
+          (('in/out', 'r/in'), ('fc/out', 'softmax_1/in'))
         """
         return _graph_edit.add_layers(self, layers)
 
