@@ -9,7 +9,8 @@ compiled segments. Inside a user's own ``jax.jit`` / ``jax.grad``, the network s
 Package-internal API (what the floors above use; see docs/architecture.md): ``graph``,
 ``input_layouts``, ``input_layers``, ``recorded_layouts``, ``compile_cache``, ``output_ports``,
 ``prepare_inputs``, ``run``, ``with_layers`` and ``with_layer_states``. How the graph executes
-lives in ``_execute.py``, how initialization propagates layouts in ``_propagate.py``.
+lives in ``_execute.py``, how initialization propagates layouts in ``_propagate.py``, how the
+graph is edited (``add_layers``, ``connect_layers``, ...) in ``_graph_edit.py``.
 """
 
 from __future__ import annotations
@@ -20,7 +21,7 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 
-from . import _cache, _execute
+from . import _cache, _execute, _graph_edit
 from ._errors import AccelerationError, NetworkError
 from ._fields import LEARNABLE, STATE, NetworkBase
 from ._format import FormattedArray, Layout
@@ -88,7 +89,7 @@ class Network(NetworkBase):
         flat = name_layers(flat)
         graph = build_graph(flat, chains, tuple(tuple(c) for c in connections), outputs)
         self._set(tuple(flat), graph, layouts=None)
-        if all(isinstance(flat[i], InputLayer) for i, _ in graph.inputs):
+        if not graph.dangling and all(isinstance(flat[i], InputLayer) for i, _ in graph.inputs):
             # Input layers fix every input layout: check that the sizes fit, abstractly.
             propagate(self, [flat[i].input_layout for i, _ in graph.inputs], None, abstract=True)
 
@@ -98,18 +99,25 @@ class Network(NetworkBase):
         self._layouts = layouts
         self._token = _Token((graph, layouts, tuple(jax.tree.structure(lyr) for lyr in layers)))
 
-    def with_layers(self, layers: Sequence[Layer], *, recorded_layouts=_KEEP) -> Network:
-        """The same graph with other layers (and, if given, other recorded layouts).
+    def with_layers(
+        self, layers: Sequence[Layer], *, recorded_layouts=_KEEP, graph: Graph | None = None
+    ) -> Network:
+        """The same graph (or ``graph``, after an edit) with other layers and, if given, layouts.
 
-        When no layer's structure changed (only parameter values did) and the layouts are kept,
-        the new network keeps the structure token, and with it the compiled-trace cache.
+        When no layer's structure changed (only parameter values did) and the graph and layouts
+        are kept, the new network keeps the structure token, and with it the compiled-trace cache.
         """
         layers = tuple(layers)
         new = object.__new__(Network)
+        graph = self._graph if graph is None else graph
         layouts = self._layouts if recorded_layouts is _KEEP else recorded_layouts
-        same = layouts is self._layouts and all(
-            a is b or jax.tree.structure(a) == jax.tree.structure(b)
-            for a, b in zip(layers, self._layers)
+        same = (
+            graph is self._graph
+            and layouts is self._layouts
+            and all(
+                a is b or jax.tree.structure(a) == jax.tree.structure(b)
+                for a, b in zip(layers, self._layers)
+            )
         )
         if same:
             new._layers, new._graph, new._layouts, new._token = (
@@ -119,7 +127,7 @@ class Network(NetworkBase):
                 self._token,
             )
         else:
-            new._set(layers, self._graph, layouts)
+            new._set(layers, graph, layouts)
         return new
 
     # -- pytree ------------------------------------------------------------------------------
@@ -188,26 +196,104 @@ class Network(NetworkBase):
         """The layer called ``name``."""
         return self._layers[self._graph.index(name)]
 
-    def replace_layer(self, name: str, layer: Layer) -> Network:
-        """A network with layer ``name`` replaced (same name, same ports)."""
-        i = self._graph.index(name)
-        old = self._layers[i]
-        if not isinstance(layer, Layer):
-            raise NetworkError(f"replace_layer({name!r}, ...) expected a df.Layer; got {layer!r}.")
-        if (layer.name, layer.input_names, layer.output_names) != (
-            old.name,
-            old.input_names,
-            old.output_names,
-        ):
-            raise NetworkError(
-                f"replace_layer({name!r}, ...): the new layer must keep the name and ports of "
-                f"the old one ({old.name!r}, inputs {old.input_names}, outputs "
-                f"{old.output_names}); got ({layer.name!r}, {layer.input_names}, "
-                f"{layer.output_names})."
-            )
-        layers = list(self._layers)
-        layers[i] = layer
-        return self.with_layers(layers)
+    # -- editing (MATLAB addLayers, connectLayers, ...; each returns a new network) ----------
+
+    def add_layers(self, layers) -> Network:
+        """A network with ``layers`` added, connected in order, not to the existing layers.
+
+        Args:
+          layers: a layer, or a list of layers (a chain: each feeds the next). Unnamed layers
+            get unique names; a given name must not be taken.
+
+        Returns:
+          The new network; connect it with ``connect_layers``. Until every layer input is fed,
+          the network can be edited but not initialized or run.
+
+        Raises:
+          NetworkError: not layers, or a name that is taken.
+
+        Examples:
+          >>> import difffn as df
+          >>> net = df.Network([df.layers.FeatureInput(4, name="in"), df.layers.ReLU(name="r")])
+          >>> net = net.add_layers([df.layers.FullyConnected(2, name="fc"), df.layers.Softmax()])
+          >>> net.connections
+          (('in/out', 'r/in'), ('fc/out', 'softmax_1/in'))
+        """
+        return _graph_edit.add_layers(self, layers)
+
+    def connect_layers(self, source: str, destination: str) -> Network:
+        """A network with an edge from output ``source`` to input ``destination``.
+
+        Args:
+          source: ``"layer"``, or ``"layer/out"`` for a layer with several outputs.
+          destination: ``"layer"``, or ``"layer/in"`` for a layer with several inputs.
+
+        Raises:
+          NetworkError: an unknown layer or port, an input that is already fed, an input layer
+            as the destination, or an edge that would close a cycle (each named).
+
+        Examples:
+          >>> import difffn as df
+          >>> net = df.Network([
+          ...     df.layers.FeatureInput(4, name="in"), df.layers.ReLU(name="relu"),
+          ...     df.layers.Addition(2, name="add"),
+          ... ]).connect_layers("in", "add/in2")
+          >>> net.connections[-1]
+          ('in/out', 'add/in2')
+        """
+        return _graph_edit.connect_layers(self, source, destination)
+
+    def disconnect_layers(self, source: str, destination: str) -> Network:
+        """A network without the edge from output ``source`` to input ``destination``.
+
+        Raises:
+          NetworkError: an unknown layer or port, or no such edge (the message lists the edges
+            into the destination layer).
+        """
+        return _graph_edit.disconnect_layers(self, source, destination)
+
+    def remove_layers(self, names) -> Network:
+        """A network without the layers ``names`` (a name or a list) and their connections.
+
+        The layers that they fed are not reconnected: their inputs are left unconnected.
+
+        Raises:
+          NetworkError: a name that is not a layer of the network, or every layer named.
+        """
+        return _graph_edit.remove_layers(self, names)
+
+    def replace_layer(self, name: str, layers, *, reconnect_by: str = "name") -> Network:
+        """A network with layer ``name`` replaced by a layer or a chain of layers.
+
+        The old layer's inputs feed the first new layer, and the last new layer feeds what the
+        old one fed (MATLAB ``replaceLayer``). The new layers may have other names and ports.
+        A single layer with the same name and ports takes the old one's place (e.g. with
+        new parameter values); the trace cache is kept when its structure is the same too.
+
+        Args:
+          name: the layer to replace.
+          layers: a layer, or a list of layers (a chain).
+          reconnect_by: ``"name"``: each connection keeps its port name (``in2`` of the old
+            layer becomes ``in2`` of the first new one); ``"order"``: its port position.
+
+        Raises:
+          NetworkError: an unknown layer, a name that is taken, or a connection that has no
+            port to go to on the new layers (the message says which).
+
+        Examples:
+          >>> import difffn as df
+          >>> net = df.Network([
+          ...     df.layers.FeatureInput(4, name="in"), df.layers.ReLU(name="relu"),
+          ...     df.layers.FullyConnected(2, name="fc"),
+          ... ])
+          >>> net = net.replace_layer("relu", [df.layers.BatchNorm(name="bn"),
+          ...                                  df.layers.ELU(name="elu")])
+          >>> [layer.name for layer in net.layers]
+          ['in', 'bn', 'elu', 'fc']
+          >>> net.connections
+          (('in/out', 'bn/in'), ('bn/out', 'elu/in'), ('elu/out', 'fc/in'))
+        """
+        return _graph_edit.replace_layer(self, name, layers, reconnect_by=reconnect_by)
 
     # -- parameters ----------------------------------------------------------------------------
 
@@ -373,6 +459,7 @@ class Network(NetworkBase):
             raise NetworkError(
                 f"acceleration={acceleration!r}; expected one of {list(_execute.ACCELERATION)}."
             )
+        self._graph.check_connected()
         if not self.initialized:
             missing = [lyr.name for lyr in self._layers if not lyr.initialized]
             raise NetworkError(
@@ -452,8 +539,8 @@ class Network(NetworkBase):
     # -- display ---------------------------------------------------------------------------------
 
     def summary(self) -> str:
-        """A table of the layers: name, type, input/output layouts, parameter counts."""
-        header = ("#", "name", "type", "inputs", "outputs", "learnables")
+        """A table of the layers: name, type, input/output layouts, learnables, description."""
+        header = ("#", "name", "type", "inputs", "outputs", "learnables", "description")
         rows = []
         total = 0
         for n, i in enumerate(self._graph.order):
@@ -464,7 +551,9 @@ class Network(NetworkBase):
             if self._layouts is not None:
                 ins = ", ".join(_layout_text(lo) for lo in self._layouts[i][0])
                 outs = ", ".join(_layout_text(lo) for lo in self._layouts[i][1])
-            rows.append((str(n + 1), layer.name, layer.type, ins, outs, f"{count:,}"))
+            rows.append(
+                (str(n + 1), layer.name, layer.type, ins, outs, f"{count:,}", layer.description)
+            )
         widths = [max(len(r[c]) for r in [header, *rows]) for c in range(len(header))]
 
         def line(r):

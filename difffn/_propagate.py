@@ -5,7 +5,9 @@ layouts of its inputs, and learns the layouts of its outputs without running rea
 ``jax.eval_shape``; layers that cannot be traced run once on placeholder data). It records every
 layer's input and output layouts in the network (they give ``summary`` its sizes and let a loaded
 network check its inputs). ``abstract=True`` only checks that the sizes fit (used when a network
-is built from input layers).
+is built from input layers); with ``previous`` (after a graph edit) it also records the layouts,
+and the layers that an edit left as they were, on the inputs they had, keep their recorded output
+layouts without being traced again.
 """
 
 from __future__ import annotations
@@ -25,6 +27,7 @@ from ._layer_call import call_layer
 def resolve_layouts(net, given) -> list[Layout]:
     """One layout per network input, from what the caller gave (layouts or examples) or knows."""
     g = net.graph
+    g.check_connected()
     if given and len(given) != len(g.inputs):
         raise NetworkError(
             f"initialize got {len(given)} layouts/examples; the network has {len(g.inputs)} "
@@ -90,8 +93,12 @@ def _output_layout(value, unknown_labels: set[str]) -> Layout:
     return Layout(shape, fmt)
 
 
-def propagate(net, input_layouts, key, *, abstract: bool):
-    """Initialize layers in topological order and record their input/output layouts."""
+def propagate(net, input_layouts, key, *, abstract: bool, previous=None):
+    """Initialize layers in topological order and record their input/output layouts.
+
+    ``previous``: ``{layer name: (layer, (input layouts, output layouts))}`` recorded before an
+    edit; ``abstract`` propagation then returns the network with the layouts recorded.
+    """
     g = net.graph
     layers = list(net.layers)
     dtype = jnp.float32
@@ -104,6 +111,12 @@ def propagate(net, input_layouts, key, *, abstract: bool):
             input_layouts[s.index] if s.kind == "input" else out_layouts[(s.index, s.port)]
             for s in g.sources[i]
         )
+        before = previous.get(layer.name) if previous else None
+        if before is not None and before[0] is layer and before[1][0] == ins:
+            recorded[i] = before[1]
+            for o, lo in enumerate(before[1][1]):
+                out_layouts[(i, o)] = lo
+            continue
         layer_key = jax.random.fold_in(key, i) if key is not None else jax.random.key(0)
         try:
             if abstract and layer.acceleratable:
@@ -158,6 +171,6 @@ def propagate(net, input_layouts, key, *, abstract: bool):
         recorded[i] = (ins, outs)
         if not abstract:
             layers[i] = layer
-    if abstract:
+    if abstract and previous is None:
         return net
     return net.with_layers(layers, recorded_layouts=tuple(recorded))

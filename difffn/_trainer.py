@@ -51,7 +51,8 @@ def trainnet(*args, key=None, resume_from=None):
         batch axis is its ``B``) or a tuple of arrays, one per network input.
       T: targets: an array or a tuple (one per loss target); integer labels or one-hot for
         classification.
-      net: a ``df.Network``; it is initialized from the data if it is not, and input layers
+      net: a ``df.Network`` (or a list of layers, built into one, as MATLAB takes a layer
+        array); it is initialized from the data if it is not, and input layers
         whose normalization needs statistics get them from the training data first.
       loss: a name (``"crossentropy"``, ``"index-crossentropy"``, ``"binary-crossentropy"``,
         ``"mse"``, ``"l1loss"``/``"mae"``, ``"l2loss"``, ``"huber"``), any callable
@@ -107,8 +108,12 @@ def trainnet(*args, key=None, resume_from=None):
             f"{who} takes (X, T, net, loss, options) or (data, net, loss, options); got "
             f"{len(args)} positional argument(s)."
         )
+    if isinstance(net, (list, tuple)):  # a layer array, as MATLAB's trainnet takes
+        net = Network(net)
     if not isinstance(net, Network):
-        raise OptionsError(f"{who}: net must be a df.Network; got {type(net).__name__}.")
+        raise OptionsError(
+            f"{who}: net must be a df.Network or a list of layers; got {type(net).__name__}."
+        )
     if not isinstance(options, TrainingOptions):
         raise OptionsError(
             f"{who}: options must be df.TrainingOptions(...); got {type(options).__name__}."

@@ -180,11 +180,6 @@ def test_outputs_selection(net, x):
             r"cycle through 'a' <- 'b' <- 'a'",
         ),
         (
-            [Features(name="in"), Add(name="add")],
-            {},
-            r"input 'add/in2' is not connected \(dangling\)",
-        ),
-        (
             [Tanh(name="a")],
             {"connections": [("zz", "a")]},
             r"no layer named 'zz'; the layers are \['a'\]",
@@ -212,6 +207,17 @@ def test_outputs_selection(net, x):
 def test_construction_errors(layers, kwargs, message):
     with pytest.raises(df.NetworkError, match=message):
         df.Network(layers, **kwargs)
+
+
+def test_dangling_inputs_are_named_when_the_network_is_initialized_or_run(key, x):
+    # As MATLAB's dlnetwork: an incomplete network can be built (and edited), not used.
+    n = df.Network([Features(name="in"), Add(name="add"), Add(name="add2")])
+    message = r"unconnected \(dangling\) inputs \['add/in2', 'add2/in2'\].*connect_layers"
+    with pytest.raises(df.NetworkError, match=message):
+        n.initialize(key=key)
+    ready = df.Network([Features(name="in"), Tanh(name="t")]).initialize(key=key)
+    with pytest.raises(df.NetworkError, match=message):
+        df.Network([*ready.layers, Add(name="add"), Add(name="add2")]).predict(x)
 
 
 def test_a_port_fed_twice_is_an_error():
@@ -331,6 +337,10 @@ def test_replace_learnables_from_a_table(net, x):
 def test_summary_and_repr(net):
     text = net.summary()
     assert "fc1" in text and "?,3:BC" in text and "?,4:BC" in text
+    assert text.splitlines()[0].split()[-1] == "description"
+    described = net.replace_layer("act", Tanh(name="act", description="hyperbolic tangent"))
+    assert "act   Tanh" in described.summary()
+    assert described.summary().splitlines()[4].endswith("hyperbolic tangent")
     assert "26 learnable parameters" in text
     assert (
         repr(net) == "Network(4 layers, inputs=['in'], outputs=['fc2'], 26 learnables, initialized)"

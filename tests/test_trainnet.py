@@ -45,6 +45,17 @@ def test_regression_converges_and_returns_a_trained_network(key):
         np.testing.assert_array_equal(v, before[k])
 
 
+def test_a_list_of_layers_trains_like_the_network_built_from_it():
+    # MATLAB's trainnet takes a layer array as well as a dlnetwork.
+    X, T = regression_data(32)
+    opts = quiet(max_epochs=1, mini_batch_size=32)
+    layers = list(regression_net().layers)
+    from_list, _ = df.trainnet(X, T, layers, "mse", opts, key=jax.random.key(1))
+    from_net, _ = df.trainnet(X, T, df.Network(layers), "mse", opts, key=jax.random.key(1))
+    assert isinstance(from_list, df.Network) and from_list.connections == from_net.connections
+    assert_tree_allclose(from_list.learnables, from_net.learnables)
+
+
 def test_history_columns_and_values():
     X, T = classification_data(64)
     opts = quiet(max_epochs=2, mini_batch_size=16, metrics=["accuracy", "fscore"])
