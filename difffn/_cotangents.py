@@ -199,9 +199,27 @@ def _is_piece(v) -> bool:
 
 
 def structure_text(tree, *, is_leaf=None) -> str:
-    """``{'b': *, 'w': *}``: a pytree's structure, for messages."""
-    text = str(jax.tree.structure(tree, is_leaf=is_leaf))
-    return text[len("PyTreeDef(") : -1] if text.startswith("PyTreeDef(") else text
+    """``Params(w=*, b=*)``, ``{'b': *, 'w': *}``: a pytree's structure, for messages."""
+
+    def render(v) -> str:
+        if v is None:
+            return "None"
+        if is_leaf is not None and is_leaf(v):
+            return "*"
+        if isinstance(v, tuple) and hasattr(v, "_fields"):
+            fields = ", ".join(f"{f}={render(getattr(v, f))}" for f in v._fields)
+            return f"{type(v).__name__}({fields})"
+        if isinstance(v, dict):
+            return "{" + ", ".join(f"{k!r}: {render(x)}" for k, x in v.items()) + "}"
+        if isinstance(v, (tuple, list)):
+            inner = ", ".join(render(x) for x in v) + ("," if len(v) == 1 else "")
+            return f"({inner})" if isinstance(v, tuple) else f"[{inner}]"
+        children, node = jax.tree_util.tree_flatten(v, is_leaf=lambda x: x is not v)
+        if jax.tree_util.treedef_is_leaf(node):
+            return "*"
+        return f"{type(v).__name__}(" + ", ".join(render(c) for c in children) + ")"
+
+    return render(tree)
 
 
 def path_text(path) -> str:

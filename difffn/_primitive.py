@@ -36,7 +36,7 @@ else:
     _IMPORT_ERROR = None
 
 from . import _cotangents as ct
-from ._errors import ForwardModeError, HigherOrderError
+from ._errors import DifferentiableFunctionError, ForwardModeError, HigherOrderError
 
 
 class Primal:
@@ -105,6 +105,18 @@ class _CustomVJPPrimitive(VJPHiPrimitive):  # type: ignore[misc,valid-type]
     def __init__(self, fun, fwd, bwd, jvp, in_avals, name, no_jvp):
         self.in_avals = tuple(in_avals)
         self._traced = jax.jit(fun).trace(*in_avals)
+        captured = [
+            c for c in getattr(self._traced, "_consts", ()) if isinstance(c, jax.core.Tracer)
+        ]
+        if captured:
+            # JAX's own custom_vjp3 refuses this too: the primitive is traced on its own.
+            raise DifferentiableFunctionError(
+                f"{name} closes over a value traced by an enclosing transformation (a "
+                f"{type(captured[0]).__name__} of type {captured[0].aval.str_short()}), which "
+                "difffn's primitive (used for a class that defines jvp, and under "
+                "JAX_CUSTOM_VJP3=1) cannot capture, like JAX's own custom_vjp there. Fix: pass "
+                "that value as an input."
+            )
         self.out_aval = self._traced.out_avals
         self.params = dict(fun=fun, fwd=fwd, bwd=bwd, jvp_rule=jvp, name=name, no_jvp=no_jvp)
         super().__init__()
