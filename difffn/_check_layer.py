@@ -63,16 +63,14 @@ from ._check_report import (
     skipped,
 )
 from ._errors import CheckError, LayerError, type_name
+from ._fields import NetworkBase
 from ._format import FormattedArray, Layout, dlarray, stripdims
-from ._layer import (
-    Layer,
-    NetworkBase,
-    _backward_takes_state,
-    _has_method,
-    _run_user,
-    call_layer,
-    has_backward,
-)
+from ._layer import Layer
+from ._layer_call import call_layer
+from ._layer_call import run_user as _run_user
+from ._signatures import backward_takes_state as _backward_takes_state
+from ._signatures import has_backward
+from ._signatures import has_method as _has_method
 
 DEFAULT_BATCH = 4
 DEFAULT_SIZE = 8

@@ -30,7 +30,8 @@ import numpy as np
 from . import _container, _export
 from ._errors import NetworkError, SerializationError, type_name
 from ._format import FormattedArray, Layout, dims, dlarray, stripdims
-from ._network import Network, execute
+from ._network import Network
+from ._propagate import resolve_layouts
 from ._serialization import _describe, _layout_payload
 
 FORMAT = "difffn.exported"
@@ -117,10 +118,8 @@ def export(
     output_formats: list[str] = []
 
     def predict(*xs):
-        inputs = net._prepare_inputs(
-            tuple(dlarray(x, lo.format) for x, lo in zip(xs, layouts, strict=True))
-        )
-        outputs, _ = execute(net, inputs, None, training=False, wanted=net._graph.outputs)
+        inputs = tuple(dlarray(x, lo.format) for x, lo in zip(xs, layouts, strict=True))
+        outputs, _ = net.run(inputs, None, training=False)
         output_formats[:] = [dims(y) for y in outputs]
         return tuple(stripdims(y) for y in outputs)
 
@@ -310,8 +309,8 @@ def _last(args) -> str:
 
 def _merged_layouts(net: Network, given) -> list[Layout]:
     """The export layouts: the given ones (or the known ones), known sizes filled in."""
-    layouts = net._input_layouts(tuple(given))
-    known = net._known_input_layouts()
+    layouts = resolve_layouts(net, tuple(given))
+    known = net.input_layouts
     merged = []
     for layout, k in zip(layouts, known, strict=True):
         if k is not None:

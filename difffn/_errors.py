@@ -63,6 +63,10 @@ class CheckError(Error, ValueError):
     """``check_layer``/``check_function`` was called with arguments it cannot use."""
 
 
+class MissingDependencyError(Error, ImportError):
+    """An optional dependency that a feature needs is not installed (the message says which)."""
+
+
 def type_name(obj: object) -> str:
     """The name of ``obj``'s class, for messages (``'SReLUFunction'``)."""
     return type(obj).__name__

@@ -15,7 +15,8 @@ import numbers
 import jax
 
 from ._errors import LayerError, NetworkError
-from ._layer import LEARNABLE, Layer
+from ._fields import LEARNABLE
+from ._layer import Layer
 from ._network import Network
 
 LEARN_RATE, L2 = "learn_rate_factor", "l2_factor"

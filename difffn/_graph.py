@@ -17,7 +17,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from ._errors import NetworkError
-from ._layer import InputLayer, Layer
+from ._input_layer import InputLayer
+from ._layer import Layer
 
 
 @dataclass(frozen=True)
@@ -243,3 +244,71 @@ def _find_cycle(names, sources, done) -> str:
             return " <- ".join(repr(names[i]) for i in cycle)
         path.append(nxt)
         seen.add(nxt)
+
+
+# -- from a list of layers ------------------------------------------------------------------------
+
+
+def flatten_layers(layers):
+    if isinstance(layers, Layer):
+        layers = [layers]
+    if not isinstance(layers, (list, tuple)) or not layers:
+        raise NetworkError(
+            f"Network(layers) expected a non-empty list of df.Layer (or of lists of layers); "
+            f"got {type(layers).__name__}."
+        )
+    flat, chains = [], []
+    current: list[int] = []
+    for item in layers:
+        if isinstance(item, Layer):
+            current.append(len(flat))
+            flat.append(item)
+        elif isinstance(item, (list, tuple)):
+            if current:
+                chains.append(current)
+                current = []
+            chain = []
+            for sub in item:
+                if not isinstance(sub, Layer):
+                    raise NetworkError(
+                        f"Network(layers): a chain contains {type(sub).__name__}; expected "
+                        "df.Layer objects."
+                    )
+                chain.append(len(flat))
+                flat.append(sub)
+            chains.append(chain)
+        else:
+            raise NetworkError(
+                f"Network(layers): got {type(item).__name__}; expected df.Layer objects (or "
+                "lists of them, one per chain)."
+            )
+    if current:
+        chains.append(current)
+    return flat, chains
+
+
+def name_layers(layers: list[Layer]) -> list[Layer]:
+    names = [layer.name for layer in layers]
+    for name in names:
+        if name and "/" in name:
+            raise NetworkError(f"layer name {name!r} contains '/', which separates port names.")
+    given = [n for n in names if n]
+    duplicates = sorted({n for n in given if given.count(n) > 1})
+    if duplicates:
+        raise NetworkError(
+            f"layer names must be unique; {duplicates} appear more than once. Fix: rename them, "
+            "or leave names empty for automatic ones."
+        )
+    taken, counters, result = set(given), {}, []
+    for layer in layers:
+        if not layer.name:
+            base = type(layer).__name__.lower()
+            while True:
+                counters[base] = counters.get(base, 0) + 1
+                candidate = f"{base}_{counters[base]}"
+                if candidate not in taken:
+                    break
+            taken.add(candidate)
+            layer = layer.replace(name=candidate)
+        result.append(layer)
+    return result

@@ -5,30 +5,39 @@ recorded at ``initialize`` and a structure token are static. ``predict`` / ``for
 whole network once per input signature (shape, format, dtype) and cache the compiled function
 (bounded, least recently used out); layers with ``acceleratable = False`` run eagerly between
 compiled segments. Inside a user's own ``jax.jit`` / ``jax.grad``, the network simply traces.
+
+Package-internal API (what the floors above use; see docs/architecture.md): ``graph``,
+``input_layouts``, ``input_layers``, ``recorded_layouts``, ``compile_cache``, ``output_ports``,
+``prepare_inputs``, ``run``, ``with_layers`` and ``with_layer_states``. How the graph executes
+lives in ``_execute.py``, how initialization propagates layouts in ``_propagate.py``.
 """
 
 from __future__ import annotations
 
-import functools
 from collections.abc import Sequence
 from typing import Any
 
 import jax
 import jax.numpy as jnp
 
-from . import _cache
-from ._errors import AccelerationError, Error, NetworkError
-from ._format import FormattedArray, Layout, dims, dlarray
-from ._graph import Graph, build_graph
-from ._layer import LEARNABLE, STATE, InputLayer, Layer, NetworkBase, call_layer
+from . import _cache, _execute
+from ._errors import AccelerationError, NetworkError
+from ._fields import LEARNABLE, STATE, NetworkBase
+from ._format import FormattedArray, Layout
+from ._graph import Graph, build_graph, flatten_layers, name_layers
+from ._input_layer import InputLayer
+from ._layer import Layer
+from ._propagate import propagate, resolve_layouts
 from ._table import ParameterTable
 
-_ACCELERATION = ("auto", "none")
 _TRACING_ERRORS = (
     jax.errors.ConcretizationTypeError,
     jax.errors.TracerArrayConversionError,
     jax.errors.TracerIntegerConversionError,
 )
+
+
+_KEEP = object()  # with_layers: keep the recorded layouts
 
 
 class _Token:
@@ -75,13 +84,13 @@ class Network(NetworkBase):
     """
 
     def __init__(self, layers, *, connections=(), outputs=None):
-        flat, chains = _flatten_layers(layers)
-        flat = _name_layers(flat)
+        flat, chains = flatten_layers(layers)
+        flat = name_layers(flat)
         graph = build_graph(flat, chains, tuple(tuple(c) for c in connections), outputs)
         self._set(tuple(flat), graph, layouts=None)
         if all(isinstance(flat[i], InputLayer) for i, _ in graph.inputs):
             # Input layers fix every input layout: check that the sizes fit, abstractly.
-            _propagate(self, [flat[i].input_layout for i, _ in graph.inputs], None, abstract=True)
+            propagate(self, [flat[i].input_layout for i, _ in graph.inputs], None, abstract=True)
 
     def _set(self, layers, graph, layouts) -> None:
         self._layers = layers
@@ -89,15 +98,16 @@ class Network(NetworkBase):
         self._layouts = layouts
         self._token = _Token((graph, layouts, tuple(jax.tree.structure(lyr) for lyr in layers)))
 
-    def _rebuild(self, layers: Sequence[Layer]) -> Network:
-        """The same graph with other layers.
+    def with_layers(self, layers: Sequence[Layer], *, recorded_layouts=_KEEP) -> Network:
+        """The same graph with other layers (and, if given, other recorded layouts).
 
-        When no layer's structure changed (only parameter values did), the new network keeps
-        the structure token, and with it the compiled-trace cache.
+        When no layer's structure changed (only parameter values did) and the layouts are kept,
+        the new network keeps the structure token, and with it the compiled-trace cache.
         """
         layers = tuple(layers)
         new = object.__new__(Network)
-        same = all(
+        layouts = self._layouts if recorded_layouts is _KEEP else recorded_layouts
+        same = layouts is self._layouts and all(
             a is b or jax.tree.structure(a) == jax.tree.structure(b)
             for a, b in zip(layers, self._layers)
         )
@@ -109,7 +119,7 @@ class Network(NetworkBase):
                 self._token,
             )
         else:
-            new._set(layers, self._graph, self._layouts)
+            new._set(layers, self._graph, layouts)
         return new
 
     # -- pytree ------------------------------------------------------------------------------
@@ -118,8 +128,10 @@ class Network(NetworkBase):
         return self._layers, (self._graph, self._layouts, self._token)
 
     def tree_flatten_with_keys(self):
-        children = tuple((jax.tree_util.GetAttrKey(layer.name), layer) for layer in self._layers)
-        return children, (self._graph, self._layouts, self._token)
+        # Key names come from the static graph, not the children: tree utilities (orbax's
+        # metadata trees, tree.map with is_leaf) put arbitrary values in the layer slots.
+        keys = map(jax.tree_util.GetAttrKey, self._graph.names)
+        return tuple(zip(keys, self._layers)), (self._graph, self._layouts, self._token)
 
     @classmethod
     def tree_unflatten(cls, aux, layers):
@@ -195,7 +207,7 @@ class Network(NetworkBase):
             )
         layers = list(self._layers)
         layers[i] = layer
-        return self._rebuild(layers)
+        return self.with_layers(layers)
 
     # -- parameters ----------------------------------------------------------------------------
 
@@ -225,7 +237,7 @@ class Network(NetworkBase):
 
     def reset_state(self) -> Network:
         """A network whose layers have their state reset (``Layer.reset_state``)."""
-        return self._rebuild([layer.reset_state() for layer in self._layers])
+        return self.with_layers([layer.reset_state() for layer in self._layers])
 
     # -- initialize ----------------------------------------------------------------------------
 
@@ -237,7 +249,7 @@ class Network(NetworkBase):
             omitted for inputs that come from input layers.
           key: a ``jax.random`` key.
         """
-        layouts = self._input_layouts(layouts_or_examples)
+        layouts = resolve_layouts(self, layouts_or_examples)
         tracing = any(isinstance(v, jax.core.Tracer) for v in jax.tree.leaves((self, key)))
         if self.acceleratable and not tracing:
             # One compiled program for every initializer: compiling each random draw on its
@@ -245,7 +257,7 @@ class Network(NetworkBase):
             # their compile time (a CNN's initializers: 0.4 s instead of 1.6 s).
             try:
                 traced = jax.jit(
-                    lambda net, key: _propagate(net, layouts, key, abstract=False)
+                    lambda net, key: propagate(net, layouts, key, abstract=False)
                 ).trace(self, key)
             except (*_TRACING_ERRORS, AccelerationError):
                 pass  # an initialize with Python logic on values: run it eagerly instead
@@ -256,32 +268,7 @@ class Network(NetworkBase):
                 except Exception:  # noqa: BLE001 - a backend without the option: defaults
                     compiled = lowered.compile()
                 return compiled(self, key)
-        return _propagate(self, layouts, key, abstract=False)
-
-    def _input_layouts(self, given) -> list[Layout]:
-        g = self._graph
-        if given and len(given) != len(g.inputs):
-            raise NetworkError(
-                f"initialize got {len(given)} layouts/examples; the network has {len(g.inputs)} "
-                f"input(s) {list(g.input_names)}. Fix: pass one per input, in that order."
-            )
-        layouts = []
-        for k, (i, j) in enumerate(g.inputs):
-            layer = self._layers[i]
-            known = layer.input_layout if isinstance(layer, InputLayer) else None
-            if given:
-                layouts.append(_as_layout(given[k], known, g.input_names[k]))
-            elif known is not None:
-                layouts.append(known)
-            elif self._layouts is not None:
-                layouts.append(self._layouts[i][0][j])
-            else:
-                raise NetworkError(
-                    f"network input {g.input_names[k]!r} has no input layer, so initialize needs "
-                    "its layout. Fix: net.initialize(df.Layout((None, ...), 'BC'), ..., key=...) "
-                    "with one layout (or formatted example array) per input."
-                )
-        return layouts
+        return propagate(self, layouts, key, abstract=False)
 
     # -- running ---------------------------------------------------------------------------------
 
@@ -298,7 +285,7 @@ class Network(NetworkBase):
         Returns:
           One output, or a tuple of outputs; with ``return_state``, ``(outputs, state)``.
         """
-        values, states = self._run(
+        values, states = self.run(
             inputs, None, training=False, outputs=outputs, acceleration=acceleration
         )
         out = values[0] if len(values) == 1 else values
@@ -311,7 +298,7 @@ class Network(NetworkBase):
           ``(outputs, state)``: one output or a tuple, and a ``ParameterTable`` of the new state
           values (put it back with ``net.replace(state=state)``).
         """
-        values, states = self._run(
+        values, states = self.run(
             inputs, key, training=True, outputs=outputs, acceleration=acceleration
         )
         return (values[0] if len(values) == 1 else values), self._state_table(states)
@@ -320,7 +307,52 @@ class Network(NetworkBase):
         """Compiled-trace cache statistics (hits, misses, entries, maxsize) for this structure."""
         return self._token.cache.info()
 
-    def _wanted(self, outputs) -> tuple[tuple[int, int], ...]:
+    # -- the package-internal API (docs/architecture.md) -----------------------------------------
+
+    @property
+    def graph(self) -> Graph:
+        """The static graph: sources of every layer input, order, network inputs and outputs."""
+        return self._graph
+
+    @property
+    def compile_cache(self) -> _cache.CompileCache:
+        """The compiled-trace cache shared by every network of this structure."""
+        return self._token.cache
+
+    @property
+    def recorded_layouts(self):
+        """Per layer, ``(input layouts, output layouts)`` recorded by ``initialize`` (or None)."""
+        return self._layouts
+
+    @property
+    def input_layers(self) -> tuple[InputLayer | None, ...]:
+        """Per network input, the input layer that receives it (None where there is none)."""
+        cached = self.__dict__.get("_input_layers")
+        if cached is None:
+            cached = self.__dict__["_input_layers"] = tuple(
+                self._layers[i] if isinstance(self._layers[i], InputLayer) else None
+                for i, _ in self._graph.inputs
+            )
+        return cached
+
+    @property
+    def input_layouts(self) -> tuple[Layout | None, ...]:
+        """Per network input, its layout where known (an input layer's, or the recorded one)."""
+        cached = self.__dict__.get("_input_layouts")
+        if cached is None:  # networks are immutable: compute once per object
+            known = []
+            for layer, (i, j) in zip(self.input_layers, self._graph.inputs):
+                if layer is not None:
+                    known.append(layer.input_layout)
+                elif self._layouts is not None:
+                    known.append(self._layouts[i][0][j])
+                else:
+                    known.append(None)
+            cached = self.__dict__["_input_layouts"] = tuple(known)
+        return cached
+
+    def output_ports(self, outputs=None) -> tuple[tuple[int, int], ...]:
+        """``(layer index, output index)`` of each output named (default: the network outputs)."""
         if outputs is None:
             return self._graph.outputs
         if isinstance(outputs, str):
@@ -329,10 +361,17 @@ class Network(NetworkBase):
             self._graph.port(o, kind="output", what=f"outputs entry {o!r}") for o in outputs
         )
 
-    def _run(self, inputs, key, *, training, outputs, acceleration):
-        if acceleration not in _ACCELERATION:
+    def run(self, inputs, key=None, *, training: bool, outputs=None, acceleration="auto"):
+        """Run the network: ``(values of the outputs, new state values per layer)``.
+
+        Checks and prepares the inputs (``prepare_inputs``), then lets ``_execute.run`` pick how
+        to execute: traced (under a transformation), one compiled trace per input signature, or
+        compiled segments around layers that must run eagerly. ``outputs`` is a list of names or
+        already resolved ``output_ports``.
+        """
+        if acceleration not in _execute.ACCELERATION:
             raise NetworkError(
-                f"acceleration={acceleration!r}; expected one of {list(_ACCELERATION)}."
+                f"acceleration={acceleration!r}; expected one of {list(_execute.ACCELERATION)}."
             )
         if not self.initialized:
             missing = [lyr.name for lyr in self._layers if not lyr.initialized]
@@ -341,31 +380,26 @@ class Network(NetworkBase):
                 "net = net.initialize(key=jax.random.key(0)) (with layouts for inputs that have "
                 "no input layer)."
             )
-        xs = self._prepare_inputs(inputs)
-        wanted = self._wanted(outputs) if outputs is not None else self._graph.outputs
-        tracing = isinstance(key, jax.core.Tracer) or any(
-            isinstance(x.data if isinstance(x, FormattedArray) else x, jax.core.Tracer) for x in xs
+        xs = self.prepare_inputs(inputs)
+        if outputs is None:
+            wanted = self._graph.outputs
+        elif isinstance(outputs, tuple) and all(isinstance(o, tuple) for o in outputs):
+            wanted = outputs
+        else:
+            wanted = self.output_ports(outputs)
+        return _execute.run(
+            self, xs, key, training=training, wanted=wanted, acceleration=acceleration
         )
-        if acceleration == "none" or tracing:
-            return execute(self, xs, key, training=training, wanted=wanted)
-        if not self.acceleratable:
-            return _execute_segmented(self, xs, key, training=training, wanted=wanted)
-        cache_key = ("forward" if training else "predict", wanted, _input_signature(xs, key))
-        compiled = self._token.cache.get(
-            cache_key,
-            lambda: jax.jit(functools.partial(execute, training=training, wanted=wanted)),
-            lambda: _cache.describe_signature(xs),
-        )
-        return compiled(self, xs, key)
 
-    def _prepare_inputs(self, inputs) -> tuple:
+    def prepare_inputs(self, inputs) -> tuple:
+        """Check the network inputs against the known layouts; label plain arrays."""
         g = self._graph
         if len(inputs) != len(g.inputs):
             raise NetworkError(
                 f"the network takes {len(g.inputs)} input(s) {list(g.input_names)}; got "
                 f"{len(inputs)}."
             )
-        known = self._known_input_layouts()
+        known = self.input_layouts
         prepared = []
         for k, x in enumerate(inputs):
             layout, name = known[k], g.input_names[k]
@@ -396,24 +430,6 @@ class Network(NetworkBase):
             prepared.append(x)
         return tuple(prepared)
 
-    def _known_input_layouts(self) -> list[Layout | None]:
-        cached = self.__dict__.get("_known_layouts")
-        if cached is None:  # networks are immutable: compute once per object
-            cached = self.__dict__["_known_layouts"] = self._compute_known_input_layouts()
-        return cached
-
-    def _compute_known_input_layouts(self) -> list[Layout | None]:
-        known = []
-        for i, j in self._graph.inputs:
-            layer = self._layers[i]
-            if isinstance(layer, InputLayer):
-                known.append(layer.input_layout)
-            elif self._layouts is not None:
-                known.append(self._layouts[i][0][j])
-            else:
-                known.append(None)
-        return known
-
     def _state_table(self, states) -> ParameterTable:
         rows = []
         for layer, values in zip(self._layers, states):
@@ -426,7 +442,7 @@ class Network(NetworkBase):
 
     def with_layer_states(self, states: Sequence[Sequence[Any]]) -> Network:
         """A network whose layers hold new state values (one tuple per layer, from ``execute``)."""
-        return self._rebuild(
+        return self.with_layers(
             [
                 layer._with_state(s) if layer.state_names else layer
                 for layer, s in zip(self._layers, states)
@@ -470,315 +486,6 @@ class Network(NetworkBase):
         )
 
 
-# -- construction helpers --------------------------------------------------------------------------
-
-
-def _flatten_layers(layers):
-    if isinstance(layers, Layer):
-        layers = [layers]
-    if not isinstance(layers, (list, tuple)) or not layers:
-        raise NetworkError(
-            f"Network(layers) expected a non-empty list of df.Layer (or of lists of layers); "
-            f"got {type(layers).__name__}."
-        )
-    flat, chains = [], []
-    current: list[int] = []
-    for item in layers:
-        if isinstance(item, Layer):
-            current.append(len(flat))
-            flat.append(item)
-        elif isinstance(item, (list, tuple)):
-            if current:
-                chains.append(current)
-                current = []
-            chain = []
-            for sub in item:
-                if not isinstance(sub, Layer):
-                    raise NetworkError(
-                        f"Network(layers): a chain contains {type(sub).__name__}; expected "
-                        "df.Layer objects."
-                    )
-                chain.append(len(flat))
-                flat.append(sub)
-            chains.append(chain)
-        else:
-            raise NetworkError(
-                f"Network(layers): got {type(item).__name__}; expected df.Layer objects (or "
-                "lists of them, one per chain)."
-            )
-    if current:
-        chains.append(current)
-    return flat, chains
-
-
-def _name_layers(layers: list[Layer]) -> list[Layer]:
-    names = [layer.name for layer in layers]
-    for name in names:
-        if name and "/" in name:
-            raise NetworkError(f"layer name {name!r} contains '/', which separates port names.")
-    given = [n for n in names if n]
-    duplicates = sorted({n for n in given if given.count(n) > 1})
-    if duplicates:
-        raise NetworkError(
-            f"layer names must be unique; {duplicates} appear more than once. Fix: rename them, "
-            "or leave names empty for automatic ones."
-        )
-    taken, counters, result = set(given), {}, []
-    for layer in layers:
-        if not layer.name:
-            base = type(layer).__name__.lower()
-            while True:
-                counters[base] = counters.get(base, 0) + 1
-                candidate = f"{base}_{counters[base]}"
-                if candidate not in taken:
-                    break
-            taken.add(candidate)
-            layer = layer.replace(name=candidate)
-        result.append(layer)
-    return result
-
-
-def _as_layout(value, known: Layout | None, name: str) -> Layout:
-    if isinstance(value, Layout):
-        layout = value
-    elif isinstance(value, FormattedArray):
-        layout = Layout.of(value)
-    elif hasattr(value, "shape") and known is not None:
-        layout = Layout(tuple(value.shape), known.format)
-    else:
-        raise NetworkError(
-            f"network input {name!r}: expected a df.Layout or a formatted example "
-            f"(df.dlarray(x, fmt)); got {type(value).__name__}."
-        )
-    if known is not None and (
-        layout.format != known.format
-        or any(
-            a is not None and b is not None and a != b for a, b in zip(layout.shape, known.shape)
-        )
-        or layout.ndim != known.ndim
-    ):
-        raise NetworkError(
-            f"network input {name!r}: its input layer expects {known}; got {layout}."
-        )
-    return layout
-
-
-_PLACEHOLDER = {"B": 2, "T": 3}
-
-
-def _concrete(layout: Layout) -> tuple[int, ...]:
-    return tuple(
-        size if size is not None else _PLACEHOLDER.get(label, 4)
-        for size, label in zip(layout.shape, layout.format)
-    )
-
-
-def _output_layout(value, unknown_labels: set[str]) -> Layout:
-    fmt = dims(value) or "U" * len(value.shape)
-    shape = tuple(
-        None if label in unknown_labels else int(size) for size, label in zip(value.shape, fmt)
-    )
-    return Layout(shape, fmt)
-
-
-def _propagate(net: Network, input_layouts, key, *, abstract: bool) -> Network:
-    """Initialize layers in topological order and record their input/output layouts."""
-    g = net._graph
-    layers = list(net._layers)
-    dtype = jnp.float32
-    unknown = {lab for lo in input_layouts for s, lab in zip(lo.shape, lo.format) if s is None}
-    out_layouts: dict[tuple[int, int], Layout] = {}
-    recorded: list[Any] = [None] * len(layers)
-    for i in g.order:
-        layer = layers[i]
-        ins = tuple(
-            input_layouts[s.index] if s.kind == "input" else out_layouts[(s.index, s.port)]
-            for s in g.sources[i]
-        )
-        layer_key = jax.random.fold_in(key, i) if key is not None else jax.random.key(0)
-        try:
-            if abstract and layer.acceleratable:
-                layer = jax.eval_shape(
-                    lambda lyr=layer, k=layer_key, ins=ins: lyr.initialize(*ins, key=k)
-                )
-            else:
-                layer = layer.initialize(*ins, key=layer_key)
-            if not isinstance(layer, Layer) or layer.name != layers[i].name:
-                raise NetworkError(
-                    f"{type(layers[i]).__name__}.initialize must return the layer (e.g. "
-                    "self.replace(...)); got "
-                    + (type(layer).__name__ if not isinstance(layer, Layer) else "a renamed layer")
-                    + "."
-                )
-            if isinstance(layer, InputLayer):
-                outs = (ins[0],)
-            elif not layer.acceleratable:
-                # It cannot be traced: run it on placeholder data to learn its output sizes.
-                xs = tuple(
-                    dlarray(jnp.zeros(_concrete(lo), dtype), lo.format)
-                    if lo.format
-                    else jnp.zeros(_concrete(lo), dtype)
-                    for lo in ins
-                )
-                outs = tuple(_output_layout(v, unknown) for v in call_layer(layer, xs)[0])
-            else:
-                fmts = tuple(lo.format for lo in ins)
-                values = jax.eval_shape(
-                    lambda lyr, *xs, fmts=fmts: call_layer(
-                        lyr, tuple(dlarray(x, f) if f else x for x, f in zip(xs, fmts))
-                    )[0],
-                    layer,
-                    *(jax.ShapeDtypeStruct(_concrete(lo), dtype) for lo in ins),
-                )
-                outs = tuple(_output_layout(v, unknown) for v in values)
-        except NetworkError:
-            raise
-        except Error as error:
-            raise NetworkError(
-                f"layer {layer.name!r} ({type(layer).__name__}) does not fit its inputs "
-                f"{[str(lo) for lo in ins]}: {error}"
-            ) from error
-        except (TypeError, ValueError) as error:
-            raise NetworkError(
-                f"layer {layers[i].name!r} ({type(layers[i]).__name__}) failed on inputs "
-                f"{[str(lo) for lo in ins]} (a size mismatch?): {type(error).__name__}: "
-                f"{str(error).splitlines()[0]}"
-            ) from error
-        for o, lo in enumerate(outs):
-            out_layouts[(i, o)] = lo
-        recorded[i] = (ins, outs)
-        if not abstract:
-            layers[i] = layer
-    if abstract:
-        return net
-    new = object.__new__(Network)
-    new._set(tuple(layers), g, tuple(recorded))
-    return new
-
-
-# -- running ---------------------------------------------------------------------------------------
-
-
-def execute(net: Network, inputs, key, *, training: bool, wanted):
-    """Run the graph: returns (outputs for ``wanted``, new state values per layer)."""
-    g = net._graph
-    needed = _needed_layers(g, wanted)
-    values: dict[tuple[int, int], Any] = {}
-    states: list[tuple] = [lyr._state_values() for lyr in net._layers]
-    for i in g.order:
-        if i not in needed:
-            continue
-        layer = net._layers[i]
-        ins = tuple(
-            inputs[s.index] if s.kind == "input" else values[(s.index, s.port)]
-            for s in g.sources[i]
-        )
-        layer_key = jax.random.fold_in(key, i) if key is not None else None
-        outs, new_state = call_layer(layer, ins, training=training, key=layer_key)
-        for o, y in enumerate(outs):
-            values[(i, o)] = y
-        if layer.state_names:
-            states[i] = new_state
-    return tuple(values[w] for w in wanted), tuple(states)
-
-
-@functools.lru_cache(maxsize=256)
-def _needed_layers_cached(g: Graph, wanted) -> frozenset[int]:
-    needed, stack = set(), [i for i, _ in wanted]
-    while stack:
-        i = stack.pop()
-        if i in needed:
-            continue
-        needed.add(i)
-        stack += [s.index for s in g.sources[i] if s.kind == "layer"]
-    return frozenset(needed)
-
-
-def _needed_layers(g: Graph, wanted) -> frozenset[int]:
-    return _needed_layers_cached(g, tuple(wanted))
-
-
-def _execute_segmented(net: Network, inputs, key, *, training: bool, wanted):
-    """Compiled runs of acceleratable layers, with the others run eagerly in between."""
-    g = net._graph
-    needed = _needed_layers(g, wanted)
-    order = [i for i in g.order if i in needed]
-    segments: list[tuple[bool, tuple[int, ...]]] = []
-    for i in order:
-        eager = not net._layers[i].acceleratable
-        if segments and not eager and not segments[-1][0]:
-            segments[-1] = (False, segments[-1][1] + (i,))
-        else:
-            segments.append((eager, (i,)))
-    env: dict[str, Any] = {f"in{k}": x for k, x in enumerate(inputs)}
-    states = [lyr._state_values() for lyr in net._layers]
-    for n, (eager, members) in enumerate(segments):
-        later = {w for w in wanted}
-        for _, m in segments[n + 1 :]:
-            later |= {(s.index, s.port) for j in m for s in g.sources[j] if s.kind == "layer"}
-        produced = sorted(
-            (i, o) for i in members for o in range(net._layers[i].num_outputs) if (i, o) in later
-        )
-        consumed = sorted(
-            {_env_key(s) for j in members for s in g.sources[j]}
-            - {f"v{i}_{o}" for i in members for o in range(net._layers[i].num_outputs)}
-        )
-        args = {k: env[k] for k in consumed}
-        if eager:
-            out_env, seg_states = _run_members(net, members, args, key, training, produced)
-        else:
-            cache_key = ("segment", n, training, tuple(produced), _cache.signature((args, key)))
-            compiled = net._token.cache.get(
-                cache_key,
-                lambda m=members, p=tuple(produced): jax.jit(
-                    functools.partial(_run_members_static, members=m, training=training, produced=p)
-                ),
-                lambda args=args: _cache.describe_signature(args),
-            )
-            out_env, seg_states = compiled(net, args, key)
-        env.update(out_env)
-        for i, s in seg_states.items():
-            states[int(i)] = s
-    return tuple(env[f"v{i}_{o}"] for i, o in wanted), tuple(states)
-
-
-def _input_signature(xs, key):
-    """What a compiled trace depends on, for network inputs: format, shape, dtype."""
-    parts = []
-    for x in xs:
-        fmt = None
-        if isinstance(x, FormattedArray):
-            fmt, x = x.format, x.data
-        parts.append((fmt, x.shape, x.dtype, getattr(x, "weak_type", False)))
-    if key is not None:
-        key = (key.shape, key.dtype)
-    return tuple(parts), key
-
-
-def _env_key(source) -> str:
-    return f"in{source.index}" if source.kind == "input" else f"v{source.index}_{source.port}"
-
-
-def _run_members(net, members, env, key, training, produced):
-    g = net._graph
-    local = dict(env)
-    seg_states = {}
-    for i in members:
-        layer = net._layers[i]
-        ins = tuple(local[_env_key(s)] for s in g.sources[i])
-        layer_key = jax.random.fold_in(key, i) if key is not None else None
-        outs, new_state = call_layer(layer, ins, training=training, key=layer_key)
-        for o, y in enumerate(outs):
-            local[f"v{i}_{o}"] = y
-        if layer.state_names:
-            seg_states[str(i)] = tuple(new_state)
-    return {f"v{i}_{o}": local[f"v{i}_{o}"] for i, o in produced}, seg_states
-
-
-def _run_members_static(net, env, key, *, members, training, produced):
-    return _run_members(net, members, env, key, training, produced)
-
-
 # -- parameter tables ------------------------------------------------------------------------------
 
 
@@ -807,7 +514,7 @@ def _assign(net: Network, table, kind: str) -> Network:
     for layer_name, params in updates.items():
         i = net._graph.index(layer_name)
         layers[i] = _assign_layer(layers[i], params, kind)
-    return net._rebuild(layers)
+    return net.with_layers(layers)
 
 
 def _assign_layer(layer: Layer, params: dict[str, Any], kind: str) -> Layer:

@@ -68,7 +68,7 @@ def minibatchpredict(net, *X, mini_batch_size: int = 128, outputs=None, accelera
             f"{who}: the network has {len(net.input_names)} input(s) {list(net.input_names)}; "
             f"got {len(X)} array(s)."
         )
-    known = net._known_input_layouts()
+    known = net.input_layouts
     axes = [
         _batches.batch_axis(x, lo.format if lo else None, what=f"{who}: input {k}")
         for k, (x, lo) in enumerate(zip(X, known, strict=True))

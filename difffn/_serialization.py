@@ -21,7 +21,7 @@ from . import _container
 from ._errors import SerializationError
 from ._factors import _set as _set_factor
 from ._format import Layout
-from ._layer import InputLayer
+from ._input_layer import InputLayer
 from ._network import Network, leaf_kinds
 
 FORMAT = "difffn.network"
@@ -139,10 +139,8 @@ def restore_network(payload: dict[str, Any], like: Network, *, source: str) -> N
     for layer_path, field, kind, value in payload.get("factors", []):
         net = _set_factor(net, f"{layer_path}/{field}" if layer_path else field, kind, value)
     layouts = _layouts_from_payload(payload.get("layouts"))
-    if net._layouts is None and layouts is not None:
-        restored = object.__new__(Network)
-        restored._set(net._layers, net._graph, layouts)
-        net = restored
+    if net.recorded_layouts is None and layouts is not None:
+        net = net.with_layers(net.layers, recorded_layouts=layouts)
     return net
 
 
@@ -213,8 +211,9 @@ def _abstract_initialized(like: Network, layouts_data, source: str) -> Network:
     """``like`` initialized abstractly (shapes only), to know the shapes it expects."""
     recorded = _layouts_from_payload(layouts_data)
     layouts = []
-    for name, (i, j) in zip(like.input_names, like._graph.inputs, strict=True):
-        known = like._known_input_layouts()[len(layouts)]
+    for name, (i, j), known in zip(
+        like.input_names, like.graph.inputs, like.input_layouts, strict=True
+    ):
         if known is None and recorded is not None:
             known = recorded[i][0][j]
         if known is None:
@@ -238,11 +237,11 @@ def _collect_factors(net: Network, prefix: str):
 
 
 def _layouts_payload(net: Network):
-    if net._layouts is None:
+    if net.recorded_layouts is None:
         return None
     return [
         [[_layout_payload(lo) for lo in ins], [_layout_payload(lo) for lo in outs]]
-        for ins, outs in net._layouts
+        for ins, outs in net.recorded_layouts
     ]
 
 

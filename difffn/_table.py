@@ -158,6 +158,8 @@ def _split(path: str) -> tuple[str, str]:
 def _describe(value) -> str:
     if value is None:
         return "[] (not initialized)"
+    if isinstance(value, (dict, list, tuple)):  # a learnable may be a container of arrays
+        return f"{type(value).__name__} of {len(jax.tree.leaves(value))} arrays"
     try:
         return f"{jnp.result_type(value).name}{list(jnp.shape(value))}"
     except TypeError:

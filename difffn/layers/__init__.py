@@ -9,6 +9,8 @@ from ._activation import Softmax as Softmax
 from ._convolution import Conv2D as Conv2D
 from ._dropout import Dropout as Dropout
 from ._flatten import Flatten as Flatten
+from ._from_equinox import FromEquinox as FromEquinox
+from ._from_nnx import FromNNX as FromNNX
 from ._fully_connected import FullyConnected as FullyConnected
 from ._function_layer import FunctionLayer as FunctionLayer
 from ._input import FeatureInput as FeatureInput
@@ -30,6 +32,8 @@ __all__ = [
     "ELU",
     "FeatureInput",
     "Flatten",
+    "FromEquinox",
+    "FromNNX",
     "FullyConnected",
     "FunctionLayer",
     "GlobalAveragePool2D",

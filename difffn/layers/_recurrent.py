@@ -9,7 +9,8 @@ import jax
 import jax.numpy as jnp
 
 from .._errors import FormatError, LayerError
-from .._layer import Layer, learnable, state
+from .._fields import learnable, state
+from .._layer import Layer
 from . import _initializers as init
 from ._checks import (
     array_or_none,

@@ -1,0 +1,56 @@
+"""How messages and displays describe values and layers: one wording everywhere.
+
+* :func:`is_array`: whether a value is an array (concrete or traced), the one definition;
+* :func:`short`: ``float32[2, 3]`` for an array (``:BC`` added for a formatted one), a short
+  ``repr`` for anything else (layer ``repr``, parameter tables, trace-cache messages);
+* :func:`who`: ``"Conv2D (layer 'conv1')"``, or ``"Conv2D.predict (layer 'conv1')"`` with a
+  method: how every message names a layer.
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from ._format import FormattedArray
+
+_MAX_REPR = 60
+
+
+def is_array(value) -> bool:
+    """Whether ``value`` is an array: a ``jax.Array`` (tracers included) or a NumPy array/scalar."""
+    return isinstance(value, (jax.Array, np.ndarray, np.generic))
+
+
+def short(value) -> str:
+    """A one-line description: ``float32[2, 3]``, ``float32[4, 2]:BC``, or a short ``repr``.
+
+    Examples:
+      >>> import jax.numpy as jnp
+      >>> import difffn as df
+      >>> from difffn._describe import short
+      >>> short(jnp.zeros((2, 3))), short(df.dlarray(jnp.zeros((4, 2)), "BC")), short("relu")
+      ('float32[2, 3]', 'float32[4, 2]:BC', "'relu'")
+    """
+    if is_array(value) or isinstance(value, jax.ShapeDtypeStruct):
+        return f"{jnp.result_type(value).name}{list(jnp.shape(value))}"
+    if isinstance(value, FormattedArray):
+        return f"{value.dtype.name}{list(value.shape)}:{value.format}"
+    if isinstance(value, str):
+        return repr(value)
+    text = repr(value)
+    return text if len(text) <= _MAX_REPR else text[: _MAX_REPR - 3] + "..."
+
+
+def who(layer, method: str | None = None) -> str:
+    """How messages name a layer: ``"Conv2D (layer 'conv1')"``, ``"Conv2D.predict (layer ...)"``.
+
+    Examples:
+      >>> import difffn as df
+      >>> from difffn._describe import who
+      >>> who(df.layers.ReLU(name="relu1")), who(df.layers.ReLU(name="relu1"), "predict")
+      ("ReLU (layer 'relu1')", "ReLU.predict (layer 'relu1')")
+    """
+    cls = type(layer).__name__
+    return f"{cls}{'.' + method if method else ''} (layer {layer.name!r})"

@@ -1,0 +1,163 @@
+"""Initializing a network: layouts flow through the graph, each layer fills its parameters.
+
+``propagate`` visits the layers in topological order, calls each layer's ``initialize`` with the
+layouts of its inputs, and learns the layouts of its outputs without running real data (with
+``jax.eval_shape``; layers that cannot be traced run once on placeholder data). It records every
+layer's input and output layouts in the network (they give ``summary`` its sizes and let a loaded
+network check its inputs). ``abstract=True`` only checks that the sizes fit (used when a network
+is built from input layers).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+
+from ._errors import Error, NetworkError
+from ._format import FormattedArray, Layout, dims, dlarray
+from ._input_layer import InputLayer
+from ._layer import Layer
+from ._layer_call import call_layer
+
+
+def resolve_layouts(net, given) -> list[Layout]:
+    """One layout per network input, from what the caller gave (layouts or examples) or knows."""
+    g = net.graph
+    if given and len(given) != len(g.inputs):
+        raise NetworkError(
+            f"initialize got {len(given)} layouts/examples; the network has {len(g.inputs)} "
+            f"input(s) {list(g.input_names)}. Fix: pass one per input, in that order."
+        )
+    layouts = []
+    for k, known in enumerate(net.input_layouts):
+        if given:
+            layer = net.input_layers[k]
+            expected = layer.input_layout if layer is not None else None
+            layouts.append(_as_layout(given[k], expected, g.input_names[k]))
+        elif known is not None:
+            layouts.append(known)
+        else:
+            raise NetworkError(
+                f"network input {g.input_names[k]!r} has no input layer, so initialize needs "
+                "its layout. Fix: net.initialize(df.Layout((None, ...), 'BC'), ..., key=...) "
+                "with one layout (or formatted example array) per input."
+            )
+    return layouts
+
+
+def _as_layout(value, known: Layout | None, name: str) -> Layout:
+    if isinstance(value, Layout):
+        layout = value
+    elif isinstance(value, FormattedArray):
+        layout = Layout.of(value)
+    elif hasattr(value, "shape") and known is not None:
+        layout = Layout(tuple(value.shape), known.format)
+    else:
+        raise NetworkError(
+            f"network input {name!r}: expected a df.Layout or a formatted example "
+            f"(df.dlarray(x, fmt)); got {type(value).__name__}."
+        )
+    if known is not None and (
+        layout.format != known.format
+        or any(
+            a is not None and b is not None and a != b for a, b in zip(layout.shape, known.shape)
+        )
+        or layout.ndim != known.ndim
+    ):
+        raise NetworkError(
+            f"network input {name!r}: its input layer expects {known}; got {layout}."
+        )
+    return layout
+
+
+_PLACEHOLDER = {"B": 2, "T": 3}
+
+
+def _concrete(layout: Layout) -> tuple[int, ...]:
+    return tuple(
+        size if size is not None else _PLACEHOLDER.get(label, 4)
+        for size, label in zip(layout.shape, layout.format)
+    )
+
+
+def _output_layout(value, unknown_labels: set[str]) -> Layout:
+    fmt = dims(value) or "U" * len(value.shape)
+    shape = tuple(
+        None if label in unknown_labels else int(size) for size, label in zip(value.shape, fmt)
+    )
+    return Layout(shape, fmt)
+
+
+def propagate(net, input_layouts, key, *, abstract: bool):
+    """Initialize layers in topological order and record their input/output layouts."""
+    g = net.graph
+    layers = list(net.layers)
+    dtype = jnp.float32
+    unknown = {lab for lo in input_layouts for s, lab in zip(lo.shape, lo.format) if s is None}
+    out_layouts: dict[tuple[int, int], Layout] = {}
+    recorded: list[Any] = [None] * len(layers)
+    for i in g.order:
+        layer = layers[i]
+        ins = tuple(
+            input_layouts[s.index] if s.kind == "input" else out_layouts[(s.index, s.port)]
+            for s in g.sources[i]
+        )
+        layer_key = jax.random.fold_in(key, i) if key is not None else jax.random.key(0)
+        try:
+            if abstract and layer.acceleratable:
+                layer = jax.eval_shape(
+                    lambda lyr=layer, k=layer_key, ins=ins: lyr.initialize(*ins, key=k)
+                )
+            else:
+                layer = layer.initialize(*ins, key=layer_key)
+            if not isinstance(layer, Layer) or layer.name != layers[i].name:
+                raise NetworkError(
+                    f"{type(layers[i]).__name__}.initialize must return the layer (e.g. "
+                    "self.replace(...)); got "
+                    + (type(layer).__name__ if not isinstance(layer, Layer) else "a renamed layer")
+                    + "."
+                )
+            if isinstance(layer, InputLayer):
+                outs = (ins[0],)
+            elif not layer.acceleratable:
+                # It cannot be traced: run it on placeholder data to learn its output sizes.
+                xs = tuple(
+                    dlarray(jnp.zeros(_concrete(lo), dtype), lo.format)
+                    if lo.format
+                    else jnp.zeros(_concrete(lo), dtype)
+                    for lo in ins
+                )
+                outs = tuple(_output_layout(v, unknown) for v in call_layer(layer, xs)[0])
+            else:
+                fmts = tuple(lo.format for lo in ins)
+                values = jax.eval_shape(
+                    lambda lyr, *xs, fmts=fmts: call_layer(
+                        lyr, tuple(dlarray(x, f) if f else x for x, f in zip(xs, fmts))
+                    )[0],
+                    layer,
+                    *(jax.ShapeDtypeStruct(_concrete(lo), dtype) for lo in ins),
+                )
+                outs = tuple(_output_layout(v, unknown) for v in values)
+        except NetworkError:
+            raise
+        except Error as error:
+            raise NetworkError(
+                f"layer {layer.name!r} ({type(layer).__name__}) does not fit its inputs "
+                f"{[str(lo) for lo in ins]}: {error}"
+            ) from error
+        except (TypeError, ValueError) as error:
+            raise NetworkError(
+                f"layer {layers[i].name!r} ({type(layers[i]).__name__}) failed on inputs "
+                f"{[str(lo) for lo in ins]} (a size mismatch?): {type(error).__name__}: "
+                f"{str(error).splitlines()[0]}"
+            ) from error
+        for o, lo in enumerate(outs):
+            out_layouts[(i, o)] = lo
+        recorded[i] = (ins, outs)
+        if not abstract:
+            layers[i] = layer
+    if abstract:
+        return net
+    return net.with_layers(layers, recorded_layouts=tuple(recorded))
