@@ -14,7 +14,8 @@ Classes are static configuration: ``jax.tree_util.register_static`` makes an ins
 argument. JAX's pytree registry keeps what it registers forever, so a class defined inside a
 function (``<locals>`` in its qualified name) is not registered: it is freed with its captured
 values once dropped (pass such an instance by closure or as a static argument). Every other
-per-class cache lives on the class itself.
+per-class cache lives on the class itself, and signatures come from ``_signatures.py`` (a weak
+memo).
 """
 
 from __future__ import annotations
@@ -27,6 +28,7 @@ import jax
 from . import _function_rules as rules
 from ._errors import DifferentiableFunctionError, ForwardModeError
 from ._function_rules import forward_mode_message, run_forward
+from ._signatures import positional
 
 __all__ = ["DifferentiableFunction", "forward_mode_message", "run_forward"]
 
@@ -211,24 +213,9 @@ def _check_methods(cls) -> None:
 
 
 def _signature(cls) -> tuple[tuple[str, ...], int, bool]:
-    """forward's positional input names, how many are required, and whether it takes ``*args``.
-
-    Cached on the class (``_difffn_signature`` in its own ``__dict__``).
-    """
-    cached = cls.__dict__.get("_difffn_signature")
-    if cached is not None:
-        return cached
-    parameters = list(inspect.signature(cls.forward).parameters.values())[1:]
-    names, required, variadic = [], 0, False
-    for p in parameters:
-        if p.kind is p.VAR_POSITIONAL:
-            variadic = True
-        elif p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD):
-            names.append(p.name)
-            required += p.default is p.empty
-    result = (tuple(names), required, variadic)
-    cls._difffn_signature = result
-    return result
+    """forward's positional input names, how many are required, and whether it takes ``*args``."""
+    forward = positional(cls.forward)
+    return forward.names, len(forward.required), forward.variadic
 
 
 def _forward_parameters(cls) -> tuple[tuple[str, ...], bool]:
@@ -268,10 +255,8 @@ def _complete(cls, inputs: tuple, names, required: int, variadic: bool) -> tuple
         )
     if count >= len(names):
         return inputs
-    defaults = [p.default for p in list(inspect.signature(cls.forward).parameters.values())[1:]][
-        count : len(names)
-    ]
-    return (*inputs, *defaults)
+    parameters = list(inspect.signature(cls.forward).parameters.values())[1:]
+    return (*inputs, *(p.default for p in parameters[count : len(names)]))
 
 
 def _backward_signature(flags: rules.Flags, input_names) -> list[str]:
@@ -289,29 +274,26 @@ def _check_backward_arity(cls, flags: rules.Flags, input_names) -> None:
     """Raise if ``backward`` cannot take the arguments the flags say it gets."""
     if not _defines(cls, "backward"):
         return
-    parameters = list(inspect.signature(cls.backward).parameters.values())[1:]
-    positional = [p for p in parameters if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
-    variadic = any(p.kind is p.VAR_POSITIONAL for p in parameters)
-    required = sum(p.default is p.empty for p in positional)
+    backward = positional(cls.backward)
+    names, variadic = list(backward.names), backward.variadic
     expected = _backward_signature(flags, input_names)
     n = len(expected)
-    if required <= n and (variadic or n <= len(positional)):
+    if len(backward.required) <= n and (variadic or n <= len(names)):
         return
-    got = ", ".join(p.name for p in positional) + (", *args" if variadic else "")
+    got = ", ".join(names) + (", *args" if variadic else "")
     hint = ""
-    names = [p.name for p in positional]
-    if "compute_gradients" not in names and n == len(positional) + 1:
+    if "compute_gradients" not in names and n == len(names) + 1:
         hint = (
             " It looks like backward leaves out compute_gradients (PyTorch's backward has no "
             "such argument; here it comes right after the output gradients)."
         )
-    elif not flags.save_inputs and len(positional) == n + len(input_names):
+    elif not flags.save_inputs and len(names) == n + len(input_names):
         hint = (
             " It looks like backward expects the inputs: set save_inputs_for_backward = True "
             "to receive them."
         )
     raise DifferentiableFunctionError(
-        f"{cls.__name__}.backward takes {len(positional)} arguments after self ({got}); "
+        f"{cls.__name__}.backward takes {len(names)} arguments after self ({got}); "
         f"expected {n}: backward(self, {', '.join(expected)}). The order is MATLAB's: the "
         f"output gradients (num_outputs={flags.num_outputs}), compute_gradients, the inputs "
         f"(save_inputs_for_backward={flags.save_inputs}), the outputs "
