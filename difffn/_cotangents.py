@@ -17,7 +17,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax.custom_derivatives import SymbolicZero
 
-from ._errors import BackwardError
+from ._errors import BackwardError, ForwardError
 
 try:  # the internal zero type that JAX's newer custom_vjp hands to rules
     from jax._src.ad_util import Zero as _InternalZero
@@ -65,6 +65,42 @@ def varying_axes(value_or_aval) -> frozenset[str]:
     if vma is None:
         vma = getattr(getattr(aval, "mat", None), "varying", frozenset())
     return frozenset(vma)
+
+
+_ARRAY = object()  # marks a memory leaf that travels as a value, not as static structure
+
+
+def split_memory(memory, who: str) -> tuple[Static, tuple]:
+    """A memory value as (static description, array leaves): the arrays become residuals, and
+    any other leaf (a Python ``int`` axis, a string) travels as static structure, unchanged.
+
+    Raises:
+      ForwardError: a leaf is neither an array nor hashable.
+    """
+    leaves, tree = jax.tree_util.tree_flatten_with_path(memory)
+    static, arrays = [], []
+    for path, leaf in leaves:
+        if isinstance(leaf, (jax.Array, np.ndarray, np.generic)):
+            static.append(_ARRAY)
+            arrays.append(jnp.asarray(leaf))
+            continue
+        try:
+            hash(leaf)
+        except TypeError:
+            raise ForwardError(
+                f"{who} returned a memory value{path_text(path)} that is an unhashable "
+                f"{type(leaf).__name__}; memory is a pytree of arrays and hashable Python values "
+                "(int, float, str, ...). Fix: convert it to an array or a tuple."
+            ) from None
+        static.append(leaf)
+    return Static((tree, tuple(static))), tuple(arrays)
+
+
+def join_memory(static: Static, arrays) -> Any:
+    """The memory value :func:`split_memory` took apart."""
+    tree, leaves = static.value
+    it = iter(arrays)
+    return jax.tree.unflatten(tree, [next(it) if v is _ARRAY else v for v in leaves])
 
 
 def is_symbolic_zero(ct) -> bool:

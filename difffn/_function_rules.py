@@ -203,41 +203,6 @@ def run_forward(fcn, xs):
     return check_outputs(outputs, who), memory
 
 
-_DYNAMIC = "<array>"  # marks a memory leaf that travels as a value, not as static structure
-
-
-def pack_memory(memory, who: str):
-    """Memory values as (static description, array leaves); other leaves stay Python values."""
-    leaves, tree = jax.tree_util.tree_flatten_with_path(memory, is_leaf=_is_formatted)
-    static, arrays = [], []
-    for path, leaf in leaves:
-        if isinstance(leaf, FormattedArray) or _is_array(leaf):
-            static.append(_DYNAMIC)
-            arrays.append(leaf.data if isinstance(leaf, FormattedArray) else jnp.asarray(leaf))
-            continue
-        try:
-            hash(leaf)
-        except TypeError:
-            raise ForwardError(
-                f"{who} memory value {path_index(path)}{ct.path_text(path[1:])} is an "
-                f"unhashable {type(leaf).__name__}; a memory value is a pytree of arrays and "
-                "hashable Python values (int, float, str, ...). Fix: convert it to an array or "
-                "a tuple."
-            ) from None
-        static.append(leaf)
-    return ct.Static((tree, tuple(static))), tuple(arrays)
-
-
-def path_index(path) -> int:
-    return path[0].idx + 1 if path and hasattr(path[0], "idx") else 1
-
-
-def unpack_memory(static: ct.Static, arrays) -> tuple:
-    tree, leaves = static.value
-    it = iter(arrays)
-    return jax.tree.unflatten(tree, [next(it) if v is _DYNAMIC else v for v in leaves])
-
-
 # -- the operation ----------------------------------------------------------------------------
 
 
@@ -301,7 +266,7 @@ class Operation:
 
     def _pack(self, outputs, memory, who):
         out_leaves, out_tree = jax.tree.flatten(outputs)
-        mem_static, mem_arrays = pack_memory(memory, who)
+        mem_static, mem_arrays = ct.split_memory(memory, who)
         return ct.Static(out_tree), tuple(out_leaves), mem_static, mem_arrays
 
     def _outer_primal(self, *leaves):
@@ -330,7 +295,7 @@ class Operation:
         batched_memory = [
             leaf
             for flag, m in zip(flags_mem, memory)
-            for leaf in _broadcast_flag(flag, pack_memory(m, who)[1], who, "memory value")
+            for leaf in _broadcast_flag(flag, ct.split_memory(m, who)[1], who, "memory value")
         ]
         return packed, (packed[0], tuple(batched_outputs), packed[2], tuple(batched_memory))
 
@@ -417,7 +382,7 @@ class Operation:
         if flags.save_outputs:
             args += jax.tree.unflatten(out_tree, list(saved_outputs))
         if flags.num_memory:
-            args += unpack_memory(mem, mem_arrays)
+            args += ct.join_memory(mem, mem_arrays)
         result = fcn.backward(*args)
         grads = self._check_gradients(result, perturbed, in_specs)
         if flags.once_differentiable:
@@ -453,20 +418,25 @@ class Operation:
                 )
         return checked
 
-    def _memory_vjp(self, leaves, mem_arrays, mem_cts, perturbed) -> list:
-        """Autodiff of ``forward``'s memory values (needed only at second order and above)."""
-        chosen = [i for i, p in enumerate(perturbed) if p]
+    def _memory_of(self, leaves, chosen):
+        """The memory values' arrays as a function of the leaves at positions ``chosen``."""
 
         def memory_of(*values):
             full = list(leaves)
             for i, v in zip(chosen, values):
                 full[i] = v
-            result = self.fcn.forward(*self.inputs(full))
             who = f"{self.cls_name}.forward"
-            _, memory = split_forward_result(self.fcn, self.flags, result, who)
-            return pack_memory(memory, who)[1]
+            result = self.fcn.forward(*self.inputs(full))
+            return ct.split_memory(split_forward_result(self.fcn, self.flags, result, who)[1], who)[
+                1
+            ]
 
-        _, vjp = jax.vjp(memory_of, *(leaves[i] for i in chosen))
+        return memory_of
+
+    def _memory_vjp(self, leaves, mem_arrays, mem_cts, perturbed) -> list:
+        """Autodiff of ``forward``'s memory values (needed only at second order and above)."""
+        chosen = [i for i, p in enumerate(perturbed) if p]
+        _, vjp = jax.vjp(self._memory_of(leaves, chosen), *(leaves[i] for i in chosen))
         cts = tuple(ct.instantiate(c, ct.Spec.of(m)) for c, m in zip(mem_cts, mem_arrays))
         grads = [None] * len(leaves)
         for i, g in zip(chosen, vjp(cts)):
@@ -515,15 +485,7 @@ class Operation:
 
     def _memory_jvp(self, primals, tangents):
         chosen = [i for i, t in enumerate(tangents) if t is not None]
-
-        def memory_of(*values):
-            full = list(primals)
-            for i, v in zip(chosen, values):
-                full[i] = v
-            result = self.fcn.forward(*self.inputs(full))
-            who = f"{self.cls_name}.forward"
-            return pack_memory(split_forward_result(self.fcn, self.flags, result, who)[1], who)[1]
-
+        memory_of = self._memory_of(primals, chosen)
         return jax.jvp(memory_of, [primals[i] for i in chosen], [tangents[i] for i in chosen])[1]
 
 

@@ -475,5 +475,8 @@ def test_unhashable_python_value_in_memory_is_named():
         def backward(self, dy, cg, memory):
             return dy
 
-    with pytest.raises(df.ForwardError, match=r"memory value 1 at \['seen'\] is an unhashable set"):
+    with pytest.raises(
+        df.ForwardError,
+        match=r"Keeps\.forward returned a memory value at \[0\]\['seen'\] that is an unhashable set",
+    ):
         Keeps()(jnp.ones(2))
