@@ -49,7 +49,16 @@ class Primal:
         self.perturbed = perturbed
 
 
-def custom_vjp(fun, fwd, bwd, *, jvp=None, name: str = "custom_vjp", forward_mode_message=None):
+def custom_vjp(
+    fun,
+    fwd,
+    bwd,
+    *,
+    jvp=None,
+    name: str = "custom_vjp",
+    forward_mode_message=None,
+    error: type[Exception] = DifferentiableFunctionError,
+):
     """A callable computing ``fun(*args)``, differentiated with ``fwd``/``bwd`` (and ``jvp``).
 
     Args:
@@ -66,6 +75,8 @@ def custom_vjp(fun, fwd, bwd, *, jvp=None, name: str = "custom_vjp", forward_mod
       name: for messages.
       forward_mode_message: the ``ForwardModeError`` message for ``jax.linearize`` without
         ``jvp`` on difffn's primitive (default: a generic one naming ``name``).
+      error: the ``df.Error`` class for a user mistake the primitive finds (a closure over a
+        traced value).
     """
     public = None
     no_jvp = forward_mode_message or (
@@ -83,7 +94,7 @@ def custom_vjp(fun, fwd, bwd, *, jvp=None, name: str = "custom_vjp", forward_mod
             return public(*args)
         _require_primitives(name)
         in_avals = jax.tree.map(jax.typeof, args)
-        return _CustomVJPPrimitive(fun, fwd, bwd, jvp, in_avals, name, no_jvp)(*args)
+        return _CustomVJPPrimitive(fun, fwd, bwd, jvp, in_avals, name, no_jvp, error)(*args)
 
     call.__name__ = call.__qualname__ = name
     return call
@@ -102,7 +113,7 @@ def _nonzero_flags(tree) -> list[bool]:
 
 
 class _CustomVJPPrimitive(VJPHiPrimitive):  # type: ignore[misc,valid-type]
-    def __init__(self, fun, fwd, bwd, jvp, in_avals, name, no_jvp):
+    def __init__(self, fun, fwd, bwd, jvp, in_avals, name, no_jvp, error):
         self.in_avals = tuple(in_avals)
         self._traced = jax.jit(fun).trace(*in_avals)
         captured = [
@@ -110,7 +121,7 @@ class _CustomVJPPrimitive(VJPHiPrimitive):  # type: ignore[misc,valid-type]
         ]
         if captured:
             # JAX's own custom_vjp3 refuses this too: the primitive is traced on its own.
-            raise DifferentiableFunctionError(
+            raise error(
                 f"{name} closes over a value traced by an enclosing transformation (a "
                 f"{type(captured[0]).__name__} of type {captured[0].aval.str_short()}), which "
                 "difffn's primitive (used for a class that defines jvp, and under "
