@@ -25,6 +25,7 @@ from ._errors import Error as Error
 from ._errors import FormatError as FormatError
 from ._errors import ForwardError as ForwardError
 from ._errors import ForwardModeError as ForwardModeError
+from ._errors import HigherOrderError as HigherOrderError
 from ._errors import LayerError as LayerError
 from ._errors import MissingDependencyError as MissingDependencyError
 from ._errors import NetworkError as NetworkError

@@ -35,6 +35,10 @@ class ForwardModeError(Error, TypeError):
     """Forward-mode differentiation (``jax.jvp``, ``jax.jacfwd``) of an op that has no ``jvp``."""
 
 
+class HigherOrderError(DifferentiableFunctionError):
+    """The backward of a ``once_differentiable`` function was differentiated (second order)."""
+
+
 class LayerError(Error, TypeError):
     """A :class:`~difffn.Layer` subclass is defined or used incorrectly."""
 

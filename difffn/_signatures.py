@@ -86,22 +86,32 @@ def backward_takes_state(cls, n_in: int, n_out: int) -> bool:
     """Whether a layer's backward takes the state gradients (MATLAB: both or neither).
 
     Raises:
-      LayerError: backward's positional parameters fit neither form.
+      LayerError: backward's positional parameters fit neither form (for a stateless layer:
+        do not fit ``(X, Y, dLdY, memory)``).
     """
     k = len(cls._state_fields)
-    if k == 0:
-        return False
     signature = positional(cls.backward)
     if signature.variadic:
         return False
     count = len(signature.names)
     without, with_state = n_in + 2 * n_out + 1, n_in + 2 * n_out + k + 1
-    if count == with_state:
+    if count == with_state and k:
         return True
     if count == without:
         return False
+    inputs = [f"x{i + 1}" for i in range(n_in)] if n_in > 1 else ["x"]
+    outputs = [f"y{j + 1}" for j in range(n_out)] if n_out > 1 else ["y"]
+    example = ", ".join([*inputs, *outputs, *(f"dLd{y.upper()}" for y in outputs), "memory"])
+    state_form = ""
+    if k:
+        state_form = (
+            f" or {with_state} (adding dLdSout x{k} before memory, in which case it also "
+            "returns dLdSin)"
+        )
     raise LayerError(
         f"{cls.__name__}.backward takes {count} arguments after self; expected {without} "
-        f"(X x{n_in}, Y x{n_out}, dLdY x{n_out}, memory) or {with_state} (adding dLdSout x{k} "
-        "before memory, in which case it also returns dLdSin)."
+        f"(X x{n_in}, Y x{n_out}, dLdY x{n_out}, memory){state_form}, e.g. "
+        f"backward(self, {example}); it takes ({', '.join(signature.names)}). A parameter the "
+        "backward does not need may be named with a leading underscore (e.g. _y, _memory): it "
+        "receives None."
     )

@@ -16,6 +16,7 @@ CONTRACT = [
     "CheckReport",
     "DifferentiableFunction",
     "Error",
+    "HigherOrderError",
     "FormattedArray",
     "Layer",
     "Layout",
