@@ -8,7 +8,6 @@ targets are batch-first).
 
 from __future__ import annotations
 
-import jax
 import jax.numpy as jnp
 import numpy as np
 
@@ -48,13 +47,6 @@ def take(x, index, axis: int):
     if isinstance(x, FormattedArray):
         return dlarray(jnp.take(x.data, index, axis=axis), x.format)
     return jnp.take(x, index, axis=axis)
-
-
-def dynamic_slice(x, start, size: int, axis: int):
-    """``size`` observations of ``x`` from ``start`` (traced start, static size)."""
-    if isinstance(x, FormattedArray):
-        return dlarray(jax.lax.dynamic_slice_in_dim(x.data, start, size, axis), x.format)
-    return jax.lax.dynamic_slice_in_dim(x, start, size, axis)
 
 
 def slice_host(x, start: int, stop: int, axis: int):

@@ -44,6 +44,7 @@ from . import _container
 from ._errors import SerializationError
 from ._format import FormattedArray
 from ._serialization import network_payload
+from ._version import __version__
 
 FORMAT = "difffn.checkpoint"
 FORMAT_VERSION = 1
@@ -165,8 +166,6 @@ def checkpoints(folder) -> list[Path]:
 
 def state_payload(state, *, elapsed, fingerprint, run_key, data_batch_size) -> dict[str, Any]:
     """The msgpack-ready contents of a checkpoint of a ``TrainingState``."""
-    from . import __version__
-
     best = None
     if state.best_objective is not None:
         best = {

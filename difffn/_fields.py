@@ -20,7 +20,7 @@ import dataclasses
 import jax
 import jax.numpy as jnp
 
-from ._describe import is_array
+from ._describe import is_array, short
 from ._errors import LayerError
 
 KIND = "difffn_kind"  # the dataclass field metadata key that holds a field's kind
@@ -128,3 +128,40 @@ def as_parameter(cls, name: str, value):
         f"{type(value).__name__}; expected an array, a df.Network (learnables only) or None. "
         "Fix: store arrays in learnable/state fields and configuration in plain fields."
     )
+
+
+def check_assigned(who: str, name: str, kind: str, current, value) -> None:
+    """A value put in place of an initialized one (``Network.replace``) must fit it.
+
+    A learnable keeps its shape (a wrong-shaped bias would otherwise broadcast silently) and its
+    dtype kind: floating stays floating, though the precision may change (casting a network to
+    float64 for a check is legitimate). A state value keeps its dtype kind only: a state may
+    change shape (an LSTM's state takes the batch size of the data it last saw).
+
+    Args:
+      who: how the message names the layer (``"Dense (layer 'fc')"``).
+      name: the field.
+      kind: ``"learnable"`` or ``"state"``.
+      current: the value in place now (nothing is checked unless it and ``value`` are arrays).
+      value: the new value.
+
+    Raises:
+      LayerError: naming the layer, the parameter, expected vs got and the fix.
+    """
+    if not (is_array(current) and is_array(value)):
+        return
+    want, got = jnp.result_type(current), jnp.result_type(value)
+    same_shape = jnp.shape(current) == jnp.shape(value)
+    if _dtype_kind(want) == _dtype_kind(got) and (kind != LEARNABLE or same_shape):
+        return
+    expected = f"{short(current)}, like its current value" if kind == LEARNABLE else f"{want}"
+    raise LayerError(
+        f"{who}: the new value of {kind} {name!r} is {short(value)}; expected {expected}. Fix: "
+        f"assign a value of shape {tuple(jnp.shape(current))} and dtype {want}; to change the "
+        "parameter's size, build the layer anew and initialize it."
+    )
+
+
+def _dtype_kind(dtype) -> str:
+    kinds = (jnp.bool_, jnp.integer, jnp.floating, jnp.complexfloating)
+    return next((k.__name__ for k in kinds if jnp.issubdtype(dtype, k)), str(dtype))

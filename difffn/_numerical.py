@@ -565,8 +565,6 @@ def _analyse(probe: ProbeResult, raw, sources, floors, tau_i: float) -> None:
 
 # -- words ----------------------------------------------------------------------------------------
 
-SOURCE_LABELS = {"backward": "the custom backward", "autodiff": "JAX autodiff"}
-
 
 def describe_failure(verdict: GradientVerdict, locate) -> list[str]:
     """Lines saying how wrong the gradient is and where (``locate(i)`` names element ``i``)."""

@@ -36,8 +36,9 @@ from ._factors import L2, LEARN_RATE, leaf_factors
 from ._format import FormattedArray, Layout, stripdims
 from ._losses import get_loss, loss_name
 from ._metrics import Metric
-from ._network import Network, learnable_mask
+from ._network import Network
 from ._options import TrainingOptions
+from ._parameters import learnable_mask
 from ._schedules import LearnRateSchedule
 from ._serialization import restore_network
 from ._sharding import Placement
