@@ -372,7 +372,7 @@ def _validate(layer: Layer, changed: set[str] | None, *, previous: Layer | None 
     for n in changed:
         if kinds[n] in (LEARNABLE, STATE):
             if previous is not None:
-                check_assigned(who(previous), n, kinds[n], previous.__dict__[n], d[n])
+                check_assigned(previous, n, kinds[n], previous.__dict__[n], d[n])
             d[n] = as_parameter(cls, n, d[n])
     if all(kinds[n] in (LEARNABLE, STATE) for n in changed):
         return  # only leaf values changed: the static part (and its cached pytree aux) holds
