@@ -61,5 +61,4 @@ from ._solvers import sgdmupdate as sgdmupdate
 from ._state import TrainingInfo as TrainingInfo
 from ._table import ParameterTable as ParameterTable
 from ._trainer import trainnet as trainnet
-
-__version__ = "0.1.0"
+from ._version import __version__ as __version__

@@ -33,6 +33,7 @@ from ._format import FormattedArray, Layout, dims, dlarray, stripdims
 from ._network import Network
 from ._propagate import resolve_layouts
 from ._serialization import _describe, _layout_payload
+from ._version import __version__
 
 FORMAT = "difffn.exported"
 FORMAT_VERSION = 1
@@ -125,8 +126,6 @@ def export(
 
     exported = _export.export_function(predict, *layouts, dtype=dtypes, platforms=platforms)
     data = _export.serialize(exported, vjp_order=vjp_order)
-    from . import __version__
-
     payload = {
         "format": FORMAT,
         "format_version": FORMAT_VERSION,
@@ -239,16 +238,13 @@ class ExportedNetwork:
 
     def __call__(self, *inputs):
         xs = self._check_inputs(inputs)
-        try:
-            outputs = self.exported.call(*xs)
-        except ValueError as error:
-            if "platform" not in str(error):
-                raise
+        platform = jax.export.default_export_platform()
+        if platform not in self.platforms:
             raise SerializationError(
                 f"{self.source!r} was exported for platforms {list(self.platforms)}; this "
-                f"machine runs {jax.default_backend()!r}. Fix: export with "
-                f"platforms=({jax.default_backend()!r}, ...)."
-            ) from error
+                f"machine runs {platform!r}. Fix: export with platforms=({platform!r}, ...)."
+            )
+        outputs = self.exported.call(*xs)
         outputs = tuple(
             dlarray(y, f) if f else y for y, f in zip(outputs, self.output_formats, strict=True)
         )

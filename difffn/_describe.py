@@ -1,13 +1,18 @@
 """How messages and displays describe values and layers: one wording everywhere.
 
 * :func:`is_array`: whether a value is an array (concrete or traced), the one definition;
-* :func:`short`: ``float32[2, 3]`` for an array (``:BC`` added for a formatted one), a short
-  ``repr`` for anything else (layer ``repr``, parameter tables, trace-cache messages);
+* :func:`short`: ``float32[2, 3]`` for an array (``:BC`` added for a formatted one), ``tuple of
+  2 arrays`` for a container of arrays, a short ``repr`` for anything else (layer ``repr``,
+  parameter tables, ``Network.replace`` and trace-cache messages);
 * :func:`who`: ``"Conv2D (layer 'conv1')"``, or ``"Conv2D.predict (layer 'conv1')"`` with a
-  method: how every message names a layer.
+  method: how every message names a layer;
+* :func:`raised_at`: ``"my_layer.py:12, in predict"``, the user's line where an exception arose.
 """
 
 from __future__ import annotations
+
+import os
+import traceback
 
 import jax
 import jax.numpy as jnp
@@ -16,6 +21,10 @@ import numpy as np
 from ._format import FormattedArray
 
 _MAX_REPR = 60
+_LIBRARY_DIRS = (
+    os.path.dirname(os.path.abspath(__file__)),
+    os.path.dirname(os.path.abspath(jax.__file__)),
+)
 
 
 def is_array(value) -> bool:
@@ -39,6 +48,10 @@ def short(value) -> str:
         return f"{value.dtype.name}{list(value.shape)}:{value.format}"
     if isinstance(value, str):
         return repr(value)
+    if isinstance(value, (tuple, list, dict)) and value:
+        leaves = jax.tree.leaves(value)
+        if leaves and all(is_array(leaf) for leaf in leaves):
+            return f"{type(value).__name__} of {len(leaves)} arrays"
     text = repr(value)
     return text if len(text) <= _MAX_REPR else text[: _MAX_REPR - 3] + "..."
 
@@ -54,3 +67,15 @@ def who(layer, method: str | None = None) -> str:
     """
     cls = type(layer).__name__
     return f"{cls}{'.' + method if method else ''} (layer {layer.name!r})"
+
+
+def raised_at(error: BaseException) -> str | None:
+    """``"my_layer.py:12, in predict"``: the innermost frame of ``error`` outside difffn and JAX.
+
+    None when every frame is library code.
+    """
+    for frame in reversed(traceback.extract_tb(error.__traceback__)):
+        path = os.path.abspath(frame.filename)
+        if not path.startswith(_LIBRARY_DIRS) and "site-packages" not in path:
+            return f"{os.path.basename(frame.filename)}:{frame.lineno}, in {frame.name}"
+    return None

@@ -16,11 +16,12 @@ checks one such value;
 from __future__ import annotations
 
 import dataclasses
+import functools
 
 import jax
 import jax.numpy as jnp
 
-from ._describe import is_array
+from ._describe import is_array, short, who
 from ._errors import LayerError
 
 KIND = "difffn_kind"  # the dataclass field metadata key that holds a field's kind
@@ -104,22 +105,27 @@ def as_parameter(cls, name: str, value):
       LayerError: a learnable that is not floating point, or a value that is not an array, a
         pytree of arrays, a network or ``None``.
     """
-    if value is None or is_network(value) or isinstance(value, jax.core.Tracer):
+    if value is None:
         return value
     kind = cls._field_kinds[name]
+    if isinstance(value, jax.Array):
+        if isinstance(value, jax.core.Tracer):
+            return value
+        if not value.weak_type:  # copies of trained layers take this path: keep it short
+            if kind == LEARNABLE:
+                _check_learnable_dtype(cls, name, value.dtype)
+            return value
+    if is_network(value):
+        return value
     if isinstance(value, (int, float)) and not isinstance(value, bool) and kind == LEARNABLE:
         # A Python number as a learnable is meant to be trained: single precision, as MATLAB.
         value = jnp.asarray(float(value), jnp.float32)
     if is_array(value) or isinstance(value, (int, float, bool, complex)):
         value = jnp.asarray(value)
-        if getattr(value, "weak_type", False):  # e.g. jnp.full(shape, 0.25): keep a firm dtype
+        if value.weak_type:  # e.g. jnp.full(shape, 0.25): keep a firm dtype
             value = jnp.asarray(value, dtype=value.dtype)
-        if kind == LEARNABLE and not jnp.issubdtype(value.dtype, jnp.inexact):
-            raise LayerError(
-                f"{cls.__name__}.{name} is a learnable parameter but holds a {value.dtype} "
-                "array, which cannot be differentiated. Fix: use a floating-point array (or "
-                "declare it df.state() / a plain property if it is not trained)."
-            )
+        if kind == LEARNABLE:
+            _check_learnable_dtype(cls, name, value.dtype)
         return value
     if isinstance(value, (list, tuple, dict)) and all(is_array(v) for v in jax.tree.leaves(value)):
         return value
@@ -128,3 +134,50 @@ def as_parameter(cls, name: str, value):
         f"{type(value).__name__}; expected an array, a df.Network (learnables only) or None. "
         "Fix: store arrays in learnable/state fields and configuration in plain fields."
     )
+
+
+def _check_learnable_dtype(cls, name: str, dtype) -> None:
+    if _dtype_kind(dtype) not in ("floating", "complexfloating"):
+        raise LayerError(
+            f"{cls.__name__}.{name} is a learnable parameter but holds a {dtype} "
+            "array, which cannot be differentiated. Fix: use a floating-point array (or "
+            "declare it df.state() / a plain property if it is not trained)."
+        )
+
+
+def check_assigned(layer, name: str, kind: str, current, value) -> None:
+    """A value put in place of an initialized one (``Network.replace``) must fit it.
+
+    A learnable keeps its shape (a wrong-shaped bias would otherwise broadcast silently) and its
+    dtype kind: floating stays floating, though the precision may change (casting a network to
+    float64 for a check is legitimate). A state value keeps its dtype kind only: a state may
+    change shape (an LSTM's state takes the batch size of the data it last saw).
+
+    Args:
+      layer: the layer that holds ``current``.
+      name: the field.
+      kind: ``"learnable"`` or ``"state"``.
+      current: the value in place now (nothing is checked unless it and ``value`` are arrays).
+      value: the new value.
+
+    Raises:
+      LayerError: naming the layer, the parameter, expected vs got and the fix.
+    """
+    if not (is_array(current) and is_array(value)):
+        return
+    want, got = current.dtype, value.dtype
+    same_kind = want == got or _dtype_kind(want) == _dtype_kind(got)
+    if same_kind and (kind != LEARNABLE or current.shape == value.shape):
+        return
+    expected = f"{short(current)}, like its current value" if kind == LEARNABLE else f"{want}"
+    raise LayerError(
+        f"{who(layer)}: the new value of {kind} {name!r} is {short(value)}; expected {expected}. "
+        f"Fix: assign a value of shape {tuple(current.shape)} and dtype {want}; to change the "
+        "parameter's size, build the layer anew and initialize it."
+    )
+
+
+@functools.lru_cache(maxsize=64)  # a handful of dtypes; issubdtype is slow on a hot path
+def _dtype_kind(dtype) -> str:
+    kinds = (jnp.bool_, jnp.integer, jnp.floating, jnp.complexfloating)
+    return next((k.__name__ for k in kinds if jnp.issubdtype(dtype, k)), str(dtype))

@@ -20,7 +20,7 @@ import numpy as np
 from ._errors import SerializationError
 from ._factors import L2, LEARN_RATE, leaf_factors
 from ._format import FormattedArray
-from ._network import learnable_mask
+from ._parameters import learnable_mask
 
 _FULL_HASH_BYTES = 1 << 24  # arrays up to this size are hashed whole, larger ones sampled
 _SAMPLE = 1 << 20  # elements hashed of a larger array

@@ -27,13 +27,14 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import inspect
 from collections.abc import Sequence
 from typing import Any, ClassVar
 
 import jax
 
-from ._describe import is_array, short
-from ._errors import LayerError
+from ._describe import is_array, raised_at, short, who
+from ._errors import Error, LayerError
 from ._fields import (
     BASE,
     BASE_FIELDS,
@@ -41,17 +42,64 @@ from ._fields import (
     PROPERTY,
     STATE,
     as_parameter,
+    check_assigned,
     field_kind,
     is_network,
 )
-from ._layer_call import call_layer
+from ._format import FormattedArray, Layout
+from ._layer_call import CONCRETIZATION_ERRORS, call_layer
 from ._signatures import LAYER_METHODS, predict_arity
+
+
+def _guarded(initialize):
+    """A layer class's ``initialize``, with its layouts checked and its failures named.
+
+    Each layout must be a ``df.Layout``; a formatted example array stands for its layout (as
+    MATLAB's ``initialize`` takes a ``dlarray``). A tuple of sizes is an error: it has no format,
+    and guessing one would be ambiguous. An exception from the user's code becomes a
+    ``df.LayerError`` naming the layer, chained to the original (its traceback stays available);
+    difffn's own errors, and JAX's tracing errors (networks fall back to an eager initialize on
+    those), pass through unchanged.
+    """
+
+    @functools.wraps(initialize)
+    def guarded(self, *layouts, **kwargs):
+        layouts = tuple(_as_layout(self, i, layout) for i, layout in enumerate(layouts))
+        try:
+            return initialize(self, *layouts, **kwargs)
+        except (Error, *CONCRETIZATION_ERRORS):
+            raise
+        except Exception as error:
+            where = raised_at(error)
+            raise LayerError(
+                f"{who(self, 'initialize')} raised {type(error).__name__}: {error}"
+                + (f" (at {where})" if where else "")
+                + f", given the layouts {[str(lo) for lo in layouts]}. Fix: make initialize "
+                "handle these layouts; the original exception is chained to this one."
+            ) from error
+
+    return guarded
+
+
+def _as_layout(layer, i: int, value) -> Layout:
+    if isinstance(value, Layout):
+        return value
+    if isinstance(value, FormattedArray):
+        return Layout.of(value)
+    shape = f" {value!r}" if isinstance(value, (tuple, list)) else ""
+    raise LayerError(
+        f"{who(layer)}.initialize takes a df.Layout (sizes and a format, one label per axis) or a "
+        f"formatted example array per input; layout {i + 1} is a {type(value).__name__}{shape}. "
+        "Fix: layer.initialize(df.Layout((None, 3), 'BC'), key=key), with your sizes and format."
+    )
 
 
 class _LayerMeta(type):
     """Turns each subclass into a dataclass pytree and controls construction."""
 
     def __new__(mcls, name, bases, namespace, **kwargs):
+        if "initialize" in namespace:
+            namespace = {**namespace, "initialize": _guarded(namespace["initialize"])}
         cls = super().__new__(mcls, name, bases, namespace, **kwargs)
         # A hand-written __init__ (here or inherited) is kept; otherwise dataclass writes one.
         user_init = "__init__" in namespace or any(getattr(b, "_user_init", False) for b in bases)
@@ -83,15 +131,14 @@ class _LayerMeta(type):
                     object.__setattr__(self, f.name, f.default)
                 elif f.default_factory is not dataclasses.MISSING:
                     object.__setattr__(self, f.name, f.default_factory())
-        try:
-            cls.__init__(self, *args, **kwargs)
+        try:  # the arguments are checked before the call: a TypeError raised inside stays
+            inspect.signature(cls.__init__).bind(self, *args, **kwargs)
         except TypeError as error:
-            if "argument" not in str(error):
-                raise
             fields = ", ".join(f.name for f in dataclasses.fields(cls))
             raise LayerError(
                 f"{cls.__name__}(...) could not be constructed: {error}. Its fields are: {fields}."
             ) from None
+        cls.__init__(self, *args, **kwargs)
         missing = [f.name for f in dataclasses.fields(cls) if f.name not in self.__dict__]
         if missing:
             raise LayerError(
@@ -194,8 +241,13 @@ class Layer(metaclass=_LayerMeta):
         """Fill parameters that are still ``None``; the default does nothing.
 
         Args:
-          *layouts: one ``df.Layout`` per input (sizes may be ``None`` for unknown, e.g. batch).
+          *layouts: one ``df.Layout`` per input (sizes may be ``None`` for unknown, e.g. batch);
+            a formatted example array stands for its layout.
           key: a ``jax.random`` key for random initialization.
+
+        Raises:
+          LayerError: a layout that is not a ``df.Layout`` (a tuple of sizes has no format), or
+            an exception raised by the class's ``initialize`` (chained to it).
         """
         del layouts, key
         return self
@@ -257,13 +309,25 @@ class Layer(metaclass=_LayerMeta):
 
     # -- the package-internal API --------------------------------------------------------------
 
-    def _copy(self, changes: dict[str, Any]) -> Layer:
-        """A copy with ``changes`` (field name -> value), validated by :func:`_validate`."""
+    def _copy(self, changes: dict[str, Any], *, factors=None, assigned: bool = False) -> Layer:
+        """The one constructor of layer copies (``replace``, networks, factors, loading, state).
+
+        The copy is validated by :func:`_validate`, for what changed.
+
+        Args:
+          changes: field name -> new value.
+          factors: new learn-rate and L2 factors (checked by the caller, ``_factors``).
+          assigned: the values are put in place of initialized ones (``Network.replace``): each
+            must fit the value it replaces (``_fields.check_assigned``).
+        """
         new = object.__new__(type(self))
         d = new.__dict__
         d.update(self.__dict__)
         d.update(changes)
-        _validate(new, set(changes))
+        if factors is not None:
+            d["_factors"] = factors
+            d.pop("_aux", None)  # the factors are static: the cached pytree aux is stale
+        _validate(new, set(changes), previous=self if assigned else None)
         return new
 
     def _state_values(self) -> tuple:
@@ -271,25 +335,28 @@ class Layer(metaclass=_LayerMeta):
         return tuple(v.state if is_network(v := self.__dict__[n]) else v for n in self.state_names)
 
     def _with_state(self, values: Sequence[Any]) -> Layer:
-        """A new layer whose ``state_names`` entries hold ``values`` (no validation; hot path)."""
-        new = object.__new__(type(self))
-        d = new.__dict__
-        d.update(self.__dict__)
+        """A new layer whose ``state_names`` entries hold ``values``.
+
+        It runs once per trace of a training step: only the state values are validated (for
+        tracers, a type test), and the static part of the layer is kept as it is.
+        """
+        changes = {}
         for n, value in zip(self.state_names, values):
-            current = d[n]
-            d[n] = current.replace(state=value) if is_network(current) else value
-        return new
+            current = self.__dict__[n]
+            changes[n] = current.replace(state=value) if is_network(current) else value
+        return self._copy(changes)
 
 
 # -- construction: the one validation of a new layer -------------------------------------------
 
 
-def _validate(layer: Layer, changed: set[str] | None) -> None:
+def _validate(layer: Layer, changed: set[str] | None, *, previous: Layer | None = None) -> None:
     """Check and normalize a new layer object in place: what ``changed`` (``None``: everything).
 
-    Parameter values are coerced (``as_parameter``); when configuration changed, the class's
-    ``__post_init__`` runs again (a copy; the class call ran it already), the ports are resolved
-    and the fields are classified into pytree children and hashable static values.
+    Parameter values are coerced (``as_parameter``) and, when ``previous`` is given, checked
+    against the values they replace; when configuration changed, the class's ``__post_init__``
+    runs again (a copy; the class call ran it already), the ports are resolved and the fields are
+    classified into pytree children and hashable static values.
     """
     d, cls = layer.__dict__, type(layer)
     kinds = cls._field_kinds
@@ -304,6 +371,8 @@ def _validate(layer: Layer, changed: set[str] | None) -> None:
         return
     for n in changed:
         if kinds[n] in (LEARNABLE, STATE):
+            if previous is not None:
+                check_assigned(previous, n, kinds[n], previous.__dict__[n], d[n])
             d[n] = as_parameter(cls, n, d[n])
     if all(kinds[n] in (LEARNABLE, STATE) for n in changed):
         return  # only leaf values changed: the static part (and its cached pytree aux) holds

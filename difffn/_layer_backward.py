@@ -65,7 +65,7 @@ def call_with_backward(layer, inputs, training: bool, key, run_user):
     """Run ``layer`` with its custom backward; returns ``(outputs, new_state)``.
 
     Args:
-      layer: a layer whose class defines ``backward``.
+      layer: an initialized layer whose class defines ``backward``.
       inputs: the values the user's method receives (plain or formatted, as the layer wants).
       training: use ``forward`` (training time) instead of ``predict``.
       key: randomness for ``forward``.
@@ -75,11 +75,6 @@ def call_with_backward(layer, inputs, training: bool, key, run_user):
     cls = type(layer)
     learnables = tuple(getattr(layer, n) for n in cls._learnable_fields)
     for n, w in zip(cls._learnable_fields, learnables):
-        if w is None:
-            raise LayerError(
-                f"{who(layer)} learnable {n!r} is None. Fix: call "
-                "layer.initialize(*layouts, key=...) (or net.initialize) first."
-            )
         if is_network(w):
             raise LayerError(
                 f"{who(layer)} holds a network in learnable {n!r} and "

@@ -15,9 +15,9 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 
-from ._describe import is_array, who
+from ._describe import is_array, raised_at, who
 from ._errors import AccelerationError, ForwardError, LayerError
-from ._fields import LEARNABLE
+from ._fields import LEARNABLE, is_network
 from ._format import FormattedArray, dims, dlarray, stripdims
 from ._layer_backward import call_with_backward
 from ._signatures import accepts_key, has_backward, has_method
@@ -34,16 +34,22 @@ def call_layer(layer, inputs: Sequence[Any], *, training: bool = False, key=None
     """Run one layer: formats, custom backward, checks. Returns ``(outputs, new_state)``.
 
     Args:
-      layer: the layer (initialized).
+      layer: the layer.
       inputs: one value per layer input (FormattedArray or plain array).
       training: use ``forward`` (training-time behaviour) instead of ``predict``.
       key: randomness for ``forward``.
+
+    Raises:
+      LayerError: the layer is not initialized (a parameter is still ``None``), or gets the
+        wrong number of inputs.
     """
     cls = type(layer)
     if not has_method(layer, "predict"):
         raise LayerError(
             f"{cls.__name__} does not define predict; every layer needs `def predict(self, *X)`."
         )
+    if not layer.initialized:
+        raise _uninitialized(layer)
     if len(inputs) != layer.num_inputs:
         raise LayerError(
             f"{who(layer)} takes {layer.num_inputs} input(s) "
@@ -59,6 +65,21 @@ def call_layer(layer, inputs: Sequence[Any], *, training: bool = False, key=None
     else:
         outputs, new_state, _ = run_user(layer, user_inputs, training, key)
     return _format_outputs(layer, outputs, out_format), tuple(new_state)
+
+
+def _uninitialized(layer) -> LayerError:
+    empty = [n for n in (*layer.learnable_names, *layer.state_names) if getattr(layer, n) is None]
+    networks = [
+        n for n in layer.learnable_names if is_network(v := getattr(layer, n)) and not v.initialized
+    ]
+    what = f"parameter(s) {empty} are None" if empty else ""
+    if networks:
+        what += (" and " if what else "") + f"the network(s) in {networks} are not initialized"
+    return LayerError(
+        f"{who(layer)}: {what}, so the layer cannot run. Fix: call "
+        "layer.initialize(layout, key=key) (or net.initialize) first, or pass them to the "
+        "constructor."
+    )
 
 
 def run_user(layer, inputs, training: bool, key):
@@ -92,11 +113,13 @@ def _invoke(layer, method: str, args, key):
                 "is being traced anyway (inside jax.jit or another staging transformation). "
                 "Fix: call it outside jit, or use jnp.where / jax.lax.cond."
             )
+        where = raised_at(error)
         raise AccelerationError(
             f"{who(layer, method)} uses Python control flow or a "
             "Python conversion (if/while/bool/int/float) on array values, which cannot be "
             f"traced and compiled. {fix}\nJAX said: {str(error).splitlines()[0]}"
-        ) from error
+            + (f" (at {where})" if where else "")
+        ) from None
 
 
 def _split_returns(layer, method: str, result, with_memory: bool):

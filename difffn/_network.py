@@ -6,7 +6,7 @@ whole network once per input signature (shape, format, dtype) and cache the comp
 (bounded, least recently used out); layers with ``acceleratable = False`` run eagerly between
 compiled segments. Inside a user's own ``jax.jit`` / ``jax.grad``, the network simply traces.
 
-Package-internal API (what the floors above use; see docs/architecture.md): ``graph``,
+Package-internal API (what the floors above use): ``graph``,
 ``input_layouts``, ``input_layers``, ``recorded_layouts``, ``compile_cache``, ``output_ports``,
 ``prepare_inputs``, ``run``, ``with_layers`` and ``with_layer_states``. How the graph executes
 lives in ``_execute.py``, how initialization propagates layouts in ``_propagate.py``, how the
@@ -21,7 +21,7 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 
-from . import _cache, _execute, _graph_edit
+from . import _cache, _execute, _graph_edit, _parameters
 from ._errors import AccelerationError, NetworkError
 from ._fields import LEARNABLE, STATE, NetworkBase
 from ._format import FormattedArray, Layout
@@ -300,12 +300,12 @@ class Network(NetworkBase):
     @property
     def learnables(self) -> ParameterTable:
         """Table of learnable parameters (layer, parameter, value); nested networks by path."""
-        return ParameterTable(_parameter_rows(self, LEARNABLE))
+        return _parameters.table(self, LEARNABLE)
 
     @property
     def state(self) -> ParameterTable:
         """Table of state parameters (layer, parameter, value)."""
-        return ParameterTable(_parameter_rows(self, STATE))
+        return _parameters.table(self, STATE)
 
     def replace(self, *, learnables=None, state=None) -> Network:
         """A network with some learnable and/or state values replaced.
@@ -314,11 +314,17 @@ class Network(NetworkBase):
           learnables: a ``ParameterTable`` (or mapping ``"layer/parameter"`` → value) with any
             subset of the learnable rows.
           state: the same for state parameters (e.g. the table ``forward`` returns).
+
+        Raises:
+          NetworkError: a layer or parameter that the network does not have.
+          LayerError: a value that does not fit the one it replaces: a learnable of another
+            shape, or of another kind of dtype (floating vs integer; the precision may change);
+            a state of another kind of dtype (its shape may change).
         """
         net = self
         for table, kind in ((learnables, LEARNABLE), (state, STATE)):
             if table is not None:
-                net = _assign(net, table, kind)
+                net = _parameters.assign(net, table, kind)
         return net
 
     def reset_state(self) -> Network:
@@ -375,7 +381,7 @@ class Network(NetworkBase):
             inputs, None, training=False, outputs=outputs, acceleration=acceleration
         )
         out = values[0] if len(values) == 1 else values
-        return (out, self._state_table(states)) if return_state else out
+        return (out, _parameters.state_table(self, states)) if return_state else out
 
     def forward(self, *inputs, key=None, outputs=None, acceleration="auto"):
         """Outputs at training time and the updated state (MATLAB ``forward``).
@@ -387,13 +393,13 @@ class Network(NetworkBase):
         values, states = self.run(
             inputs, key, training=True, outputs=outputs, acceleration=acceleration
         )
-        return (values[0] if len(values) == 1 else values), self._state_table(states)
+        return (values[0] if len(values) == 1 else values), _parameters.state_table(self, states)
 
     def cache_info(self) -> _cache.CacheInfo:
         """Compiled-trace cache statistics (hits, misses, entries, maxsize) for this structure."""
         return self._token.cache.info()
 
-    # -- the package-internal API (docs/architecture.md) -----------------------------------------
+    # -- the package-internal API (the module docstring lists it) ----------------------------------
 
     @property
     def graph(self) -> Graph:
@@ -517,16 +523,6 @@ class Network(NetworkBase):
             prepared.append(x)
         return tuple(prepared)
 
-    def _state_table(self, states) -> ParameterTable:
-        rows = []
-        for layer, values in zip(self._layers, states):
-            for n, v in zip(layer.state_names, values):
-                if isinstance(v, ParameterTable):  # the state of a nested network
-                    rows += [(layer.name, f"{n}/{path}", val) for path, val in v.items()]
-                else:
-                    rows.append((layer.name, n, v))
-        return ParameterTable(rows)
-
     def with_layer_states(self, states: Sequence[Sequence[Any]]) -> Network:
         """A network whose layers hold new state values (one tuple per layer, from ``execute``)."""
         return self.with_layers(
@@ -545,7 +541,7 @@ class Network(NetworkBase):
         total = 0
         for n, i in enumerate(self._graph.order):
             layer = self._layers[i]
-            count = _count(layer, LEARNABLE)
+            count = _parameters.count(layer, LEARNABLE)
             total += count
             ins = outs = "?"
             if self._layouts is not None:
@@ -569,120 +565,13 @@ class Network(NetworkBase):
 
     def __repr__(self):
         state = "initialized" if self.initialized else "not initialized"
+        learnables = _parameters.count(self, LEARNABLE)
         return (
             f"Network({len(self._layers)} layers, inputs={list(self.input_names)}, "
-            f"outputs={list(self.output_names)}, {_count(self, LEARNABLE):,} learnables, {state})"
+            f"outputs={list(self.output_names)}, {learnables:,} learnables, {state})"
         )
-
-
-# -- parameter tables ------------------------------------------------------------------------------
-
-
-def _parameter_rows(net: Network, kind: str, prefix: str = ""):
-    rows = []
-    for layer in net._layers:
-        for field, field_kind in type(layer)._field_kinds.items():
-            value = getattr(layer, field)
-            if isinstance(value, Network):
-                if field_kind == LEARNABLE:
-                    for lay, par, val in _parameter_rows(value, kind):
-                        rows.append((layer.name, f"{field}/{lay}/{par}", val))
-                continue
-            if field_kind == kind:
-                rows.append((layer.name, field, value))
-    return rows
-
-
-def _assign(net: Network, table, kind: str) -> Network:
-    items = table.items() if hasattr(table, "items") else table
-    updates: dict[str, dict[str, Any]] = {}
-    for path, value in items:
-        layer_name, _, parameter = path.partition("/")
-        updates.setdefault(layer_name, {})[parameter] = value
-    layers = list(net._layers)
-    for layer_name, params in updates.items():
-        i = net._graph.index(layer_name)
-        layers[i] = _assign_layer(layers[i], params, kind)
-    return net.with_layers(layers)
-
-
-def _assign_layer(layer: Layer, params: dict[str, Any], kind: str) -> Layer:
-    cls = type(layer)
-    direct, nested = {}, {}
-    for path, value in params.items():
-        field, _, rest = path.partition("/")
-        if field not in cls._field_kinds:
-            raise NetworkError(
-                f"layer {layer.name!r} ({cls.__name__}) has no parameter {path!r}; its "
-                f"{kind} parameters are {list(_kind_fields(layer, kind))}."
-            )
-        if rest:
-            nested.setdefault(field, {})[rest] = value
-        elif cls._field_kinds[field] != kind:
-            raise NetworkError(
-                f"layer {layer.name!r} ({cls.__name__}) parameter {field!r} is not a {kind} "
-                f"parameter; its {kind} parameters are {list(_kind_fields(layer, kind))}."
-            )
-        else:
-            direct[field] = value
-    for field, sub in nested.items():
-        inner = getattr(layer, field)
-        if not isinstance(inner, Network):
-            raise NetworkError(
-                f"layer {layer.name!r}: {field!r} does not hold a network, so '{field}/...' "
-                "paths do not apply."
-            )
-        direct[field] = _assign(inner, sub, kind)
-    new = object.__new__(cls)
-    new.__dict__.update(layer.__dict__)
-    new.__dict__.update(direct)
-    return new
-
-
-def _kind_fields(layer: Layer, kind: str):
-    return [f for f, k in type(layer)._field_kinds.items() if k == kind]
-
-
-def _count(obj, kind: str) -> int:
-    if isinstance(obj, Network):
-        return sum(_count(layer, kind) for layer in obj._layers)
-    total = 0
-    for field, field_kind in type(obj)._field_kinds.items():
-        value = getattr(obj, field)
-        if isinstance(value, Network) and field_kind == LEARNABLE:
-            total += _count(value, kind)
-        elif field_kind == kind and value is not None:
-            total += sum(int(jnp.size(v)) for v in jax.tree.leaves(value))
-    return total
 
 
 def _layout_text(layout: Layout) -> str:
     sizes = ",".join("?" if s is None else str(s) for s in layout.shape)
     return f"{sizes}:{layout.format}"
-
-
-def leaf_kinds(tree) -> list[str]:
-    """The kind (learnable/state/constant) of every leaf of a network or layer, in leaf order."""
-    if isinstance(tree, Network):
-        return [k for layer in tree._layers for k in leaf_kinds(layer)]
-    if isinstance(tree, Layer):
-        kinds = []
-        for field in tree.__dict__["_leaf_fields"]:
-            value = getattr(tree, field)
-            field_kind = type(tree)._field_kinds[field]
-            if isinstance(value, (Network, Layer)):
-                nested = leaf_kinds(value)
-                if field_kind != LEARNABLE:
-                    nested = ["constant"] * len(nested)
-                kinds += nested
-            else:
-                kind = field_kind if field_kind in (LEARNABLE, STATE) else "constant"
-                kinds += [kind] * len(jax.tree.leaves(value))
-        return kinds
-    return ["constant"] * len(jax.tree.leaves(tree))
-
-
-def learnable_mask(tree):
-    """A pytree like ``tree`` with True at learnable leaves (for optax.masked, partitioning)."""
-    kinds = leaf_kinds(tree)
-    return jax.tree.unflatten(jax.tree.structure(tree), [k == LEARNABLE for k in kinds])

@@ -17,6 +17,7 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 
+from ._describe import raised_at
 from ._errors import Error, NetworkError
 from ._format import FormattedArray, Layout, dims, dlarray
 from ._input_layer import InputLayer
@@ -58,9 +59,16 @@ def _as_layout(value, known: Layout | None, name: str) -> Layout:
     elif hasattr(value, "shape") and known is not None:
         layout = Layout(tuple(value.shape), known.format)
     else:
+        # A tuple of sizes has no format: an error with the exact fix, as for layer.initialize,
+        # rather than a guess.
+        sizes = tuple(value) if isinstance(value, (tuple, list)) else (None, 3)
+        fmt = repr(known.format) if known is not None else "fmt"
         raise NetworkError(
             f"network input {name!r}: expected a df.Layout or a formatted example "
-            f"(df.dlarray(x, fmt)); got {type(value).__name__}."
+            f"(df.dlarray(x, fmt)); got {type(value).__name__}"
+            + (f" {value!r}" if isinstance(value, (tuple, list)) else "")
+            + f". Fix: net.initialize(df.Layout({sizes!r}, {fmt}), key=key), with the input's "
+            "sizes and format."
         )
     if known is not None and (
         layout.format != known.format
@@ -153,19 +161,21 @@ def propagate(net, input_layouts, key, *, abstract: bool, previous=None):
                     *(jax.ShapeDtypeStruct(_concrete(lo), dtype) for lo in ins),
                 )
                 outs = tuple(_output_layout(v, unknown) for v in values)
-        except NetworkError:
-            raise
         except Error as error:
-            raise NetworkError(
-                f"layer {layer.name!r} ({type(layer).__name__}) does not fit its inputs "
-                f"{[str(lo) for lo in ins]}: {error}"
-            ) from error
+            # The layer's own error keeps its type (``except df.LayerError`` catches it); the
+            # network adds where it happened.
+            error.add_note(
+                f"(while the network initialized layer {layers[i].name!r} "
+                f"({type(layers[i]).__name__}) on inputs {[str(lo) for lo in ins]})"
+            )
+            raise
         except (TypeError, ValueError) as error:
+            where = raised_at(error)
             raise NetworkError(
                 f"layer {layers[i].name!r} ({type(layers[i]).__name__}) failed on inputs "
                 f"{[str(lo) for lo in ins]} (a size mismatch?): {type(error).__name__}: "
-                f"{str(error).splitlines()[0]}"
-            ) from error
+                f"{str(error).splitlines()[0]}" + (f" (at {where})" if where else "")
+            ) from None
         for o, lo in enumerate(outs):
             out_layouts[(i, o)] = lo
         recorded[i] = (ins, outs)

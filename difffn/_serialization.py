@@ -22,7 +22,8 @@ from ._errors import SerializationError
 from ._factors import _set as _set_factor
 from ._format import Layout
 from ._input_layer import InputLayer
-from ._network import Network, leaf_kinds
+from ._network import Network
+from ._parameters import leaf_kinds, walk
 
 FORMAT = "difffn.network"
 FORMAT_VERSION = 1
@@ -91,7 +92,7 @@ def network_payload(net: Network) -> dict[str, Any]:
         "structure": _describe(net),
         "parameters": parameters,
         "values": values,
-        "factors": [list(f) for f in _collect_factors(net, "")],
+        "factors": [list(f) for f in _collect_factors(net)],
         "layouts": _layouts_payload(net),
     }
 
@@ -225,15 +226,12 @@ def _abstract_initialized(like: Network, layouts_data, source: str) -> Network:
     return jax.eval_shape(lambda: like.initialize(*layouts, key=jax.random.key(0)))
 
 
-def _collect_factors(net: Network, prefix: str):
-    for layer in net.layers:
-        path = f"{prefix}{layer.name}"
-        for field, kind, value in layer.__dict__["_factors"]:
-            yield (path, field, kind, value)
-        for field in type(layer)._learnable_fields:
-            inner = getattr(layer, field)
-            if isinstance(inner, Network):
-                yield from _collect_factors(inner, f"{path}/{field}/")
+def _collect_factors(net: Network):
+    """``(layer path, field, kind, value)`` of every factor set explicitly, nested layers too."""
+    for p in walk(net):
+        for field, kind, value in p.layer._factors:
+            if field == p.field:
+                yield (p.layer_path, field, kind, value)
 
 
 def _layouts_payload(net: Network):

@@ -38,7 +38,8 @@ import optax
 
 from ._errors import OptionsError
 from ._factors import LEARN_RATE, leaf_factors
-from ._network import Network, learnable_mask
+from ._network import Network
+from ._parameters import learnable_mask
 from ._table import ParameterTable
 
 # -- optax transformations ---------------------------------------------------------------------

@@ -28,8 +28,9 @@ from ._factors import L2, LEARN_RATE, leaf_factors
 from ._format import FormattedArray, Layout
 from ._losses import get_loss, loss_name
 from ._metrics import Metric
-from ._network import Network, learnable_mask
+from ._network import Network
 from ._options import TrainingOptions
+from ._parameters import learnable_mask
 from ._schedules import LearnRateSchedule
 from ._sharding import Placement
 from ._solvers import training_transform

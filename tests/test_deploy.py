@@ -227,6 +227,23 @@ def test_call_errors(cnn):
     )
 
 
+def test_a_model_exported_for_another_platform_says_so(tmp_path, key):
+    net = df.Network(
+        [df.layers.FeatureInput(3, normalization="none", name="in"), df.layers.ReLU(name="r")]
+    ).initialize(key=key)
+    path = df.export(
+        net, df.Layout((None, 3), "BC"), path=tmp_path / "tpu.difffn", platforms=("tpu",)
+    )
+    model = df.load_exported(path)
+    here = jax.export.default_export_platform()
+    with pytest.raises(
+        df.SerializationError,
+        match=rf"was exported for platforms \['tpu'\]; this machine runs '{here}'\. Fix: export "
+        rf"with platforms=\('{here}', \.\.\.\)",
+    ):
+        model(jnp.ones((2, 3)))
+
+
 class Eager(df.Layer):
     acceleratable = False
 

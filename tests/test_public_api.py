@@ -10,7 +10,7 @@ from helpers import ROOT
 
 import difffn as df
 
-# The names of the API contract (API.md), which users and outside test suites rely on.
+# The names of the public API contract, which users and outside test suites rely on.
 CONTRACT = [
     "BackwardError",
     "CheckReport",

@@ -10,7 +10,7 @@ from helpers import assert_tree_allclose
 from training_layers import regression_net
 
 import difffn as df
-from difffn._network import learnable_mask
+from difffn._parameters import learnable_mask
 from difffn._sharding import Placement
 from difffn._state import Checkpoint, TrainingState, same_key, split
 

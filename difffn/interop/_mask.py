@@ -16,7 +16,7 @@ import numpy as np
 
 from .._layer import Layer
 from .._network import Network
-from .._network import learnable_mask as _difffn_mask
+from .._parameters import learnable_mask as _difffn_mask
 
 
 def _is_difffn(x) -> bool:

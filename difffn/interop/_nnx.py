@@ -17,7 +17,8 @@ from flax import nnx
 from .._errors import NetworkError
 from .._fields import LEARNABLE, STATE
 from .._format import stripdims
-from .._network import Network, leaf_kinds
+from .._network import Network
+from .._parameters import leaf_kinds
 
 
 def _is_variable(x) -> bool:
