@@ -1,8 +1,9 @@
 """Checkpoints of ``trainnet``: find one to resume from, write them, and resume.
 
-``trainnet`` asks :meth:`Writer.maybe_save` after every iteration (``unit="iteration"``) and
-after every completed epoch (``unit="epoch"``); a checkpoint is written when the unit matches
-``checkpoint_frequency_unit`` and the count is a multiple of ``checkpoint_frequency``.
+``trainnet`` writes a checkpoint (:meth:`Writer.save`) after an iteration or a completed epoch
+when the unit matches ``checkpoint_frequency_unit`` and the count is a multiple of
+``checkpoint_frequency`` (:func:`due`), and one of the result when training ends
+(:meth:`Writer.save_final`), so that resuming a finished run returns its result.
 
 A checkpoint is a difffn container (``_container.py``: msgpack, checksum, atomic write; never
 pickle, never code) of kind ``"checkpoint"`` named like MATLAB's,
@@ -69,25 +70,35 @@ class Writer:
       options: the run's ``TrainingOptions``.
       fingerprint: what the run's numbers depend on (``_fingerprint.run_fingerprint``).
       run_key: the ``key`` the run was started with.
+      iteration: the iteration of the checkpoint the run resumed from (None: a new run).
     """
 
-    def __init__(self, options, *, fingerprint: dict[str, str], run_key):
+    def __init__(self, options, *, fingerprint: dict[str, str], run_key, iteration=None):
         self.folder = options.checkpoint_path
         self.keep = options.checkpoint_keep
         self.options = options
         self.fingerprint = fingerprint
         self.run_key = run_key
+        self.iteration = iteration  # of the newest checkpoint written (or tried) for this run
 
-    def maybe_save(self, state, unit: str, *, elapsed: float, data_batch_size=None):
-        """Write a checkpoint of ``state`` if one is due; return its path (None if not written).
+    def save_final(self, state, *, elapsed: float, data_batch_size=None):
+        """At the end of training: a checkpoint of the result, unless one of it exists.
+
+        So resuming the folder of a finished run returns its result, not an older checkpoint's
+        continuation.
+        """
+        if self.iteration == state.iteration:
+            return None
+        return self.save(state, elapsed=elapsed, data_batch_size=data_batch_size)
+
+    def save(self, state, *, elapsed: float, data_batch_size=None):
+        """Write a checkpoint of ``state``; return its path (None if it could not be written).
 
         A failed write (a full disk, a folder removed or read-only) warns with
         :class:`CheckpointWarning` and returns None; the checkpoints written before are left as
         they are.
         """
-        count = state.iteration if unit == "iteration" else state.epoch
-        if not due(self.options, unit, count):
-            return None
+        self.iteration = state.iteration
         payload = state.to_payload(
             elapsed=elapsed,
             fingerprint=self.fingerprint,
@@ -101,9 +112,10 @@ class Writer:
             warnings.warn(
                 f"trainnet: the checkpoint of iteration {state.iteration} could not be written "
                 f"({error}) Training goes on; the older checkpoints in {str(self.folder)!r} are "
-                "kept and still valid. Fix: free disk space, or set another checkpoint_path.",
+                "kept and still valid. Fix: free disk space, make the folder writable, or set "
+                "another checkpoint_path.",
                 CheckpointWarning,
-                stacklevel=2,
+                stacklevel=3,
             )
             return None
         prune(self.folder, self.keep, written=path)

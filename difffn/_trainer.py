@@ -171,7 +171,12 @@ class _Run:
                 defaults=_options.fingerprint_defaults(options.solver),
             )
         self.writer = (
-            _checkpoint.Writer(options, fingerprint=fingerprint, run_key=key)
+            _checkpoint.Writer(
+                options,
+                fingerprint=fingerprint,
+                run_key=key,
+                iteration=None if checkpoint is None else checkpoint.iteration,
+            )
             if options.checkpoint_path is not None
             else None
         )
@@ -261,16 +266,17 @@ class _Run:
         ]
 
     def _save_checkpoint(self, unit):
+        """A checkpoint when one is due after an iteration or an epoch; unit "final": the end."""
         if self.writer is None:
             return
         state = self.state
         count = state.iteration if unit == "iteration" else state.epoch
-        if not _checkpoint.due(self.options, unit, count):
+        if unit != "final" and not _checkpoint.due(self.options, unit, count):
             return
         self._flush()
-        self.writer.maybe_save(
+        save = self.writer.save_final if unit == "final" else self.writer.save
+        save(
             state,
-            unit,
             elapsed=time.perf_counter() - self.start,
             data_batch_size=self.source.data_batch_size,
         )
@@ -300,7 +306,8 @@ class _Run:
             self._log(state.iteration, training=None)
         if self._call_output_fcn("start", None):
             state.stop_reason = "Stopped by output_fcn"
-        while state.stop_reason is None and state.epoch < options.max_epochs:
+        # batch > 0: inside an epoch (e.g. resumed from a checkpoint in it), which runs to its end
+        while state.stop_reason is None and (state.epoch < options.max_epochs or state.batch > 0):
             if state.batch == 0:
                 state.epoch += 1
                 state.order = self.source.epoch_order(
@@ -489,6 +496,7 @@ class _Run:
                 self._log(state.iteration, training=last)
         if last is not None and self.last_logged != state.iteration:
             self._log(state.iteration, training=last)
+        self._save_checkpoint("final")
         self._flush()
         elapsed = time.perf_counter() - self.start
         self.reporter.finish(state.stop_reason)

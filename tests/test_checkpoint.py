@@ -164,6 +164,34 @@ def test_a_run_that_ended_returns_its_result(tmp_path, uninterrupted):
     assert_same_run(run.train(resume_from=tmp_path), uninterrupted)
 
 
+@pytest.mark.parametrize("pause", [19, 22], ids=["first-of-the-last-epoch", "in-the-last-epoch"])
+def test_resuming_inside_the_last_epoch_trains_it_to_the_end(tmp_path, uninterrupted, pause):
+    run.train(tmp_path, output_fcn=pause_at(pause))
+    assert _checkpoint.read(tmp_path / names(tmp_path)[0])["epoch"] == 4  # the last epoch
+    result = run.train(resume_from=tmp_path)
+    assert len(result[1].training_history) == run.ITERATIONS
+    assert_same_run(result, uninterrupted)  # learnables and BatchNorm statistics bit for bit
+
+
+def test_resuming_a_one_epoch_run(tmp_path):
+    reference = run.train(max_epochs=1)
+    run.train(tmp_path, max_epochs=1, output_fcn=pause_at(3))
+    result = run.train(resume_from=tmp_path, max_epochs=1)
+    assert len(result[1].training_history) == 6
+    assert_same_run(result, reference)
+
+
+def test_resuming_a_finished_run_returns_its_result_without_training(tmp_path, uninterrupted):
+    run.train(tmp_path, checkpoint_frequency=5)  # checkpoints at 5, 10, 15, 20, and the end
+    assert iterations(tmp_path) == [15, 20, 24]
+    assert _checkpoint.read(tmp_path / names(tmp_path)[0])["stop_reason"] == "Max epochs completed"
+    trained = []
+    result = run.train(resume_from=tmp_path, output_fcn=lambda info: trained.append(info["state"]))
+    assert "iteration" not in trained
+    assert_same_run(result, uninterrupted)
+    assert iterations(tmp_path) == [15, 20, 24]  # nothing new written
+
+
 def test_sigkill_mid_run_then_resume_from_the_folder(tmp_path, uninterrupted):
     folder = tmp_path / "checkpoints"
     folder.mkdir()
