@@ -10,12 +10,13 @@ import signal
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import checkpoint_run as run
 import jax
 import numpy as np
 import pytest
-from helpers import ROOT, assert_tree_allclose
+from helpers import ROOT, assert_tree_allclose, unwritable_folder
 from training_layers import classification_data, classifier_net
 
 import difffn as df
@@ -397,4 +398,17 @@ def test_a_checkpoint_folder_removed_mid_run_warns_and_training_goes_on(tmp_path
     with pytest.warns(df.CheckpointWarning, match=r"the folder .* does not exist") as warned:
         result = run.train(folder, output_fcn=remove_the_folder)
     assert len(warned) == run.ITERATIONS - 19
+    assert_same_run(result, uninterrupted)
+
+
+@pytest.mark.parametrize("where", ["read-only", "proc"])
+def test_a_folder_that_refuses_files_warns_and_training_goes_on(tmp_path, uninterrupted, where):
+    folder = unwritable_folder(tmp_path) if where == "read-only" else Path("/proc")
+    with pytest.warns(
+        df.CheckpointWarning,
+        match=r"checkpoint of iteration \d+ could not be written \(could not write .*: cannot "
+        r"create a file in .*Training goes on.*Fix: free disk space, make the folder writable",
+    ) as warned:
+        result = run.train(folder)
+    assert len(warned) == run.ITERATIONS  # one per checkpoint; none for the result (the last)
     assert_same_run(result, uninterrupted)
