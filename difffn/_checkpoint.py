@@ -81,7 +81,7 @@ class Writer:
         self.run_key = run_key
         self.iteration = iteration  # of the newest checkpoint written (or tried) for this run
 
-    def save_final(self, state, *, elapsed: float, data_batch_size=None):
+    def save_final(self, state, *, elapsed: float, data_batch_size=None, data_position=None):
         """At the end of training: a checkpoint of the result, unless one of it exists.
 
         So resuming the folder of a finished run returns its result, not an older checkpoint's
@@ -89,9 +89,11 @@ class Writer:
         """
         if self.iteration == state.iteration:
             return None
-        return self.save(state, elapsed=elapsed, data_batch_size=data_batch_size)
+        return self.save(
+            state, elapsed=elapsed, data_batch_size=data_batch_size, data_position=data_position
+        )
 
-    def save(self, state, *, elapsed: float, data_batch_size=None):
+    def save(self, state, *, elapsed: float, data_batch_size=None, data_position=None):
         """Write a checkpoint of ``state``; return its path (None if it could not be written).
 
         A failed write (a full disk, a folder removed or read-only) warns with
@@ -104,6 +106,7 @@ class Writer:
             fingerprint=self.fingerprint,
             run_key=self.run_key,
             data_batch_size=data_batch_size,
+            data_position=data_position,
         )
         path = Path(self.folder) / file_name(state.iteration)
         try:

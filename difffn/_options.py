@@ -109,12 +109,14 @@ def _choice(choices: Sequence[str], hints: Mapping[str, str] | None = None) -> C
     return check
 
 
-def _positive_int(*, allow_inf: bool = False) -> Check:
+def _positive_int(*, allow_inf: bool = False, allow_none: bool = False) -> Check:
     def check(name, value, checked):
         if allow_inf and _is_real(value) and value == math.inf:
             return math.inf
+        if allow_none and value is None:
+            return None
         if not (_is_int(value) and value > 0):
-            more = " or math.inf" if allow_inf else ""
+            more = " or math.inf" if allow_inf else " or None" if allow_none else ""
             raise OptionsError(
                 f"TrainingOptions: {name} must be a positive int{more}; got {value!r}."
             )
@@ -165,6 +167,18 @@ def _schedule_settings(name, value, checked):
 def _validation_data(name, value, checked):
     if value is None:
         return None
+    parts = value if isinstance(value, (tuple, list)) else None
+    if hasattr(value, "shape") or (
+        parts is not None
+        and 1 <= len(parts) <= 2
+        and hasattr(parts[0], "shape")
+        and (len(parts) == 1 or parts[1] is None)
+    ):
+        shape = tuple(getattr(value if parts is None else parts[0], "shape", ()))
+        raise OptionsError(
+            "TrainingOptions: validation_data must hold inputs and targets, (X, T); got inputs "
+            f"of shape {shape} without targets. Fix: validation_data=(X_val, T_val)."
+        )
     if isinstance(value, (str, bytes)) or not (
         isinstance(value, (tuple, list)) or hasattr(value, "__iter__")
     ):
@@ -249,6 +263,7 @@ OPTIONS: tuple[Option, ...] = (
     Option("max_epochs", 30, _positive_int(), numbers=True),
     Option("mini_batch_size", 128, _positive_int(), numbers=True),
     Option("shuffle", "once", _choice(SHUFFLE), numbers=True),
+    Option("steps_per_epoch", None, _positive_int(allow_none=True), numbers=True),
     Option(
         "initial_learn_rate",
         {"sgdm": 0.01, "adam": 0.001, "rmsprop": 0.001},
@@ -311,6 +326,7 @@ OPTIONS: tuple[Option, ...] = (
         show=lambda value: "<...>",
     ),
     Option("validation_frequency", 50, _positive_int(), numbers=True),
+    Option("validation_steps", None, _positive_int(allow_none=True), numbers=True),
     Option("validation_patience", math.inf, _positive_int(allow_inf=True), numbers=True),
     Option(
         "metrics",
@@ -392,6 +408,12 @@ class TrainingOptions:
       mini_batch_size: observations per iteration (128); the last partial mini-batch of an
         epoch is dropped.
       shuffle: ``"once"`` (default, before training), ``"every-epoch"`` or ``"never"``.
+      steps_per_epoch: iterations per epoch for an iterable of batches (Keras'; MATLAB has
+        none). None (default): an epoch is one pass over the iterable. A number: the iterable
+        is read as one stream across epochs, each epoch taking the next this many batches (a
+        re-iterable starts a new pass when it ends), so an endless generator trains with
+        ``max_epochs`` epochs; a one-shot iterator that runs out ends training ("Training data
+        exhausted"). Not for arrays, whose epoch is a pass over the observations.
       initial_learn_rate: 0.01 for sgdm, 0.001 for adam and rmsprop.
       learn_rate_schedule: ``"none"``, ``"piecewise"``, ``"warmup"``, ``"polynomial"``,
         ``"exponential"``, ``"cosine"``, ``"cyclical"``, a callable, or a sequence of them
@@ -411,6 +433,10 @@ class TrainingOptions:
       gradient_threshold: clipping threshold (``math.inf``: no clipping).
       validation_data: ``(X, T)`` or an iterable of batches.
       validation_frequency: in iterations (50).
+      validation_steps: at most this many validation batches (Keras'); None (default): all of
+        them. The validation data is read once and reused; an iterable without ``len()`` is
+        read to its end, and one that yields more than 1 GiB is stopped with an error asking
+        for ``validation_steps`` (an endless generator needs it).
       validation_patience: validations without improvement before stopping (``math.inf``).
       objective_metric_name: ``"loss"`` or a metric name; what patience and best-validation
         watch.

@@ -72,7 +72,8 @@ class TrainingInfo:
       validation_history: one row per validation: iteration, epoch, time_elapsed, loss and the
         validation metrics (empty without validation data).
       stop_reason: why training stopped (``"Max epochs completed"``, ``"Stopped by validation
-        patience"``, ``"Stopped by output_fcn"``, ``"Training loss is NaN"``).
+        patience"``, ``"Stopped by output_fcn"``, ``"Training loss is NaN"``, ``"Training
+        data exhausted"`` (a one-shot iterator ended, with ``steps_per_epoch``)).
       output_network_iteration: the iteration of the returned network.
       plot_path: the training-progress PNG, when ``plots="training-progress"``.
       elapsed: training time in seconds.
@@ -181,7 +182,9 @@ class TrainingState:
 
     # -- the checkpoint payload ------------------------------------------------------------------
 
-    def to_payload(self, *, elapsed, fingerprint, run_key, data_batch_size) -> dict[str, Any]:
+    def to_payload(
+        self, *, elapsed, fingerprint, run_key, data_batch_size, data_position=None
+    ) -> dict[str, Any]:
         """The msgpack-ready contents of a checkpoint of this state."""
         from . import __version__
 
@@ -220,6 +223,7 @@ class TrainingState:
             "elapsed": float(elapsed),
             "stop_reason": self.stop_reason,
             "data_batch_size": None if data_batch_size is None else int(data_batch_size),
+            "data_position": None if data_position is None else int(data_position),
             "fingerprint": dict(fingerprint),
         }
 
@@ -309,6 +313,12 @@ class Checkpoint:
         """The batch size of the run's iterable data, once it was seen."""
         size = self.payload["data_batch_size"]
         return None if size is None else int(size)
+
+    @property
+    def data_position(self) -> int | None:
+        """Items read from the current pass of a stream of batches (``steps_per_epoch``)."""
+        position = self.payload.get("data_position")
+        return None if position is None else int(position)
 
 
 # -- pytrees and keys in payloads -----------------------------------------------------------------

@@ -14,6 +14,7 @@ network.
 
 from __future__ import annotations
 
+import itertools
 import math
 import os
 import time
@@ -25,8 +26,8 @@ import numpy as np
 from . import _batches, _checkpoint, _fingerprint, _options, _progress
 from ._errors import OptionsError
 from ._factors import L2, LEARN_RATE, leaf_factors
-from ._format import FormattedArray, Layout
-from ._losses import get_loss, loss_name
+from ._format import FormattedArray, Layout, stripdims
+from ._losses import CLASS_LOSSES, check_labels, get_loss, loss_name
 from ._metrics import Metric
 from ._network import Network, learnable_mask
 from ._options import TrainingOptions
@@ -98,21 +99,16 @@ def trainnet(*args, key=None, resume_from=None):
       ('Max epochs completed', True)
     """
     who = "trainnet"
-    if len(args) == 5:
+    form = _form(who, args)
+    if form == "arrays":
         X, T, net, loss, options = args
-    elif len(args) == 4:
-        data, net, loss, options = args
     else:
-        raise OptionsError(
-            f"{who} takes (X, T, net, loss, options) or (data, net, loss, options); got "
-            f"{len(args)} positional argument(s)."
-        )
-    if not isinstance(net, Network):
-        raise OptionsError(f"{who}: net must be a df.Network; got {type(net).__name__}.")
+        data, net, loss, options = args
     if not isinstance(options, TrainingOptions):
         raise OptionsError(
             f"{who}: options must be df.TrainingOptions(...); got {type(options).__name__}."
         )
+    _check_key(who, key)
     loss_fn = get_loss(loss, who=who)
     checkpoint = None
     if resume_from is not None:
@@ -120,12 +116,91 @@ def trainnet(*args, key=None, resume_from=None):
         if key is None:
             key = checkpoint.run_key
     key = jax.random.key(0) if key is None else key
-    if len(args) == 5:
+    if form == "arrays":
         data_source = ArraySource(who, X, T, net)
     else:
-        data_source = IterableSource(who, data, net, max_epochs=options.max_epochs)
+        data_source = IterableSource(
+            who, data, net, max_epochs=options.max_epochs, steps_per_epoch=options.steps_per_epoch
+        )
     run = _Run(who, net, loss_fn, loss, options, key, data_source, checkpoint)
     return run.train()
+
+
+def _form(who: str, args: tuple) -> str:
+    """Which form of trainnet the arguments are, ``"arrays"`` or ``"iterable"``; a clear error
+    naming the form that was probably meant when they fit neither."""
+    nets = [k for k, a in enumerate(args) if isinstance(a, Network)]
+    if len(args) == 5 and nets == [2]:
+        return "arrays"
+    if len(args) == 4 and nets == [1]:
+        return "iterable"
+    got = ", ".join(type(a).__name__ for a in args)
+    if nets == [2] and len(args) == 4:
+        raise OptionsError(
+            f"{who}(X, T, net, loss) is missing the options (got {got}). Fix: "
+            f"{who}(X, T, net, loss, df.TrainingOptions(...))."
+        )
+    if nets == [1] and len(args) == 3:
+        raise OptionsError(
+            f"{who}(data, net, loss) is missing the options (got {got}). Fix: "
+            f"{who}(data, net, loss, df.TrainingOptions(...))."
+        )
+    if len(args) in (4, 5) and not nets:
+        net = args[2] if len(args) == 5 else args[1]
+        raise OptionsError(f"{who}: net must be a df.Network; got {type(net).__name__}.")
+    raise OptionsError(
+        f"{who} takes (X, T, net, loss, options) or (data, net, loss, options); got "
+        f"{len(args)} positional argument(s) ({got})."
+    )
+
+
+def _check_key(who: str, key) -> None:
+    if key is None:
+        return
+    typed = isinstance(key, jax.Array) and jnp.issubdtype(key.dtype, jax.dtypes.prng_key)
+    raw = (
+        hasattr(key, "shape")
+        and hasattr(key, "dtype")
+        and tuple(key.shape) == (2,)
+        and key.dtype == np.uint32
+    )
+    if not (typed or raw):
+        hint = f"jax.random.key({key})" if isinstance(key, int) else "jax.random.key(0)"
+        raise OptionsError(
+            f"{who}: key must be a jax.random key; got {type(key).__name__} {repr(key)[:40]}. "
+            f"Fix: key={hint}."
+        )
+
+
+def _label_check(who, net, loss_fn, metrics):
+    """``check(targets, what)``: integer class labels within the network's classes, on the host.
+
+    None when neither the loss nor a metric reads class labels, or the output's classes are not
+    known. Checked once per data set (arrays) or batch (iterables), never inside the step.
+    """
+    if loss_fn not in CLASS_LOSSES and not any(m.class_labels for m in metrics):
+        return None
+    if net.recorded_layouts is None:
+        return None
+    i, j = net.output_ports()[0]
+    layout = net.recorded_layouts[i][1][j]
+    ndim = len(layout.shape)
+    c = layout.format.index("C") if "C" in layout.format else (ndim - 1 if ndim >= 2 else None)
+    if c is None or layout.shape[c] is None:
+        return None
+    classes = max(layout.shape[c], 2)  # one channel: binary, labels 0 and 1
+
+    def check(targets, what):
+        t = targets[0]
+        dtype = getattr(stripdims(t), "dtype", None)
+        labels = dtype is not None and jnp.issubdtype(dtype, jnp.integer)
+        if labels and len(np.shape(stripdims(t))) == ndim - 1:
+            check_labels(who, t, classes, what=what)
+
+    return check
+
+
+_UNSIZED_VALIDATION_BYTES = 1 << 30  # validation data read from an iterable without len()
 
 
 class _Run:
@@ -141,6 +216,13 @@ class _Run:
         self.source = data
         self.batch_size = None
         if isinstance(data, ArraySource):
+            if options.steps_per_epoch is not None:
+                raise OptionsError(
+                    f"{who}: steps_per_epoch={options.steps_per_epoch} applies to an iterable of "
+                    "batches; with arrays an epoch is one pass over the observations "
+                    f"({data.count} // mini_batch_size iterations). Fix: leave steps_per_epoch "
+                    "out, or set max_epochs."
+                )
             self.batch_size = options.mini_batch_size
             self.placement.check_batch(self.batch_size)
             if data.iterations(self.batch_size) == 0:
@@ -153,6 +235,12 @@ class _Run:
         self.iterations_per_epoch = data.iterations(self.batch_size)
         self.messages: list[str] = []
         net = self._prepare_network(net, init_key)
+        self.check_targets = _label_check(who, net, loss_fn, self.metrics)
+        if self.check_targets is not None:
+            if isinstance(data, ArraySource):
+                self.check_targets(data.targets, "T")
+            else:
+                data.check_targets = self.check_targets
         fingerprint = None
         if checkpoint is not None or options.checkpoint_path is not None:
             fingerprint = _fingerprint.run_fingerprint(
@@ -214,8 +302,9 @@ class _Run:
         )
         if checkpoint is not None:
             self.state.restore(checkpoint, placement=self.placement)
-            if isinstance(data, IterableSource) and checkpoint.data_batch_size is not None:
+            if isinstance(data, IterableSource):
                 data.data_batch_size = checkpoint.data_batch_size
+                data.position = checkpoint.data_position or 0
         self.state.opt_state = self.placement.put(self.state.opt_state)
         self.state.key = self.placement.put(self.state.key)
         self.schedule = LearnRateSchedule(options, self.iterations_per_epoch)
@@ -255,15 +344,41 @@ class _Run:
         return net
 
     def _validation_batches(self, net):
-        """The validation data as device batches (placed once, used at every validation)."""
-        if self.options.validation_data is None:
+        """The validation data as device batches, read and placed once (for every validation).
+
+        At most ``validation_steps`` batches; without it, an iterable without ``len()`` may
+        yield up to ``_UNSIZED_VALIDATION_BYTES`` (it could be endless).
+        """
+        options = self.options
+        if options.validation_data is None:
             return None
-        data = source(self.who, self.options.validation_data, net, role="validation")
+        data = source(self.who, options.validation_data, net, role="validation")
+        if isinstance(data, IterableSource):
+            data.check_targets = self.check_targets
+        elif self.check_targets is not None:
+            self.check_targets(data.targets, "validation_data T")
         formats = [lo.format if lo else None for lo in net.input_layouts]
-        return [
-            self.placement.put_batch(xs, ts, formats)
-            for xs, ts in data.in_order(self.options.mini_batch_size)
-        ]
+        unsized = isinstance(data, IterableSource) and data.length is None
+        batches, read, observations = [], 0, 0
+        for xs, ts in itertools.islice(
+            data.in_order(options.mini_batch_size), options.validation_steps
+        ):
+            read += sum(stripdims(x).nbytes for x in (*xs, *ts))
+            if unsized and options.validation_steps is None and read > _UNSIZED_VALIDATION_BYTES:
+                raise OptionsError(
+                    f"{self.who}: validation_data is an iterable without len() that has yielded "
+                    f"{len(batches) + 1} batches ({read / 2**30:.1f} GiB) and goes on; validation "
+                    "data is read once and kept. Fix: validation_steps=N (at most N batches; an "
+                    "endless generator needs it), or a finite list of batches."
+                )
+            batches.append(self.placement.put_batch(xs, ts, formats))
+            observations += _batches.count(ts[0], _batches.batch_axis(ts[0]))
+        if observations == 0:
+            raise OptionsError(
+                f"{self.who}: validation_data has no observations. Fix: pass validation data, or "
+                "leave validation_data out."
+            )
+        return batches
 
     def _save_checkpoint(self, unit):
         """A checkpoint when one is due after an iteration or an epoch; unit "final": the end."""
@@ -279,6 +394,7 @@ class _Run:
             state,
             elapsed=time.perf_counter() - self.start,
             data_batch_size=self.source.data_batch_size,
+            data_position=self.source.position,
         )
 
     # -- the loop --------------------------------------------------------------------------------
@@ -314,6 +430,8 @@ class _Run:
                     state.epoch, options.shuffle, state.shuffle_seed
                 )
             self._run_epoch()
+            if self.source.exhausted and state.stop_reason is None:
+                state.stop_reason = "Training data exhausted"
             if state.stop_reason is None:
                 state.batch = 0
                 self._save_checkpoint("epoch")
@@ -323,6 +441,7 @@ class _Run:
 
     def _run_epoch(self):
         options, state = self.options, self.state
+        fresh = state.batch == 0
         spec = step = None
         feeds = self.source.epoch_feeds(state.order, state.batch, self.placement, self.batch_size)
         for feed, data in feeds:
@@ -371,6 +490,11 @@ class _Run:
             self._save_checkpoint("iteration")
             if state.stop_reason is not None:
                 return
+        if fresh and state.batch == 0 and not self.source.exhausted:
+            raise OptionsError(
+                f"{self.who}: the training data yielded no batch in epoch {state.epoch}. Fix: "
+                "pass an iterable with at least one batch."
+            )
 
     # -- validation, logging ---------------------------------------------------------------------
 

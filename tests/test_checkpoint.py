@@ -412,3 +412,26 @@ def test_a_folder_that_refuses_files_warns_and_training_goes_on(tmp_path, uninte
         result = run.train(folder)
     assert len(warned) == run.ITERATIONS  # one per checkpoint; none for the result (the last)
     assert_same_run(result, uninterrupted)
+
+
+def test_a_stream_of_batches_resumes_at_its_position(tmp_path):
+    """steps_per_epoch: the stream goes on across epochs; a resume skips what was read."""
+    X, T = classification_data(70)
+    batches = [(X[i : i + 16], T[i : i + 16]) for i in range(0, 70, 16)]  # the last has 6
+
+    def endless():
+        while True:
+            yield from batches
+
+    options = df.TrainingOptions(max_epochs=3, steps_per_epoch=3, verbose=False)
+    reference = df.trainnet(endless(), classifier_net(), "crossentropy", options)
+    paused = options.replace(
+        checkpoint_path=tmp_path, checkpoint_frequency_unit="iteration", output_fcn=pause_at(5)
+    )
+    df.trainnet(endless(), classifier_net(), "crossentropy", paused)
+    assert _checkpoint.read(tmp_path / names(tmp_path)[0])["data_position"] == 6  # a 6 dropped
+    resumed = df.trainnet(
+        endless(), classifier_net(), "crossentropy", options, resume_from=tmp_path
+    )
+    assert len(resumed[1].training_history) == 9
+    assert_same_run(resumed, reference)
