@@ -168,3 +168,66 @@ def _check_header(path: Path, head: bytes, size: int, kind) -> bytes:
             f"bytes, found {size - _HEADER.size}. The file is damaged; use another copy."
         )
     return digest
+
+
+# -- payload schemas ----------------------------------------------------------------------------
+
+
+class Optional:
+    """A schema that also accepts None."""
+
+    def __init__(self, schema):
+        self.schema = schema
+
+
+class Each:
+    """A dict whose values all follow one schema (keys are strings)."""
+
+    def __init__(self, schema):
+        self.schema = schema
+
+
+def check_schema(value, schema, *, source: str, where: str = "the payload") -> None:
+    """Check a decoded payload against ``schema`` before anything reads it.
+
+    A schema is a type or a tuple of types; a dict ``{key: schema}`` of required keys (others are
+    allowed); a one-item list ``[schema]`` for a list of such items; :class:`Optional` or
+    :class:`Each`. A file that passed its checksum but does not fit was written so (by another
+    program, or a difffn bug): a named error, never a ``KeyError`` deep in the reader.
+
+    Raises:
+      SerializationError: naming the first part that does not fit, expected vs got.
+    """
+    if isinstance(schema, Optional):
+        if value is not None:
+            check_schema(value, schema.schema, source=source, where=where)
+        return
+    if isinstance(schema, Each):
+        check_schema(value, dict, source=source, where=where)
+        for key, item in value.items():
+            check_schema(item, schema.schema, source=source, where=f"{where}[{key!r}]")
+        return
+    if isinstance(schema, dict):
+        check_schema(value, dict, source=source, where=where)
+        for key, item in schema.items():
+            if key not in value:
+                _malformed(source, f"{where} lacks {key!r}")
+            check_schema(value[key], item, source=source, where=f"{where}[{key!r}]")
+        return
+    if isinstance(schema, list):
+        check_schema(value, list, source=source, where=where)
+        for n, item in enumerate(value):
+            check_schema(item, schema[0], source=source, where=f"{where}[{n}]")
+        return
+    types = schema if isinstance(schema, tuple) else (schema,)
+    if not isinstance(value, types) or (isinstance(value, bool) and bool not in types):
+        wanted = " or ".join(t.__name__ for t in types)
+        _malformed(source, f"{where} should be {wanted}, not {type(value).__name__}")
+
+
+def _malformed(source: str, what: str):
+    raise SerializationError(
+        f"{source!r} is malformed: {what}. Its checksum is right, so it was written this way "
+        "(by another program, or another version). Fix: write it again (df.save, or a new "
+        "checkpoint), or use another copy."
+    )

@@ -34,6 +34,7 @@ from typing import Any, NamedTuple
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 import optax
 
 from ._errors import OptionsError
@@ -292,8 +293,23 @@ def _sgdm_step(params, grads, velocity, learn_rate, momentum, factors):
     return optax.apply_updates(params, updates), trace.trace
 
 
+def _iteration_from_zero(iteration) -> None:
+    raise OptionsError(
+        f"adamupdate: iteration must be counted from 1 (MATLAB's definition: the bias "
+        f"correction divides by 1 - β^t, which is 0 at t = 0); got {int(np.min(iteration))} "
+        "inside a traced function. Fix: pass iteration = step + 1 for a step count from 0."
+    )
+
+
 @functools.partial(jax.jit, static_argnames=("factors",))
 def _adam_step(params, grads, mu, nu, iteration, learn_rate, b1, b2, eps, factors):
+    # A traced iteration cannot be checked when adamupdate is called; a bad one must not pass
+    # as NaN parameters, so the compiled step itself raises (a host callback, run only then).
+    jax.lax.cond(
+        jnp.any(jnp.asarray(iteration) < 1),
+        lambda: jax.debug.callback(_iteration_from_zero, iteration),
+        lambda: None,
+    )
     tx = optax.chain(optax.scale_by_adam(b1=b1, b2=b2, eps=eps), scale_by_learn_rate(factors))
     count = jnp.asarray(iteration, jnp.int32) - 1
     state = (optax.ScaleByAdamState(count=count, mu=mu, nu=nu), optax.EmptyState())
@@ -386,10 +402,18 @@ def adamupdate(
       Array([0.999], dtype=float32)
     """
     who = "adamupdate"
-    if isinstance(iteration, numbers.Number) and not (
-        isinstance(iteration, numbers.Integral) and iteration >= 1
-    ):
-        raise OptionsError(f"{who}: iteration must be an int counted from 1; got {iteration!r}.")
+    if not isinstance(iteration, jax.core.Tracer):  # traced: checked inside the step
+        value = np.asarray(iteration)
+        if not (
+            value.ndim == 0
+            and (np.issubdtype(value.dtype, np.integer) or isinstance(iteration, numbers.Integral))
+            and not isinstance(iteration, bool)
+            and value >= 1
+        ):
+            raise OptionsError(
+                f"{who}: iteration must be an int counted from 1; got {iteration!r}. Fix: pass "
+                "iteration = step + 1 for a step count from 0."
+            )
     _check_number(who, "learn_rate", learn_rate, low=0)
     _check_decay(who, "gradient_decay_factor", gradient_decay_factor)
     _check_decay(who, "squared_gradient_decay_factor", squared_gradient_decay_factor)

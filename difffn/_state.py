@@ -23,12 +23,42 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from ._container import Each, Optional, check_schema
 from ._errors import SerializationError
 from ._network import Network
 from ._serialization import network_payload
 
 FORMAT = "difffn.checkpoint"
 FORMAT_VERSION = 1
+
+_TREE = {"paths": [str], "shapes": [[int]], "dtypes": [str], "values": [np.ndarray]}
+_KEY = {"data": np.ndarray, "impl": Optional(str)}
+_NUMBER = (int, float, np.floating, np.integer)
+SCHEMA = {
+    "network": dict,  # _serialization.SCHEMA, checked when it is restored
+    "optimizer": _TREE,
+    "iteration": int,
+    "epoch": int,
+    "batch": int,
+    "order": Optional(np.ndarray),
+    "key": _KEY,
+    "run_key": _KEY,
+    "shuffle_seed": [int],
+    "best": Optional(
+        {
+            "objective": _NUMBER,
+            "iteration": int,
+            "network": Optional({"learnables": _TREE, "others": _TREE}),
+        }
+    ),
+    "bad_validations": int,
+    "training_rows": [dict],
+    "validation_rows": [dict],
+    "elapsed": _NUMBER,
+    "stop_reason": Optional(str),
+    "data_batch_size": Optional(int),
+    "fingerprint": Each(str),
+}
 
 # -- history and info ----------------------------------------------------------------------------
 
@@ -276,14 +306,17 @@ class Checkpoint:
 
     @classmethod
     def from_payload(cls, payload: dict[str, Any], source: str) -> Checkpoint:
-        """Check the format and version of a checkpoint's payload."""
-        if payload.get("format") != FORMAT:
+        """Check a checkpoint's payload: format, version, and every field's type."""
+        if not isinstance(payload, dict) or payload.get("format") != FORMAT:
             raise SerializationError(f"{source!r} does not hold a difffn training checkpoint.")
-        if int(payload.get("format_version", 0)) > FORMAT_VERSION:
+        check_schema(payload, {"format_version": int}, source=source)
+        if payload["format_version"] > FORMAT_VERSION:
             raise SerializationError(
                 f"{source!r} holds a checkpoint in format version {payload['format_version']}, "
                 f"newer than this difffn reads ({FORMAT_VERSION}). Fix: upgrade difffn."
             )
+        check_schema(payload, SCHEMA, source=source)
+        check_schema(payload.get("data_position"), Optional(int), source=source, where="position")
         return cls(source, payload)
 
     @property
@@ -345,6 +378,11 @@ def restore_tree(data: dict[str, Any], template, *, what: str, source: str, fix:
     """The arrays of a :func:`tree_payload` in the structure of ``template`` (checked first)."""
     expected = jax.tree_util.tree_flatten_with_path(template)[0]
     paths, shapes, dtypes = data["paths"], data["shapes"], data["dtypes"]
+    if not len(paths) == len(shapes) == len(dtypes) == len(data["values"]):
+        raise SerializationError(
+            f"{source!r} is malformed: {what} lists {len(paths)} paths, {len(shapes)} shapes, "
+            f"{len(dtypes)} dtypes and {len(data['values'])} values. Fix: use another copy."
+        )
     for n, (path, leaf) in enumerate(expected):
         key = jax.tree_util.keystr(path)
         want = (key, tuple(np.shape(leaf)), np.dtype(leaf.dtype).name)
@@ -364,6 +402,12 @@ def restore_tree(data: dict[str, Any], template, *, what: str, source: str, fix:
             f"{source!r}: {what} does not match: the checkpoint has {len(paths)} leaves, the run "
             f"expects {len(expected)} (extra: {paths[len(expected)]!r}). {fix}"
         )
+    for n, (value, shape) in enumerate(zip(data["values"], shapes, strict=True)):
+        if tuple(value.shape) != tuple(shape):
+            raise SerializationError(
+                f"{source!r} is malformed: {what} leaf {paths[n]!r} is listed with shape "
+                f"{tuple(shape)} but holds {tuple(value.shape)}. Fix: use another copy."
+            )
     leaves = [jnp.asarray(v, dtype=d) for v, d in zip(data["values"], dtypes, strict=True)]
     return jax.tree.unflatten(jax.tree.structure(template), leaves)
 

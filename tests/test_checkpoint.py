@@ -20,7 +20,7 @@ from helpers import ROOT, assert_tree_allclose, unwritable_folder
 from training_layers import classification_data, classifier_net
 
 import difffn as df
-from difffn import _checkpoint
+from difffn import _checkpoint, _container
 
 
 @pytest.fixture(scope="module")
@@ -435,3 +435,25 @@ def test_a_stream_of_batches_resumes_at_its_position(tmp_path):
     )
     assert len(resumed[1].training_history) == 9
     assert_same_run(resumed, reference)
+
+
+@pytest.mark.parametrize(
+    "change, message",
+    [
+        (lambda p: p.pop("optimizer"), r"the payload lacks 'optimizer'"),
+        (lambda p: p.update(iteration="5"), r"\['iteration'\] should be int, not str"),
+        (lambda p: p["optimizer"]["values"].pop(), r"lists \d+ paths, \d+ shapes, \d+ dtypes and"),
+        (lambda p: p["network"].pop("values"), r"the payload lacks 'values'"),
+    ],
+    ids=["no-optimizer", "iteration-type", "optimizer-values", "network-values"],
+)
+def test_a_well_checksummed_malformed_checkpoint_is_a_named_error(
+    paused, tmp_path, change, message
+):
+    path = tmp_path / names(paused)[0]
+    shutil.copy(paused / names(paused)[0], path)
+    payload = _container.read(path, "checkpoint")
+    change(payload)
+    _container.write(path, "checkpoint", payload)  # a good checksum over a bad payload
+    with pytest.raises(df.SerializationError, match=rf"is malformed: .*{message}.*Fix:"):
+        run.train(resume_from=path)

@@ -280,3 +280,40 @@ def test_a_large_file_is_refused_from_its_header_without_reading_it(net, tmp_pat
     finally:
         tracemalloc.stop()
     assert peak < 1 << 20  # the payload was never read
+
+
+def _rewrite(path, kind, change):
+    payload = _container.read(path, kind)
+    change(payload)
+    _container.write(path, kind, payload)  # a good checksum over a bad payload
+
+
+@pytest.mark.parametrize(
+    "change, message",
+    [
+        (lambda p: p.pop("structure"), r"the payload lacks 'structure'"),
+        (
+            lambda p: p["parameters"][0].pop("dtype"),
+            r"the payload\['parameters'\]\[0\] lacks 'dtype'",
+        ),
+        (
+            lambda p: p["parameters"][0].update(shape="3"),
+            r"the payload\['parameters'\]\[0\]\['shape'\] should be list, not str",
+        ),
+        (
+            lambda p: p["values"].clear(),
+            r"parameter '.*' is listed with shape .* but has no values",
+        ),
+        (
+            lambda p: p["values"].update({k: v[:1] for k, v in p["values"].items()}),
+            r"is listed with shape \(\d+, \d+\) but has values of shape \(1, \d+\)",
+        ),
+        (lambda p: p.update(format_version="1"), r"\['format_version'\] should be int, not str"),
+    ],
+    ids=["no-structure", "no-dtype", "shape-type", "no-values", "value-shape", "version-type"],
+)
+def test_a_well_checksummed_malformed_file_is_a_named_error(net, tmp_path, change, message):
+    path = df.save(tmp_path / "net.difffn", net)
+    _rewrite(path, "network", change)
+    with pytest.raises(df.SerializationError, match=rf"is malformed: .*{message}.*Fix:"):
+        df.load(path, like=structure())

@@ -95,6 +95,28 @@ def test_helpers_work_inside_jit_and_with_a_traced_iteration():
     assert_tree_allclose((params, m, s), expected)
 
 
+@pytest.mark.parametrize("iteration", [0, np.int32(0), jnp.array(0), 1.0, -2, True])
+def test_adamupdate_iteration_counts_from_one(iteration):
+    with pytest.raises(df.OptionsError, match=r"iteration must be an int counted from 1; got"):
+        df.adamupdate(PARAMS, GRADS[0], None, None, iteration)
+
+
+def test_a_traced_iteration_zero_raises_instead_of_returning_nan():
+    """Under jit the value is unknown when adamupdate is called: the compiled step raises."""
+
+    @jax.jit
+    def step(params, g, t):
+        return df.adamupdate(params, g, None, None, t, 0.01)
+
+    jax.block_until_ready(step(PARAMS, GRADS[0], 1))  # a good one runs as before
+    with pytest.raises(
+        jax.errors.JaxRuntimeError,
+        match=r"adamupdate: iteration must be counted from 1 \(MATLAB's definition.*got 0 inside "
+        r"a traced function\. Fix: pass iteration = step \+ 1",
+    ):
+        jax.block_until_ready(step(PARAMS, GRADS[0], 0))
+
+
 # -- networks and tables --------------------------------------------------------------------------
 
 
