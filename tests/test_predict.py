@@ -161,3 +161,15 @@ def test_data_mistakes_are_named(net, call, match):
     X, T = classification_data(32)
     with pytest.raises(df.OptionsError, match=match):
         call(net, X, T)
+
+
+def test_keyword_inputs_to_predict_and_forward_are_named(net):
+    X, _ = classification_data(8)
+    with pytest.raises(
+        df.NetworkError,
+        match=r"Network\.predict takes the inputs positionally, in the order of net\.input_names "
+        r"\['in'\]; got keyword argument\(s\) \['x'\]\. Fix: net\.predict\(\*arrays\)",
+    ):
+        net.predict(x=X)
+    with pytest.raises(df.NetworkError, match=r"Network\.forward takes the inputs positionally"):
+        net.forward(X, inputs=X)
