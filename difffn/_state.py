@@ -162,6 +162,8 @@ class TrainingState:
       training_rows, validation_rows: history rows (device scalars until logged).
       elapsed: seconds of training before this segment of the run.
       stop_reason: set when training stops.
+      nan_at: the iteration of the first NaN loss, a device scalar the steps carry (0 before
+        one; a checkpoint is written after it is read, so it is not part of the payload).
     """
 
     treedef: Any
@@ -183,6 +185,7 @@ class TrainingState:
     validation_rows: list = dataclasses.field(default_factory=list)
     elapsed: float = 0.0
     stop_reason: str | None = None
+    nan_at: Any = 0  # on the device: the iteration of the first NaN loss (0: none yet)
 
     @property
     def network(self) -> Network:

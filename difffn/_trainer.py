@@ -15,7 +15,6 @@ network.
 from __future__ import annotations
 
 import itertools
-import math
 import os
 import time
 
@@ -307,6 +306,7 @@ class _Run:
                 data.position = checkpoint.data_position or 0
         self.state.opt_state = self.placement.put(self.state.opt_state)
         self.state.key = self.placement.put(self.state.key)
+        self.state.nan_at = self.placement.put(jnp.zeros((), jnp.int32))
         self.schedule = LearnRateSchedule(options, self.iterations_per_epoch)
         self.validation = self._validation_batches(net)
 
@@ -449,16 +449,9 @@ class _Run:
                 spec, step = feed, self.steps.step(feed)
             iteration = state.iteration + 1
             lr = self.schedule(iteration, state.epoch)
-            learnables, others, opt_state, loss, values = step(
-                state.learnables,
-                state.others,
-                state.opt_state,
-                data,
-                state.key,
-                np.int32(iteration),
-                np.float32(lr),
-            )
-            state.learnables, state.others, state.opt_state = learnables, others, opt_state
+            carry = (state.learnables, state.others, state.opt_state, state.nan_at)
+            carry, loss, values = step(carry, data, state.key, np.int32(iteration), np.float32(lr))
+            state.learnables, state.others, state.opt_state, state.nan_at = carry
             state.iteration = iteration
             state.batch += 1
             row = {
@@ -471,21 +464,20 @@ class _Run:
             row.update({m.name: v for m, v in zip(self.metrics, values, strict=True)})
             state.training_rows.append(row)
             self.reporter.tick(iteration, state.epoch)
-            validated = False
             final = iteration == self.final_iteration
-            if self.validation is not None and (
+            validate = self.validation is not None and (
                 iteration % options.validation_frequency == 0 or final
-            ):
-                self._validate()
-                validated = True
-            if iteration == 1 or iteration % options.verbose_frequency == 0 or validated or final:
-                self._flush()  # also when not verbose: a NaN loss stops training
-                self._log(iteration, training=row)
-            if self._nan_loss(row):
-                state.stop_reason = "Training loss is NaN"
-            elif self._call_output_fcn("iteration", row):
+            )
+            if validate or iteration == 1 or iteration % options.verbose_frequency == 0 or final:
+                self._flush()  # the host waits here anyway: a NaN loss is found here too
+                if validate and state.stop_reason is None:
+                    self._validate()
+                self._log(state.iteration, training=state.training_rows[-1])
+            if state.stop_reason is None and self._call_output_fcn("iteration", row):
                 state.stop_reason = "Stopped by output_fcn"
-            elif state.bad_validations >= options.validation_patience:
+            elif state.stop_reason is None and (
+                state.bad_validations >= options.validation_patience
+            ):
                 state.stop_reason = "Stopped by validation patience"
             self._save_checkpoint("iteration")
             if state.stop_reason is not None:
@@ -528,20 +520,32 @@ class _Run:
             keep=self.options.resolved_output_network == "best-validation",
         )
 
-    def _flush(self):
-        """Bring pending device scalars of the training history to the host."""
-        pending = self.state.training_rows[self._flushed :]
+    def _flush(self) -> bool:
+        """Bring pending device scalars of the training history to the host, with the iteration
+        of the first NaN loss: training stops there (the steps after it changed nothing).
+
+        Returns whether this flush found the NaN loss.
+        """
+        state = self.state
+        pending = state.training_rows[self._flushed :]
         if not pending:
-            return
-        self._flushed = len(self.state.training_rows)
+            return False
+        self._flushed = len(state.training_rows)
         keys = ["loss"] + [m.name for m in self.metrics]
-        values = jax.device_get([[r[k] for k in keys] for r in pending])
+        values, nan_at = jax.device_get(([[r[k] for k in keys] for r in pending], state.nan_at))
         for row, vals in zip(pending, values, strict=True):
             for k, v in zip(keys, vals, strict=True):
                 row[k] = float(v)
-
-    def _nan_loss(self, row) -> bool:
-        return isinstance(row["loss"], float) and math.isnan(row["loss"])
+        nan_at = int(nan_at)
+        if nan_at and state.stop_reason is None:
+            rows = [r for r in state.training_rows if r["iteration"] <= nan_at]
+            state.batch = max(0, state.batch - (state.iteration - nan_at))
+            state.training_rows, state.iteration = rows, nan_at
+            state.epoch = rows[-1]["epoch"]
+            self._flushed = len(rows)
+            state.stop_reason = "Training loss is NaN"
+            return True
+        return False
 
     def _log(self, iteration, training):
         if iteration == self.last_logged:
@@ -577,8 +581,8 @@ class _Run:
         if not self.options.output_fcn:
             return False
         state = self.state
-        if row is not None:
-            self._flush()
+        if row is not None and self._flush():  # a NaN loss before this row: training stopped
+            return False
         info = {
             "state": stage,
             "iteration": state.iteration,

@@ -467,6 +467,35 @@ def test_nan_loss_stops_training():
     assert len(info.training_history) == 1
 
 
+def test_a_nan_loss_is_found_at_its_iteration_and_training_stops_there():
+    """Found within the step (not at the next log row): the history ends at the NaN iteration
+    and the network is the one after it, as if training had stopped there."""
+    X, T = regression_data(320)
+    poison = np.zeros((320, 1), np.float32)
+    poison[96:112] = 1  # the seventh of 20 mini-batches (shuffle never): iteration 7
+    targets = np.concatenate([T, poison], axis=1)
+
+    def loss(y, t):
+        nan = jax.lax.stop_gradient(jnp.where(jnp.any(t[:, 1] > 0), jnp.nan, 0.0))
+        return df.losses.mse(y, t[:, :1]) + jnp.where(df.stripdims(y)[0, 0] > 1e9, 0.0, nan)
+
+    options = quiet(max_epochs=1, mini_batch_size=16, shuffle="never", verbose_frequency=50)
+    nets, infos = [], []
+    for poisoned in (True, False):  # the second: the first 7 iterations, stopped by output_fcn
+        data = (X, targets) if poisoned else (X, np.concatenate([T, 0 * poison], axis=1))
+        stop = None if poisoned else (lambda info: info["iteration"] >= 7)
+        net, info = df.trainnet(*data, regression_net(), loss, options.replace(output_fcn=stop))
+        nets.append(net)
+        infos.append(info)
+    info = infos[0]
+    assert info.stop_reason == "Training loss is NaN"
+    assert info.output_network_iteration == 7 and len(info.training_history) == 7
+    assert np.isnan(info.training_history["loss"][-1])
+    assert np.all(np.isfinite(info.training_history["loss"][:-1]))
+    # the network after iteration 7 (its update used a finite gradient), bit for bit
+    assert_tree_allclose(nets[0].learnables, nets[1].learnables, rtol=0, atol=0)
+
+
 def test_checkpoints_are_written_at_the_chosen_frequency(tmp_path):
     X, T = regression_data(64)
     opts = quiet(
