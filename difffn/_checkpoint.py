@@ -31,11 +31,11 @@ import warnings
 from pathlib import Path
 from typing import Any
 
-from . import _container, _fingerprint
+from . import _container, _fingerprint, _rowlog
 from ._errors import SerializationError
 from ._network import Network
 from ._serialization import restore_network
-from ._state import Checkpoint, same_key
+from ._state import Checkpoint, key_payload, plain_row, same_key
 
 KIND = "checkpoint"
 _NAME = re.compile(r"^net_checkpoint__(\d+)__(\d{4}_\d\d_\d\d__\d\d_\d\d_\d\d)\.difffn$")
@@ -66,20 +66,33 @@ def file_name(iteration: int, when: float | None = None) -> str:
 class Writer:
     """Writes the checkpoints of one run: when due, atomically, then prunes the old ones.
 
+    The history rows go to the run's log (``_rowlog``): each checkpoint appends the rows since
+    the previous one, then the checkpoint (which records how many rows it covers) is written.
+
     Args:
       options: the run's ``TrainingOptions``.
       fingerprint: what the run's numbers depend on (``_fingerprint.run_fingerprint``).
       run_key: the ``key`` the run was started with.
-      iteration: the iteration of the checkpoint the run resumed from (None: a new run).
+      resumed: the checkpoint the run resumed from (None: a new run).
     """
 
-    def __init__(self, options, *, fingerprint: dict[str, str], run_key, iteration=None):
+    def __init__(self, options, *, fingerprint: dict[str, str], run_key, resumed=None):
         self.folder = options.checkpoint_path
         self.keep = options.checkpoint_keep
         self.options = options
         self.fingerprint = fingerprint
         self.run_key = run_key
-        self.iteration = iteration  # of the newest checkpoint written (or tried) for this run
+        self.iteration = None  # of the newest checkpoint written (or tried) for this run
+        log = _rowlog.file_name(_rowlog.run_id(key_payload(run_key), fingerprint))
+        self.log = Path(self.folder) / log
+        self.logged = (0, 0)  # training and validation rows the log holds for this run
+        self.repaired = False
+        if resumed is not None:
+            self.iteration = resumed.iteration
+            if resumed.history_log is not None and resumed.history_log.resolve() == (
+                self.log.resolve()
+            ):
+                self.logged = (resumed.history["training"], resumed.history["validation"])
 
     def save_final(self, state, *, elapsed: float, data_batch_size=None, data_position=None):
         """At the end of training: a checkpoint of the result, unless one of it exists.
@@ -101,15 +114,26 @@ class Writer:
         they are.
         """
         self.iteration = state.iteration
-        payload = state.to_payload(
-            elapsed=elapsed,
-            fingerprint=self.fingerprint,
-            run_key=self.run_key,
-            data_batch_size=data_batch_size,
-            data_position=data_position,
-        )
         path = Path(self.folder) / file_name(state.iteration)
+        rows = (len(state.training_rows), len(state.validation_rows))
         try:
+            if not self.repaired:
+                _rowlog.repair(self.log)
+                self.repaired = True
+            _rowlog.append(
+                self.log,
+                (self.logged[0], [plain_row(r) for r in state.training_rows[self.logged[0] :]]),
+                (self.logged[1], [plain_row(r) for r in state.validation_rows[self.logged[1] :]]),
+            )
+            self.logged = rows
+            payload = state.to_payload(
+                elapsed=elapsed,
+                fingerprint=self.fingerprint,
+                run_key=self.run_key,
+                history={"file": self.log.name, "training": rows[0], "validation": rows[1]},
+                data_batch_size=data_batch_size,
+                data_position=data_position,
+            )
             _container.write(path, KIND, payload)
         except SerializationError as error:  # the disk or the folder, never the payload
             warnings.warn(

@@ -17,21 +17,24 @@ import dataclasses
 import math
 import numbers
 import time
+from pathlib import Path
 from typing import Any
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 
+from . import _rowlog
 from ._container import Each, Optional, check_schema
 from ._errors import SerializationError
 from ._network import Network
 from ._serialization import network_payload
 
 FORMAT = "difffn.checkpoint"
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2  # 2: the history rows in a log next to the checkpoints (_rowlog.py)
 
 _TREE = {"paths": [str], "shapes": [[int]], "dtypes": [str], "values": [np.ndarray]}
+_HISTORY = {"file": str, "training": int, "validation": int}
 _KEY = {"data": np.ndarray, "impl": Optional(str)}
 _NUMBER = (int, float, np.floating, np.integer)
 SCHEMA = {
@@ -52,8 +55,6 @@ SCHEMA = {
         }
     ),
     "bad_validations": int,
-    "training_rows": [dict],
-    "validation_rows": [dict],
     "elapsed": _NUMBER,
     "stop_reason": Optional(str),
     "data_batch_size": Optional(int),
@@ -216,9 +217,12 @@ class TrainingState:
     # -- the checkpoint payload ------------------------------------------------------------------
 
     def to_payload(
-        self, *, elapsed, fingerprint, run_key, data_batch_size, data_position=None
+        self, *, elapsed, fingerprint, run_key, history, data_batch_size, data_position=None
     ) -> dict[str, Any]:
-        """The msgpack-ready contents of a checkpoint of this state."""
+        """The msgpack-ready contents of a checkpoint of this state.
+
+        ``history`` names the log that holds the rows (``_rowlog``) and how many it covers.
+        """
         from . import __version__
 
         best = None
@@ -251,8 +255,7 @@ class TrainingState:
             "shuffle_seed": [int(s) for s in self.shuffle_seed],
             "best": best,
             "bad_validations": int(self.bad_validations),
-            "training_rows": [_plain_row(r) for r in self.training_rows],
-            "validation_rows": [_plain_row(r) for r in self.validation_rows],
+            "history": dict(history),
             "elapsed": float(elapsed),
             "stop_reason": self.stop_reason,
             "data_batch_size": None if data_batch_size is None else int(data_batch_size),
@@ -260,8 +263,12 @@ class TrainingState:
             "fingerprint": dict(fingerprint),
         }
 
-    def restore(self, checkpoint: Checkpoint, *, placement) -> None:
-        """Put a checkpoint's progress into this fresh state (after resume's checks)."""
+    def restore(self, checkpoint: Checkpoint, *, placement) -> str | None:
+        """Put a checkpoint's progress into this fresh state (after resume's checks).
+
+        Returns what is missing of the history (its log lost or damaged; the training state
+        itself is whole), or None.
+        """
         saved, source = checkpoint.payload, checkpoint.source
         fix = "Fix: resume with the options and network of the run that wrote the checkpoint."
         self.opt_state = restore_tree(
@@ -292,12 +299,12 @@ class TrainingState:
                 )
                 self.best_network = placement.put((learnables, others))
         self.bad_validations = int(saved["bad_validations"])
-        self.training_rows = [dict(r) for r in saved["training_rows"]]
-        self.validation_rows = [dict(r) for r in saved["validation_rows"]]
+        self.training_rows, self.validation_rows, problem = checkpoint.history_rows()
         self.elapsed = float(saved["elapsed"])
         # A stop asked for by output_fcn is a pause: resuming continues. Other stops are final.
         reason = saved["stop_reason"]
         self.stop_reason = None if reason == "Stopped by output_fcn" else reason
+        return problem
 
 
 @dataclasses.dataclass(frozen=True)
@@ -320,7 +327,32 @@ class Checkpoint:
             )
         check_schema(payload, SCHEMA, source=source)
         check_schema(payload.get("data_position"), Optional(int), source=source, where="position")
+        if payload["format_version"] >= 2:
+            check_schema(payload, {"history": _HISTORY}, source=source)
+        else:  # version 1 held the rows themselves
+            check_schema(
+                payload, {"training_rows": [dict], "validation_rows": [dict]}, source=source
+            )
         return cls(source, payload)
+
+    @property
+    def history(self) -> dict[str, Any] | None:
+        """The history's log file and row counts (None: a version-1 checkpoint holds the rows)."""
+        return self.payload.get("history")
+
+    @property
+    def history_log(self) -> Path | None:
+        """The log of this checkpoint's history rows (None for a version-1 checkpoint)."""
+        if self.history is None:
+            return None
+        return Path(self.source).parent / self.history["file"]
+
+    def history_rows(self) -> tuple[list, list, str | None]:
+        """``(training rows, validation rows, problem)``; ``problem`` names rows not found."""
+        if self.history is None:
+            rows = self.payload["training_rows"], self.payload["validation_rows"]
+            return [dict(r) for r in rows[0]], [dict(r) for r in rows[1]], None
+        return _rowlog.read(self.history_log, self.history["training"], self.history["validation"])
 
     @property
     def iteration(self) -> int:
@@ -452,5 +484,6 @@ def _plain(value):
     return array
 
 
-def _plain_row(row: dict) -> dict:
+def plain_row(row: dict) -> dict:
+    """A history row of host numbers (for msgpack)."""
     return {str(k): _plain(v) for k, v in row.items()}

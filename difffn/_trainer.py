@@ -17,6 +17,7 @@ from __future__ import annotations
 import itertools
 import os
 import time
+import warnings
 
 import jax
 import jax.numpy as jnp
@@ -262,7 +263,7 @@ class _Run:
                 options,
                 fingerprint=fingerprint,
                 run_key=key,
-                iteration=None if checkpoint is None else checkpoint.iteration,
+                resumed=checkpoint,
             )
             if options.checkpoint_path is not None
             else None
@@ -300,7 +301,15 @@ class _Run:
             shuffle_seed=tuple(int(s) for s in seed),
         )
         if checkpoint is not None:
-            self.state.restore(checkpoint, placement=self.placement)
+            lost = self.state.restore(checkpoint, placement=self.placement)
+            if lost:
+                warnings.warn(
+                    f"trainnet(resume_from={checkpoint.source!r}): {lost}; the history returned "
+                    "lacks the rest. The training state is whole, so training goes on exactly. "
+                    "Fix: keep the history log next to the checkpoints.",
+                    _checkpoint.CheckpointWarning,
+                    stacklevel=3,
+                )
             if isinstance(data, IterableSource):
                 data.data_batch_size = checkpoint.data_batch_size
                 data.position = checkpoint.data_position or 0

@@ -79,7 +79,7 @@ def test_checkpoints_follow_frequency_and_unit_and_keep_the_newest(tmp_path):
     )
     payload = _checkpoint.read(by_iteration / names(by_iteration)[0])
     assert (payload["iteration"], payload["epoch"], payload["batch"]) == (12, 3, 4)
-    assert len(payload["training_rows"]) == 12
+    assert payload["history"]["training"] == 12  # rows in the run's history log
     # a checkpoint's network loads with df.load
     loaded = df.load(by_iteration / names(by_iteration)[0], like=classifier_net())
     assert_tree_allclose(loaded.learnables, net.learnables, rtol=0, atol=0)
@@ -380,7 +380,8 @@ def test_a_full_disk_warns_keeps_the_older_checkpoints_and_training_goes_on(
     assert "checkpoint of iteration 6 could not" in str(warned[0].message)
     assert_same_run(result, uninterrupted)  # training was not lost
     assert iterations(tmp_path) == [3, 4, 5]
-    assert sorted(os.listdir(tmp_path)) == sorted(names(tmp_path))  # no temporary files left
+    log = history_log(tmp_path).name
+    assert sorted(os.listdir(tmp_path)) == sorted([*names(tmp_path), log])  # no temporary files
     for name in names(tmp_path):
         _checkpoint.read(tmp_path / name)
     assert_same_run(run.train(resume_from=tmp_path), uninterrupted)
@@ -457,3 +458,48 @@ def test_a_well_checksummed_malformed_checkpoint_is_a_named_error(
     _container.write(path, "checkpoint", payload)  # a good checksum over a bad payload
     with pytest.raises(df.SerializationError, match=rf"is malformed: .*{message}.*Fix:"):
         run.train(resume_from=path)
+
+
+# -- the history log (issue 12 item 11) -----------------------------------------------------------
+
+
+def history_log(folder):
+    (log,) = folder.glob("net_history__*.difffnlog")
+    return log
+
+
+def test_checkpoints_do_not_grow_with_the_history(tmp_path, uninterrupted):
+    result = run.train(tmp_path, checkpoint_keep=math.inf)
+    sizes = {int(p.name.split("__")[1]): p.stat().st_size for p in tmp_path.glob("net_checkpoint*")}
+    assert sorted(sizes) == list(range(1, run.ITERATIONS + 1))
+    assert max(sizes.values()) - min(sizes.values()) < 200  # 24 rows would add kilobytes
+    assert_same_run(run.train(resume_from=tmp_path), uninterrupted)
+    assert_same_run(result, uninterrupted)
+    # the log holds each row once per checkpoint that added it: linear in the run
+    log = history_log(tmp_path).stat().st_size
+    assert log < 200 * (run.ITERATIONS + 6)
+
+
+def test_a_lost_history_log_warns_and_training_goes_on_exactly(tmp_path, uninterrupted):
+    run.train(tmp_path, output_fcn=pause_at(10))
+    history_log(tmp_path).unlink()
+    with pytest.warns(
+        df.CheckpointWarning,
+        match=r"the history log .* cannot be read .*; the history returned lacks the rest\. The "
+        r"training state is whole, so training goes on exactly",
+    ):
+        net, info = run.train(resume_from=tmp_path)
+    ref_net, ref_info = uninterrupted
+    assert_tree_allclose(net.learnables, ref_net.learnables, rtol=0, atol=0)
+    assert_tree_allclose(net.state, ref_net.state, rtol=0, atol=0)
+    np.testing.assert_array_equal(info.training_history["iteration"], np.arange(11, 25))
+
+
+def test_a_torn_history_log_is_repaired_and_stays_readable(tmp_path, uninterrupted):
+    """A process killed while appending leaves a torn record: it is cut before the next append."""
+    run.train(tmp_path, output_fcn=pause_at(10))
+    log = history_log(tmp_path)
+    with open(log, "ab") as file:
+        file.write(b"\x40\x00\x00\x00\x00\x00\x00\x00half a record")
+    run.train(tmp_path, resume_from=tmp_path, output_fcn=pause_at(16))  # appends after the tear
+    assert_same_run(run.train(resume_from=tmp_path), uninterrupted)
