@@ -506,7 +506,8 @@ def test_checkpoints_are_written_at_the_chosen_frequency(tmp_path):
         checkpoint_frequency_unit="iteration",
     )
     trained, _ = df.trainnet(X, T, regression_net(), "mse", opts)
-    files = sorted(os.listdir(tmp_path), key=lambda f: int(f.split("__")[1]))
+    files = [f for f in os.listdir(tmp_path) if f.startswith("net_checkpoint__")]
+    files = sorted(files, key=lambda f: int(f.split("__")[1]))
     assert [f.split("__")[1] for f in files] == ["3", "6", "8"]  # 8: the result, at the end
     assert all(f.startswith("net_checkpoint__") and f.endswith(".difffn") for f in files)
     payload = _checkpoint.read(tmp_path / files[-2])
