@@ -29,9 +29,11 @@ import re
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
+import optax
+
 from . import _schedules
 from ._errors import OptionsError
-from ._fingerprint import describe, describe_data
+from ._fingerprint import describe, describe_data, describe_solver
 from ._metrics import Metric, get_metric
 
 SOLVERS = ("sgdm", "adam", "rmsprop")
@@ -78,11 +80,13 @@ class Option:
     def per_solver(self) -> bool:
         return isinstance(self.default, dict)
 
-    def default_for(self, solver: str):
-        return self.default.get(solver) if self.per_solver else self.default
+    def default_for(self, solver):
+        if not self.per_solver:
+            return self.default
+        return self.default.get(solver) if isinstance(solver, str) else None
 
-    def applies_to(self, solver: str) -> bool:
-        return self.solvers is None or solver in self.solvers
+    def applies_to(self, solver) -> bool:
+        return self.solvers is None or (isinstance(solver, str) and solver in self.solvers)
 
 
 # -- validators ---------------------------------------------------------------------------------
@@ -146,6 +150,29 @@ def _real(*, low=None, high=None, low_open=False, high_open=False, inf=False) ->
         return float(value)
 
     return check
+
+
+def _solver(name, value, checked):
+    if isinstance(value, optax.GradientTransformation):
+        return value
+    if not isinstance(value, str) or value not in SOLVERS:
+        listed = ", ".join(repr(c) for c in SOLVERS)
+        raise OptionsError(
+            f"TrainingOptions: solver must be one of {listed}, or an optax.GradientTransformation "
+            f"(e.g. optax.inject_hyperparams(optax.lion)(learning_rate=1e-4)); got {value!r}."
+        )
+    return value
+
+
+def solver_label(solver) -> str:
+    """How messages and ``repr`` name a solver."""
+    return repr(solver) if isinstance(solver, str) else "<optax transformation>"
+
+
+def _learn_rate(name, value, checked):
+    if value is None and not isinstance(checked["solver"], str):
+        return None  # a custom solver's own (its injected learning_rate)
+    return _real(low=0, low_open=True)(name, value, checked)
 
 
 def _bool(name, value, checked):
@@ -259,7 +286,14 @@ _ADAPTIVE = ("adam", "rmsprop")
 # -- the table ----------------------------------------------------------------------------------
 
 OPTIONS: tuple[Option, ...] = (
-    Option("solver", "sgdm", _choice(SOLVERS), numbers=True, step=True),
+    Option(
+        "solver",
+        "sgdm",
+        _solver,
+        numbers=True,
+        step=True,
+        describe=lambda options: describe_solver(options.solver),
+    ),
     Option("max_epochs", 30, _positive_int(), numbers=True),
     Option("mini_batch_size", 128, _positive_int(), numbers=True),
     Option("shuffle", "once", _choice(SHUFFLE), numbers=True),
@@ -267,7 +301,7 @@ OPTIONS: tuple[Option, ...] = (
     Option(
         "initial_learn_rate",
         {"sgdm": 0.01, "adam": 0.001, "rmsprop": 0.001},
-        _real(low=0, low_open=True),
+        _learn_rate,
         numbers=True,
         none_is_default=True,
     ),
@@ -381,7 +415,7 @@ def fingerprint(options: TrainingOptions) -> dict[str, str]:
     }
 
 
-def fingerprint_defaults(solver: str) -> dict[str, str]:
+def fingerprint_defaults(solver) -> dict[str, str]:
     """The fingerprint entries of the defaults (what a checkpoint lacking an entry had)."""
     return {
         f"option {o.name}": describe(o.default_for(solver))
@@ -403,7 +437,13 @@ class TrainingOptions:
     """Training options (MATLAB ``trainingOptions``) for ``df.trainnet``.
 
     Args:
-      solver: ``"sgdm"`` (default), ``"adam"`` or ``"rmsprop"``.
+      solver: ``"sgdm"`` (default), ``"adam"`` or ``"rmsprop"``; or any optax transformation
+        (``optax.GradientTransformation``), which then takes the solver's place with the same
+        L2, clipping, learn-rate factors and schedules. trainnet sets its learn rate when it is
+        built with ``optax.inject_hyperparams`` (e.g.
+        ``optax.inject_hyperparams(optax.lion)(learning_rate=1e-4)``); otherwise it keeps its
+        own learn rate (or optax schedule), and ``initial_learn_rate`` and
+        ``learn_rate_schedule`` must be left out.
       max_epochs: passes through the data (30).
       mini_batch_size: observations per iteration (128); the last partial mini-batch of an
         epoch is dropped.
@@ -414,7 +454,8 @@ class TrainingOptions:
         re-iterable starts a new pass when it ends), so an endless generator trains with
         ``max_epochs`` epochs; a one-shot iterator that runs out ends training ("Training data
         exhausted"). Not for arrays, whose epoch is a pass over the observations.
-      initial_learn_rate: 0.01 for sgdm, 0.001 for adam and rmsprop.
+      initial_learn_rate: 0.01 for sgdm, 0.001 for adam and rmsprop; for an optax
+        transformation, the learning rate it was built with.
       learn_rate_schedule: ``"none"``, ``"piecewise"``, ``"warmup"``, ``"polynomial"``,
         ``"exponential"``, ``"cosine"``, ``"cyclical"``, a callable, or a sequence of them
         (see :mod:`difffn._schedules`).
@@ -480,7 +521,7 @@ class TrainingOptions:
       TrainingOptions: unknown option 'max_epoch' (did you mean 'max_epochs'?)
     """
 
-    def __init__(self, solver: str = "sgdm", **options):
+    def __init__(self, solver="sgdm", **options):
         rows = _rows()
         solver = rows["solver"].check("solver", solver, {})
         names = option_names()
@@ -496,10 +537,16 @@ class TrainingOptions:
         for name in options:
             if not rows[name].applies_to(solver):
                 takers = [s for s in SOLVERS if rows[name].applies_to(s)]
-                own = sorted(o.name for o in OPTIONS if o.solvers and solver in o.solvers)
+                own = sorted(o.name for o in OPTIONS if o.solvers and o.applies_to(solver))
+                label = solver_label(solver)
+                more = (
+                    ""
+                    if isinstance(solver, str)
+                    else " Set them when building the optax transformation."
+                )
                 raise OptionsError(
                     f"TrainingOptions: {name} is an option of solver(s) {takers}, not of "
-                    f"{solver!r}. The {solver!r} options are {own}."
+                    f"{label}. The {label} options are {own}.{more}"
                 )
         options = {k: v for k, v in options.items() if not (v is None and rows[k].none_is_default)}
         checked: dict[str, Any] = {"solver": solver}
@@ -542,7 +589,7 @@ class TrainingOptions:
 
     def __repr__(self):
         rows = _rows()
-        parts = [repr(self.solver)]
+        parts = [solver_label(self.solver)]
         for name in option_names():
             if name not in self._given:
                 continue

@@ -237,11 +237,11 @@ class LearnRateSchedule:
     A pure function of its arguments, so training can resume at any iteration.
     """
 
-    def __init__(self, options, iterations_per_epoch: int | None):
+    def __init__(self, options, iterations_per_epoch: int | None, *, initial=None):
         parts, per_name = validate(
             options.learn_rate_schedule, options.learn_rate_schedule_settings
         )
-        self.initial = float(options.initial_learn_rate)
+        self.initial = float(options.initial_learn_rate if initial is None else initial)
         self.iterations_per_epoch = iterations_per_epoch
         phases = []
         for part in parts:

@@ -15,6 +15,7 @@ network.
 from __future__ import annotations
 
 import itertools
+import math
 import os
 import time
 import warnings
@@ -33,7 +34,7 @@ from ._network import Network, learnable_mask
 from ._options import TrainingOptions
 from ._schedules import LearnRateSchedule
 from ._sharding import Placement
-from ._solvers import training_transform
+from ._solvers import injected_learn_rate, training_transform
 from ._sources import ArraySource, IterableSource, source
 from ._state import History, TrainingInfo, TrainingState, split
 from ._step import cached_steps
@@ -300,6 +301,7 @@ class _Run:
             key=step_key,
             shuffle_seed=tuple(int(s) for s in seed),
         )
+        self.schedule = self._learn_rate_schedule(self.state.opt_state)  # before a restore
         if checkpoint is not None:
             lost = self.state.restore(checkpoint, placement=self.placement)
             if lost:
@@ -316,7 +318,6 @@ class _Run:
         self.state.opt_state = self.placement.put(self.state.opt_state)
         self.state.key = self.placement.put(self.state.key)
         self.state.nan_at = self.placement.put(jnp.zeros((), jnp.int32))
-        self.schedule = LearnRateSchedule(options, self.iterations_per_epoch)
         self.validation = self._validation_batches(net)
 
     # -- setup -----------------------------------------------------------------------------------
@@ -351,6 +352,25 @@ class _Run:
                     )
             net = net.initialize(*layouts, key=init_key)
         return net
+
+    def _learn_rate_schedule(self, opt_state):
+        """The learn rate of every iteration; for an optax transformation as the solver, that
+        of its injected learning rate (NaN: it has none trainnet can set, and keeps its own)."""
+        options = self.options
+        if isinstance(options.solver, str):
+            return LearnRateSchedule(options, self.iterations_per_epoch)
+        injected = injected_learn_rate(opt_state)
+        if injected is not None:
+            return LearnRateSchedule(options, self.iterations_per_epoch, initial=injected)
+        if options.learn_rate_schedule != "none" or options.initial_learn_rate is not None:
+            raise OptionsError(
+                f"{self.who}: the optax transformation given as solver has no learning_rate "
+                "that trainnet can set, so initial_learn_rate and learn_rate_schedule cannot "
+                "reach it. Fix: build it with optax.inject_hyperparams, e.g. "
+                "optax.inject_hyperparams(optax.lion)(learning_rate=1e-4), or leave both out "
+                "(it keeps its own learn rate, or an optax schedule given to it)."
+            )
+        return lambda iteration, epoch: math.nan
 
     def _validation_batches(self, net):
         """The validation data as device batches, read and placed once (for every validation).
