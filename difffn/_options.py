@@ -11,11 +11,8 @@ Options are validated when the object is made (in table order, so a validator ma
 options before it): an unknown name or a bad value raises ``df.OptionsError`` listing the valid
 names or values. The object is immutable; ``options.replace(**changes)`` returns a new one.
 ``repr`` shows only what differs from the solver's defaults.
-
-Decisions where MATLAB leaves room (documented on the class): ``learn_rate_schedule_settings``
-holds the settings of the named schedules (see :mod:`difffn._schedules`); ``plots_path`` says
-where ``plots="training-progress"`` writes its PNG; solver-specific options given to another
-solver are an error (e.g. ``momentum`` for ``"adam"``).
+Where MATLAB leaves room, the class documents the decision (schedule settings, ``plots_path``,
+``steps_per_epoch``, ``validation_steps``, optax solvers, solver-specific options as errors).
 """
 
 from __future__ import annotations

@@ -352,3 +352,22 @@ class LearnRateSchedule:
                 start_epoch += phase.num_steps
                 start_iteration += int(phase.num_steps) * (ipe or 0)
         raise AssertionError("unreachable")
+
+
+def for_run(who: str, options, iterations_per_epoch, injected: float | None):
+    """The learn rate of every iteration of a run. For an optax transformation as the solver,
+    that of its injected learning rate (``injected``); without one it keeps its own, and the
+    learn rate is NaN (unknown here)."""
+    if isinstance(options.solver, str):
+        return LearnRateSchedule(options, iterations_per_epoch)
+    if injected is not None:
+        return LearnRateSchedule(options, iterations_per_epoch, initial=injected)
+    if options.learn_rate_schedule != "none" or options.initial_learn_rate is not None:
+        raise OptionsError(
+            f"{who}: the optax transformation given as solver has no learning_rate that trainnet "
+            "can set, so initial_learn_rate and learn_rate_schedule cannot reach it. Fix: build "
+            "it with optax.inject_hyperparams, e.g. "
+            "optax.inject_hyperparams(optax.lion)(learning_rate=1e-4), or leave both out (it "
+            "keeps its own learn rate, or an optax schedule given to it)."
+        )
+    return lambda iteration, epoch: math.nan

@@ -27,12 +27,14 @@ from __future__ import annotations
 import itertools
 from collections.abc import Iterable, Iterator
 
+import jax.numpy as jnp
 import numpy as np
 
 from . import _batches
 from ._errors import OptionsError
 from ._fingerprint import describe_array, describe_data
 from ._format import FormattedArray, stripdims
+from ._losses import CLASS_LOSSES, check_labels
 from ._network import Network
 from ._sharding import Placement
 
@@ -380,3 +382,69 @@ class IterableSource:
     def in_order(self, batch_size=None) -> Iterator[tuple[tuple, tuple]]:
         for item in self._pass():
             yield self.split(item)
+
+
+def label_check(who, net, loss_fn, metrics):
+    """``check(targets, what)``: integer class labels within the network's classes, on the host.
+
+    None when neither the loss nor a metric reads class labels, or the output's classes are not
+    known. Checked once per data set (arrays) or batch (iterables), never inside the step.
+    """
+    if loss_fn not in CLASS_LOSSES and not any(m.class_labels for m in metrics):
+        return None
+    if net.recorded_layouts is None:
+        return None
+    i, j = net.output_ports()[0]
+    layout = net.recorded_layouts[i][1][j]
+    ndim = len(layout.shape)
+    c = layout.format.index("C") if "C" in layout.format else (ndim - 1 if ndim >= 2 else None)
+    if c is None or layout.shape[c] is None:
+        return None
+    classes = max(layout.shape[c], 2)  # one channel: binary, labels 0 and 1
+
+    def check(targets, what):
+        t = targets[0]
+        dtype = getattr(stripdims(t), "dtype", None)
+        labels = dtype is not None and jnp.issubdtype(dtype, jnp.integer)
+        if labels and len(np.shape(stripdims(t))) == ndim - 1:
+            check_labels(who, t, classes, what=what)
+
+    return check
+
+
+UNSIZED_VALIDATION_BYTES = 1 << 30  # validation data read from an iterable without len()
+
+
+def validation_batches(who, options, net: Network, placement: Placement, check_targets):
+    """The validation data as device batches, read and placed once (for every validation).
+
+    At most ``validation_steps`` batches; without it, an iterable without ``len()`` may yield
+    up to ``UNSIZED_VALIDATION_BYTES`` (it could be endless).
+    """
+    data = source(who, options.validation_data, net, role="validation")
+    if isinstance(data, IterableSource):
+        data.check_targets = check_targets
+    elif check_targets is not None:
+        check_targets(data.targets, "validation_data T")
+    formats = [lo.format if lo else None for lo in net.input_layouts]
+    unsized = isinstance(data, IterableSource) and data.length is None
+    batches, read, observations = [], 0, 0
+    for xs, ts in itertools.islice(
+        data.in_order(options.mini_batch_size), options.validation_steps
+    ):
+        read += sum(stripdims(x).nbytes for x in (*xs, *ts))
+        if unsized and options.validation_steps is None and read > UNSIZED_VALIDATION_BYTES:
+            raise OptionsError(
+                f"{who}: validation_data is an iterable without len() that has yielded "
+                f"{len(batches) + 1} batches ({read / 2**30:.1f} GiB) and goes on; validation "
+                "data is read once and kept. Fix: validation_steps=N (at most N batches; an "
+                "endless generator needs it), or a finite list of batches."
+            )
+        batches.append(placement.put_batch(xs, ts, formats))
+        observations += _batches.count(ts[0], _batches.batch_axis(ts[0]))
+    if observations == 0:
+        raise OptionsError(
+            f"{who}: validation_data has no observations. Fix: pass validation data, or leave "
+            "validation_data out."
+        )
+    return batches

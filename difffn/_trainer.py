@@ -14,8 +14,6 @@ network.
 
 from __future__ import annotations
 
-import itertools
-import math
 import os
 import time
 import warnings
@@ -27,15 +25,15 @@ import numpy as np
 from . import _batches, _checkpoint, _fingerprint, _options, _progress
 from ._errors import OptionsError
 from ._factors import L2, LEARN_RATE, leaf_factors
-from ._format import FormattedArray, Layout, stripdims
-from ._losses import CLASS_LOSSES, check_labels, get_loss, loss_name
+from ._format import FormattedArray, Layout
+from ._losses import get_loss, loss_name
 from ._metrics import Metric
 from ._network import Network, learnable_mask
 from ._options import TrainingOptions
-from ._schedules import LearnRateSchedule
+from ._schedules import for_run
 from ._sharding import Placement
 from ._solvers import injected_learn_rate, training_transform
-from ._sources import ArraySource, IterableSource, source
+from ._sources import ArraySource, IterableSource, label_check, validation_batches
 from ._state import History, TrainingInfo, TrainingState, split
 from ._step import cached_steps
 
@@ -173,37 +171,6 @@ def _check_key(who: str, key) -> None:
         )
 
 
-def _label_check(who, net, loss_fn, metrics):
-    """``check(targets, what)``: integer class labels within the network's classes, on the host.
-
-    None when neither the loss nor a metric reads class labels, or the output's classes are not
-    known. Checked once per data set (arrays) or batch (iterables), never inside the step.
-    """
-    if loss_fn not in CLASS_LOSSES and not any(m.class_labels for m in metrics):
-        return None
-    if net.recorded_layouts is None:
-        return None
-    i, j = net.output_ports()[0]
-    layout = net.recorded_layouts[i][1][j]
-    ndim = len(layout.shape)
-    c = layout.format.index("C") if "C" in layout.format else (ndim - 1 if ndim >= 2 else None)
-    if c is None or layout.shape[c] is None:
-        return None
-    classes = max(layout.shape[c], 2)  # one channel: binary, labels 0 and 1
-
-    def check(targets, what):
-        t = targets[0]
-        dtype = getattr(stripdims(t), "dtype", None)
-        labels = dtype is not None and jnp.issubdtype(dtype, jnp.integer)
-        if labels and len(np.shape(stripdims(t))) == ndim - 1:
-            check_labels(who, t, classes, what=what)
-
-    return check
-
-
-_UNSIZED_VALIDATION_BYTES = 1 << 30  # validation data read from an iterable without len()
-
-
 class _Run:
     """One call of trainnet: setup, the loop, validation, logging, and the result."""
 
@@ -236,7 +203,7 @@ class _Run:
         self.iterations_per_epoch = data.iterations(self.batch_size)
         self.messages: list[str] = []
         net = self._prepare_network(net, init_key)
-        self.check_targets = _label_check(who, net, loss_fn, self.metrics)
+        self.check_targets = label_check(who, net, loss_fn, self.metrics)
         if self.check_targets is not None:
             if isinstance(data, ArraySource):
                 self.check_targets(data.targets, "T")
@@ -301,7 +268,10 @@ class _Run:
             key=step_key,
             shuffle_seed=tuple(int(s) for s in seed),
         )
-        self.schedule = self._learn_rate_schedule(self.state.opt_state)  # before a restore
+        # from the fresh optimizer state (a restored one holds a later learn rate)
+        self.schedule = for_run(
+            who, options, self.iterations_per_epoch, injected_learn_rate(self.state.opt_state)
+        )
         if checkpoint is not None:
             lost = self.state.restore(checkpoint, placement=self.placement)
             if lost:
@@ -318,7 +288,11 @@ class _Run:
         self.state.opt_state = self.placement.put(self.state.opt_state)
         self.state.key = self.placement.put(self.state.key)
         self.state.nan_at = self.placement.put(jnp.zeros((), jnp.int32))
-        self.validation = self._validation_batches(net)
+        self.validation = None
+        if options.validation_data is not None:
+            self.validation = validation_batches(
+                who, options, net, self.placement, self.check_targets
+            )
 
     # -- setup -----------------------------------------------------------------------------------
 
@@ -352,62 +326,6 @@ class _Run:
                     )
             net = net.initialize(*layouts, key=init_key)
         return net
-
-    def _learn_rate_schedule(self, opt_state):
-        """The learn rate of every iteration; for an optax transformation as the solver, that
-        of its injected learning rate (NaN: it has none trainnet can set, and keeps its own)."""
-        options = self.options
-        if isinstance(options.solver, str):
-            return LearnRateSchedule(options, self.iterations_per_epoch)
-        injected = injected_learn_rate(opt_state)
-        if injected is not None:
-            return LearnRateSchedule(options, self.iterations_per_epoch, initial=injected)
-        if options.learn_rate_schedule != "none" or options.initial_learn_rate is not None:
-            raise OptionsError(
-                f"{self.who}: the optax transformation given as solver has no learning_rate "
-                "that trainnet can set, so initial_learn_rate and learn_rate_schedule cannot "
-                "reach it. Fix: build it with optax.inject_hyperparams, e.g. "
-                "optax.inject_hyperparams(optax.lion)(learning_rate=1e-4), or leave both out "
-                "(it keeps its own learn rate, or an optax schedule given to it)."
-            )
-        return lambda iteration, epoch: math.nan
-
-    def _validation_batches(self, net):
-        """The validation data as device batches, read and placed once (for every validation).
-
-        At most ``validation_steps`` batches; without it, an iterable without ``len()`` may
-        yield up to ``_UNSIZED_VALIDATION_BYTES`` (it could be endless).
-        """
-        options = self.options
-        if options.validation_data is None:
-            return None
-        data = source(self.who, options.validation_data, net, role="validation")
-        if isinstance(data, IterableSource):
-            data.check_targets = self.check_targets
-        elif self.check_targets is not None:
-            self.check_targets(data.targets, "validation_data T")
-        formats = [lo.format if lo else None for lo in net.input_layouts]
-        unsized = isinstance(data, IterableSource) and data.length is None
-        batches, read, observations = [], 0, 0
-        for xs, ts in itertools.islice(
-            data.in_order(options.mini_batch_size), options.validation_steps
-        ):
-            read += sum(stripdims(x).nbytes for x in (*xs, *ts))
-            if unsized and options.validation_steps is None and read > _UNSIZED_VALIDATION_BYTES:
-                raise OptionsError(
-                    f"{self.who}: validation_data is an iterable without len() that has yielded "
-                    f"{len(batches) + 1} batches ({read / 2**30:.1f} GiB) and goes on; validation "
-                    "data is read once and kept. Fix: validation_steps=N (at most N batches; an "
-                    "endless generator needs it), or a finite list of batches."
-                )
-            batches.append(self.placement.put_batch(xs, ts, formats))
-            observations += _batches.count(ts[0], _batches.batch_axis(ts[0]))
-        if observations == 0:
-            raise OptionsError(
-                f"{self.who}: validation_data has no observations. Fix: pass validation data, or "
-                "leave validation_data out."
-            )
-        return batches
 
     def _save_checkpoint(self, unit):
         """A checkpoint when one is due after an iteration or an epoch; unit "final": the end."""
@@ -585,7 +503,7 @@ class _Run:
         self._flush()
         validation = None
         if state.validation_rows and state.validation_rows[-1]["iteration"] == iteration:
-            validation = self._by_title(state.validation_rows[-1])
+            validation = _progress.by_title(state.validation_rows[-1], self.metrics)
         self.reporter.row(
             iteration=iteration,
             epoch=state.epoch,
@@ -595,40 +513,19 @@ class _Run:
                 if training
                 else self.schedule(max(iteration, 1), max(state.epoch, 1))
             ),
-            training=self._by_title(training) if training else None,
+            training=_progress.by_title(training, self.metrics) if training else None,
             validation=validation,
         )
         self.last_logged = iteration
 
-    def _by_title(self, row):
-        out = {"loss": row.get("loss")}
-        for m in self.metrics:
-            out[m.title] = row.get(m.name)
-        return out
-
     def _call_output_fcn(self, stage, row) -> bool:
         if not self.options.output_fcn:
             return False
-        state = self.state
         if row is not None and self._flush():  # a NaN loss before this row: training stopped
             return False
-        info = {
-            "state": stage,
-            "iteration": state.iteration,
-            "epoch": state.epoch,
-            "time_elapsed": time.perf_counter() - self.start,
-            "learn_rate": row["learn_rate"] if row else None,
-            "training_loss": row["loss"] if row else None,
-            "validation_loss": None,
-        }
-        for m in self.metrics:
-            info[f"training_{m.name}"] = row.get(m.name) if row else None
-            info[f"validation_{m.name}"] = None
-        last = state.validation_rows[-1] if state.validation_rows else None
-        if last is not None and last["iteration"] == state.iteration:
-            info["validation_loss"] = last["loss"]
-            for m in self.metrics:
-                info[f"validation_{m.name}"] = last[m.name]
+        info = _progress.output_fcn_info(
+            stage, self.state, row, self.metrics, time.perf_counter() - self.start
+        )
         stop = False
         for fn in self.options.output_fcn:
             stop = bool(fn(info)) or stop

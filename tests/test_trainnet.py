@@ -742,11 +742,11 @@ def test_integer_one_hot_targets_train_like_float_one_hot(key):
 
 
 def test_an_endless_validation_generator_needs_validation_steps(monkeypatch):
-    from difffn import _trainer
+    from difffn import _sources
 
     X, T = classification_data(64)
     batches = [(X[i : i + 16], T[i : i + 16]) for i in range(0, 64, 16)]
-    monkeypatch.setattr(_trainer, "_UNSIZED_VALIDATION_BYTES", 1 << 16)  # stands for 1 GiB
+    monkeypatch.setattr(_sources, "UNSIZED_VALIDATION_BYTES", 1 << 16)  # stands for 1 GiB
     opts = quiet(max_epochs=1, mini_batch_size=16, validation_data=endless(batches))
     with pytest.raises(
         df.OptionsError,
