@@ -1,8 +1,9 @@
 """Checkpoints of ``trainnet``: find one to resume from, write them, and resume.
 
-``trainnet`` asks :meth:`Writer.maybe_save` after every iteration (``unit="iteration"``) and
-after every completed epoch (``unit="epoch"``); a checkpoint is written when the unit matches
-``checkpoint_frequency_unit`` and the count is a multiple of ``checkpoint_frequency``.
+``trainnet`` writes a checkpoint (:meth:`Writer.save`) after an iteration or a completed epoch
+when the unit matches ``checkpoint_frequency_unit`` and the count is a multiple of
+``checkpoint_frequency`` (:func:`due`), and one of the result when training ends
+(:meth:`Writer.save_final`), so that resuming a finished run returns its result.
 
 A checkpoint is a difffn container (``_container.py``: msgpack, checksum, atomic write; never
 pickle, never code) of kind ``"checkpoint"`` named like MATLAB's,
@@ -30,11 +31,11 @@ import warnings
 from pathlib import Path
 from typing import Any
 
-from . import _container, _fingerprint
+from . import _container, _fingerprint, _rowlog
 from ._errors import SerializationError
 from ._network import Network
 from ._serialization import restore_network
-from ._state import Checkpoint, same_key
+from ._state import Checkpoint, key_payload, plain_row, same_key
 
 KIND = "checkpoint"
 _NAME = re.compile(r"^net_checkpoint__(\d+)__(\d{4}_\d\d_\d\d__\d\d_\d\d_\d\d)\.difffn$")
@@ -65,45 +66,83 @@ def file_name(iteration: int, when: float | None = None) -> str:
 class Writer:
     """Writes the checkpoints of one run: when due, atomically, then prunes the old ones.
 
+    The history rows go to the run's log (``_rowlog``): each checkpoint appends the rows since
+    the previous one, then the checkpoint (which records how many rows it covers) is written.
+
     Args:
       options: the run's ``TrainingOptions``.
       fingerprint: what the run's numbers depend on (``_fingerprint.run_fingerprint``).
       run_key: the ``key`` the run was started with.
+      resumed: the checkpoint the run resumed from (None: a new run).
     """
 
-    def __init__(self, options, *, fingerprint: dict[str, str], run_key):
+    def __init__(self, options, *, fingerprint: dict[str, str], run_key, resumed=None):
         self.folder = options.checkpoint_path
         self.keep = options.checkpoint_keep
         self.options = options
         self.fingerprint = fingerprint
         self.run_key = run_key
+        self.iteration = None  # of the newest checkpoint written (or tried) for this run
+        log = _rowlog.file_name(_rowlog.run_id(key_payload(run_key), fingerprint))
+        self.log = Path(self.folder) / log
+        self.logged = (0, 0)  # training and validation rows the log holds for this run
+        self.repaired = False
+        if resumed is not None:
+            self.iteration = resumed.iteration
+            if resumed.history_log is not None and resumed.history_log.resolve() == (
+                self.log.resolve()
+            ):
+                self.logged = (resumed.history["training"], resumed.history["validation"])
 
-    def maybe_save(self, state, unit: str, *, elapsed: float, data_batch_size=None):
-        """Write a checkpoint of ``state`` if one is due; return its path (None if not written).
+    def save_final(self, state, *, elapsed: float, data_batch_size=None, data_position=None):
+        """At the end of training: a checkpoint of the result, unless one of it exists.
+
+        So resuming the folder of a finished run returns its result, not an older checkpoint's
+        continuation.
+        """
+        if self.iteration == state.iteration:
+            return None
+        return self.save(
+            state, elapsed=elapsed, data_batch_size=data_batch_size, data_position=data_position
+        )
+
+    def save(self, state, *, elapsed: float, data_batch_size=None, data_position=None):
+        """Write a checkpoint of ``state``; return its path (None if it could not be written).
 
         A failed write (a full disk, a folder removed or read-only) warns with
         :class:`CheckpointWarning` and returns None; the checkpoints written before are left as
         they are.
         """
-        count = state.iteration if unit == "iteration" else state.epoch
-        if not due(self.options, unit, count):
-            return None
-        payload = state.to_payload(
-            elapsed=elapsed,
-            fingerprint=self.fingerprint,
-            run_key=self.run_key,
-            data_batch_size=data_batch_size,
-        )
+        self.iteration = state.iteration
         path = Path(self.folder) / file_name(state.iteration)
+        rows = (len(state.training_rows), len(state.validation_rows))
         try:
+            if not self.repaired:
+                _rowlog.repair(self.log)
+                self.repaired = True
+            _rowlog.append(
+                self.log,
+                (self.logged[0], [plain_row(r) for r in state.training_rows[self.logged[0] :]]),
+                (self.logged[1], [plain_row(r) for r in state.validation_rows[self.logged[1] :]]),
+            )
+            self.logged = rows
+            payload = state.to_payload(
+                elapsed=elapsed,
+                fingerprint=self.fingerprint,
+                run_key=self.run_key,
+                history={"file": self.log.name, "training": rows[0], "validation": rows[1]},
+                data_batch_size=data_batch_size,
+                data_position=data_position,
+            )
             _container.write(path, KIND, payload)
         except SerializationError as error:  # the disk or the folder, never the payload
             warnings.warn(
                 f"trainnet: the checkpoint of iteration {state.iteration} could not be written "
                 f"({error}) Training goes on; the older checkpoints in {str(self.folder)!r} are "
-                "kept and still valid. Fix: free disk space, or set another checkpoint_path.",
+                "kept and still valid. Fix: free disk space, make the folder writable, or set "
+                "another checkpoint_path.",
                 CheckpointWarning,
-                stacklevel=2,
+                stacklevel=3,
             )
             return None
         prune(self.folder, self.keep, written=path)

@@ -40,6 +40,23 @@ FORMAT_VERSION = 1
 KIND = "exported"
 
 
+_PLATFORMS = ("cpu", "cuda", "rocm", "tpu")  # jax.export's names
+
+
+def _check_platforms(platforms) -> None:
+    if platforms is None:
+        return
+    if isinstance(platforms, str):
+        platforms = (platforms,)
+    for name in platforms:
+        if name not in _PLATFORMS:
+            hint = " JAX names GPUs 'cuda' (NVIDIA) or 'rocm' (AMD)." if name == "gpu" else ""
+            raise SerializationError(
+                f"df.export: platforms has {name!r}, which is not a platform JAX exports for; "
+                f"they are {list(_PLATFORMS)}.{hint} Fix: e.g. platforms=('cpu', 'cuda')."
+            )
+
+
 def export(
     net: Network,
     *layouts_and_path,
@@ -114,6 +131,7 @@ def export(
             "be traced, so jax.export cannot export them. Fix: express value-dependent branches "
             "with jnp.where or jax.lax.cond and drop acceleratable = False."
         )
+    _check_platforms(platforms)
     layouts = _merged_layouts(net, layouts)
     dtypes = list(dtype) if isinstance(dtype, (tuple, list)) else [dtype] * len(layouts)
     output_formats: list[str] = []

@@ -45,6 +45,45 @@ def describe(value) -> str:
     return type(value).__qualname__
 
 
+def describe_solver(solver) -> str:
+    """A solver's name, or a custom optax transformation by what it is made of.
+
+    A transformation is a pair of functions whose settings (learning rate, decay factors, ...)
+    live in their closures: it is described by the functions' qualified names and the plain
+    values (numbers, strings, flags, arrays by their hash) found in those closures, followed
+    into the functions and transformations they hold. Equal settings give equal descriptions
+    in any process; values kept in other objects are described by their type only.
+    """
+    if isinstance(solver, str):
+        return repr(solver)
+    return "optax transformation " + _value(solver, depth=8, seen=set())
+
+
+def _value(value, *, depth: int, seen: set) -> str:
+    if isinstance(value, (str, bool, numbers.Number)) or value is None:
+        return repr(value)
+    if isinstance(value, (np.ndarray, jax.Array, np.generic)):
+        return describe_array(np.asarray(value))
+    if id(value) in seen or depth == 0:
+        return "..."
+    seen = seen | {id(value)}
+    if isinstance(value, (tuple, list)):
+        return "[" + ", ".join(_value(v, depth=depth - 1, seen=seen) for v in value) + "]"
+    if isinstance(value, dict):
+        items = sorted((str(k), _value(v, depth=depth - 1, seen=seen)) for k, v in value.items())
+        return "{" + ", ".join(f"{k}: {v}" for k, v in items) + "}"
+    if callable(value) and hasattr(value, "__code__"):
+        cells = []
+        for cell in value.__closure__ or ():
+            try:
+                cells.append(_value(cell.cell_contents, depth=depth - 1, seen=seen))
+            except ValueError:  # an empty cell
+                cells.append("<empty>")
+        name = f"{value.__module__}.{value.__qualname__}"
+        return name + (f"({', '.join(cells)})" if cells else "")
+    return describe(value)
+
+
 def describe_array(x) -> str:
     """Shape, dtype and a hash of an array's values (sampled evenly when it is large)."""
     fmt = ""

@@ -364,7 +364,7 @@ class Network(NetworkBase):
 
     # -- running ---------------------------------------------------------------------------------
 
-    def predict(self, *inputs, outputs=None, acceleration="auto", return_state=False):
+    def predict(self, *inputs, outputs=None, acceleration="auto", return_state=False, **named):
         """Outputs of the network at prediction time (MATLAB ``predict``).
 
         Args:
@@ -377,19 +377,30 @@ class Network(NetworkBase):
         Returns:
           One output, or a tuple of outputs; with ``return_state``, ``(outputs, state)``.
         """
+        self._no_named_inputs("predict", named)
         values, states = self.run(
             inputs, None, training=False, outputs=outputs, acceleration=acceleration
         )
         out = values[0] if len(values) == 1 else values
         return (out, _parameters.state_table(self, states)) if return_state else out
 
-    def forward(self, *inputs, key=None, outputs=None, acceleration="auto"):
+    def _no_named_inputs(self, method: str, named: dict) -> None:
+        if named:
+            raise NetworkError(
+                f"Network.{method} takes the inputs positionally, in the order of "
+                f"net.input_names {list(self.input_names)}; got keyword argument(s) "
+                f"{sorted(named)}. Fix: net.{method}(*arrays), one array per input, in that "
+                "order."
+            )
+
+    def forward(self, *inputs, key=None, outputs=None, acceleration="auto", **named):
         """Outputs at training time and the updated state (MATLAB ``forward``).
 
         Returns:
           ``(outputs, state)``: one output or a tuple, and a ``ParameterTable`` of the new state
           values (put it back with ``net.replace(state=state)``).
         """
+        self._no_named_inputs("forward", named)
         values, states = self.run(
             inputs, key, training=True, outputs=outputs, acceleration=acceleration
         )

@@ -11,11 +11,8 @@ Options are validated when the object is made (in table order, so a validator ma
 options before it): an unknown name or a bad value raises ``df.OptionsError`` listing the valid
 names or values. The object is immutable; ``options.replace(**changes)`` returns a new one.
 ``repr`` shows only what differs from the solver's defaults.
-
-Decisions where MATLAB leaves room (documented on the class): ``learn_rate_schedule_settings``
-holds the settings of the named schedules (see :mod:`difffn._schedules`); ``plots_path`` says
-where ``plots="training-progress"`` writes its PNG; solver-specific options given to another
-solver are an error (e.g. ``momentum`` for ``"adam"``).
+Where MATLAB leaves room, the class documents the decision (schedule settings, ``plots_path``,
+``steps_per_epoch``, ``validation_steps``, optax solvers, solver-specific options as errors).
 """
 
 from __future__ import annotations
@@ -29,9 +26,11 @@ import re
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
+import optax
+
 from . import _schedules
 from ._errors import OptionsError
-from ._fingerprint import describe, describe_data
+from ._fingerprint import describe, describe_data, describe_solver
 from ._metrics import Metric, get_metric
 
 SOLVERS = ("sgdm", "adam", "rmsprop")
@@ -78,11 +77,13 @@ class Option:
     def per_solver(self) -> bool:
         return isinstance(self.default, dict)
 
-    def default_for(self, solver: str):
-        return self.default.get(solver) if self.per_solver else self.default
+    def default_for(self, solver):
+        if not self.per_solver:
+            return self.default
+        return self.default.get(solver) if isinstance(solver, str) else None
 
-    def applies_to(self, solver: str) -> bool:
-        return self.solvers is None or solver in self.solvers
+    def applies_to(self, solver) -> bool:
+        return self.solvers is None or (isinstance(solver, str) and solver in self.solvers)
 
 
 # -- validators ---------------------------------------------------------------------------------
@@ -109,12 +110,14 @@ def _choice(choices: Sequence[str], hints: Mapping[str, str] | None = None) -> C
     return check
 
 
-def _positive_int(*, allow_inf: bool = False) -> Check:
+def _positive_int(*, allow_inf: bool = False, allow_none: bool = False) -> Check:
     def check(name, value, checked):
         if allow_inf and _is_real(value) and value == math.inf:
             return math.inf
+        if allow_none and value is None:
+            return None
         if not (_is_int(value) and value > 0):
-            more = " or math.inf" if allow_inf else ""
+            more = " or math.inf" if allow_inf else " or None" if allow_none else ""
             raise OptionsError(
                 f"TrainingOptions: {name} must be a positive int{more}; got {value!r}."
             )
@@ -146,6 +149,29 @@ def _real(*, low=None, high=None, low_open=False, high_open=False, inf=False) ->
     return check
 
 
+def _solver(name, value, checked):
+    if isinstance(value, optax.GradientTransformation):
+        return value
+    if not isinstance(value, str) or value not in SOLVERS:
+        listed = ", ".join(repr(c) for c in SOLVERS)
+        raise OptionsError(
+            f"TrainingOptions: solver must be one of {listed}, or an optax.GradientTransformation "
+            f"(e.g. optax.inject_hyperparams(optax.lion)(learning_rate=1e-4)); got {value!r}."
+        )
+    return value
+
+
+def solver_label(solver) -> str:
+    """How messages and ``repr`` name a solver."""
+    return repr(solver) if isinstance(solver, str) else "<optax transformation>"
+
+
+def _learn_rate(name, value, checked):
+    if value is None and not isinstance(checked["solver"], str):
+        return None  # a custom solver's own (its injected learning_rate)
+    return _real(low=0, low_open=True)(name, value, checked)
+
+
 def _bool(name, value, checked):
     if not isinstance(value, bool):
         raise OptionsError(f"TrainingOptions: {name} must be True or False; got {value!r}.")
@@ -165,6 +191,18 @@ def _schedule_settings(name, value, checked):
 def _validation_data(name, value, checked):
     if value is None:
         return None
+    parts = value if isinstance(value, (tuple, list)) else None
+    if hasattr(value, "shape") or (
+        parts is not None
+        and 1 <= len(parts) <= 2
+        and hasattr(parts[0], "shape")
+        and (len(parts) == 1 or parts[1] is None)
+    ):
+        shape = tuple(getattr(value if parts is None else parts[0], "shape", ()))
+        raise OptionsError(
+            "TrainingOptions: validation_data must hold inputs and targets, (X, T); got inputs "
+            f"of shape {shape} without targets. Fix: validation_data=(X_val, T_val)."
+        )
     if isinstance(value, (str, bytes)) or not (
         isinstance(value, (tuple, list)) or hasattr(value, "__iter__")
     ):
@@ -245,14 +283,22 @@ _ADAPTIVE = ("adam", "rmsprop")
 # -- the table ----------------------------------------------------------------------------------
 
 OPTIONS: tuple[Option, ...] = (
-    Option("solver", "sgdm", _choice(SOLVERS), numbers=True, step=True),
+    Option(
+        "solver",
+        "sgdm",
+        _solver,
+        numbers=True,
+        step=True,
+        describe=lambda options: describe_solver(options.solver),
+    ),
     Option("max_epochs", 30, _positive_int(), numbers=True),
     Option("mini_batch_size", 128, _positive_int(), numbers=True),
     Option("shuffle", "once", _choice(SHUFFLE), numbers=True),
+    Option("steps_per_epoch", None, _positive_int(allow_none=True), numbers=True),
     Option(
         "initial_learn_rate",
         {"sgdm": 0.01, "adam": 0.001, "rmsprop": 0.001},
-        _real(low=0, low_open=True),
+        _learn_rate,
         numbers=True,
         none_is_default=True,
     ),
@@ -311,6 +357,7 @@ OPTIONS: tuple[Option, ...] = (
         show=lambda value: "<...>",
     ),
     Option("validation_frequency", 50, _positive_int(), numbers=True),
+    Option("validation_steps", None, _positive_int(allow_none=True), numbers=True),
     Option("validation_patience", math.inf, _positive_int(allow_inf=True), numbers=True),
     Option(
         "metrics",
@@ -365,7 +412,7 @@ def fingerprint(options: TrainingOptions) -> dict[str, str]:
     }
 
 
-def fingerprint_defaults(solver: str) -> dict[str, str]:
+def fingerprint_defaults(solver) -> dict[str, str]:
     """The fingerprint entries of the defaults (what a checkpoint lacking an entry had)."""
     return {
         f"option {o.name}": describe(o.default_for(solver))
@@ -387,12 +434,25 @@ class TrainingOptions:
     """Training options (MATLAB ``trainingOptions``) for ``df.trainnet``.
 
     Args:
-      solver: ``"sgdm"`` (default), ``"adam"`` or ``"rmsprop"``.
+      solver: ``"sgdm"`` (default), ``"adam"`` or ``"rmsprop"``; or any optax transformation
+        (``optax.GradientTransformation``), which then takes the solver's place with the same
+        L2, clipping, learn-rate factors and schedules. trainnet sets its learn rate when it is
+        built with ``optax.inject_hyperparams`` (e.g.
+        ``optax.inject_hyperparams(optax.lion)(learning_rate=1e-4)``); otherwise it keeps its
+        own learn rate (or optax schedule), and ``initial_learn_rate`` and
+        ``learn_rate_schedule`` must be left out.
       max_epochs: passes through the data (30).
       mini_batch_size: observations per iteration (128); the last partial mini-batch of an
         epoch is dropped.
       shuffle: ``"once"`` (default, before training), ``"every-epoch"`` or ``"never"``.
-      initial_learn_rate: 0.01 for sgdm, 0.001 for adam and rmsprop.
+      steps_per_epoch: iterations per epoch for an iterable of batches (Keras'; MATLAB has
+        none). None (default): an epoch is one pass over the iterable. A number: the iterable
+        is read as one stream across epochs, each epoch taking the next this many batches (a
+        re-iterable starts a new pass when it ends), so an endless generator trains with
+        ``max_epochs`` epochs; a one-shot iterator that runs out ends training ("Training data
+        exhausted"). Not for arrays, whose epoch is a pass over the observations.
+      initial_learn_rate: 0.01 for sgdm, 0.001 for adam and rmsprop; for an optax
+        transformation, the learning rate it was built with.
       learn_rate_schedule: ``"none"``, ``"piecewise"``, ``"warmup"``, ``"polynomial"``,
         ``"exponential"``, ``"cosine"``, ``"cyclical"``, a callable, or a sequence of them
         (see :mod:`difffn._schedules`).
@@ -411,6 +471,10 @@ class TrainingOptions:
       gradient_threshold: clipping threshold (``math.inf``: no clipping).
       validation_data: ``(X, T)`` or an iterable of batches.
       validation_frequency: in iterations (50).
+      validation_steps: at most this many validation batches (Keras'); None (default): all of
+        them. The validation data is read once and reused; an iterable without ``len()`` is
+        read to its end, and one that yields more than 1 GiB is stopped with an error asking
+        for ``validation_steps`` (an endless generator needs it).
       validation_patience: validations without improvement before stopping (``math.inf``).
       objective_metric_name: ``"loss"`` or a metric name; what patience and best-validation
         watch.
@@ -454,7 +518,7 @@ class TrainingOptions:
       TrainingOptions: unknown option 'max_epoch' (did you mean 'max_epochs'?)
     """
 
-    def __init__(self, solver: str = "sgdm", **options):
+    def __init__(self, solver="sgdm", **options):
         rows = _rows()
         solver = rows["solver"].check("solver", solver, {})
         names = option_names()
@@ -470,10 +534,16 @@ class TrainingOptions:
         for name in options:
             if not rows[name].applies_to(solver):
                 takers = [s for s in SOLVERS if rows[name].applies_to(s)]
-                own = sorted(o.name for o in OPTIONS if o.solvers and solver in o.solvers)
+                own = sorted(o.name for o in OPTIONS if o.solvers and o.applies_to(solver))
+                label = solver_label(solver)
+                more = (
+                    ""
+                    if isinstance(solver, str)
+                    else " Set them when building the optax transformation."
+                )
                 raise OptionsError(
                     f"TrainingOptions: {name} is an option of solver(s) {takers}, not of "
-                    f"{solver!r}. The {solver!r} options are {own}."
+                    f"{label}. The {label} options are {own}.{more}"
                 )
         options = {k: v for k, v in options.items() if not (v is None and rows[k].none_is_default)}
         checked: dict[str, Any] = {"solver": solver}
@@ -516,7 +586,7 @@ class TrainingOptions:
 
     def __repr__(self):
         rows = _rows()
-        parts = [repr(self.solver)]
+        parts = [solver_label(self.solver)]
         for name in option_names():
             if name not in self._given:
                 continue

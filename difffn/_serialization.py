@@ -18,6 +18,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from . import _container
+from ._container import Each, Optional, check_schema
 from ._errors import SerializationError
 from ._factors import _set as _set_factor
 from ._format import Layout
@@ -97,15 +98,43 @@ def network_payload(net: Network) -> dict[str, Any]:
     }
 
 
+_NAMES = [str]
+SCHEMA = {
+    "format": str,
+    "format_version": int,
+    "structure": {
+        "layers": [{"name": str, "class": str, "inputs": _NAMES, "outputs": _NAMES}],
+        "connections": [_NAMES],
+        "input_names": _NAMES,
+        "output_names": _NAMES,
+    },
+    "parameters": [{"path": str, "kind": str, "shape": [int], "dtype": str}],
+    "values": Each(np.ndarray),
+    "factors": [[(str, int, float)]],
+    "layouts": Optional([[[{"shape": [int], "format": str}]]]),
+}
+
+
 def restore_network(payload: dict[str, Any], like: Network, *, source: str) -> Network:
     """Check ``payload`` against ``like`` and build the restored network (or raise)."""
-    if payload.get("format") != FORMAT:
+    if not isinstance(payload, dict) or payload.get("format") != FORMAT:
         raise SerializationError(f"{source!r} does not hold a difffn network.")
-    if int(payload.get("format_version", 0)) > FORMAT_VERSION:
+    check_schema(payload, {"format_version": int}, source=source)
+    if payload["format_version"] > FORMAT_VERSION:
         raise SerializationError(
             f"{source!r} holds a network saved in format version {payload['format_version']}, "
             f"newer than this difffn reads ({FORMAT_VERSION}). Fix: upgrade difffn."
         )
+    check_schema(payload, SCHEMA, source=source)
+    for p in payload["parameters"]:
+        value = payload["values"].get(p["path"])
+        if value is None or tuple(value.shape) != tuple(p["shape"]):
+            held = "no values" if value is None else f"values of shape {tuple(value.shape)}"
+            raise SerializationError(
+                f"{source!r} is malformed: parameter {p['path']!r} is listed with shape "
+                f"{tuple(p['shape'])} but has {held}. Fix: write it again with df.save, or use "
+                "another copy."
+            )
     _check_structure(payload["structure"], _describe(like), source)
     values = payload["values"]
     like = _fill_input_statistics(like, payload)

@@ -17,18 +17,50 @@ import dataclasses
 import math
 import numbers
 import time
+from pathlib import Path
 from typing import Any
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 
+from . import _rowlog
+from ._container import Each, Optional, check_schema
 from ._errors import SerializationError
 from ._network import Network
 from ._serialization import network_payload
+from ._version import __version__
 
 FORMAT = "difffn.checkpoint"
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2  # 2: the history rows in a log next to the checkpoints (_rowlog.py)
+
+_TREE = {"paths": [str], "shapes": [[int]], "dtypes": [str], "values": [np.ndarray]}
+_HISTORY = {"file": str, "training": int, "validation": int}
+_KEY = {"data": np.ndarray, "impl": Optional(str)}
+_NUMBER = (int, float, np.floating, np.integer)
+SCHEMA = {
+    "network": dict,  # _serialization.SCHEMA, checked when it is restored
+    "optimizer": _TREE,
+    "iteration": int,
+    "epoch": int,
+    "batch": int,
+    "order": Optional(np.ndarray),
+    "key": _KEY,
+    "run_key": _KEY,
+    "shuffle_seed": [int],
+    "best": Optional(
+        {
+            "objective": _NUMBER,
+            "iteration": int,
+            "network": Optional({"learnables": _TREE, "others": _TREE}),
+        }
+    ),
+    "bad_validations": int,
+    "elapsed": _NUMBER,
+    "stop_reason": Optional(str),
+    "data_batch_size": Optional(int),
+    "fingerprint": Each(str),
+}
 
 # -- history and info ----------------------------------------------------------------------------
 
@@ -72,7 +104,8 @@ class TrainingInfo:
       validation_history: one row per validation: iteration, epoch, time_elapsed, loss and the
         validation metrics (empty without validation data).
       stop_reason: why training stopped (``"Max epochs completed"``, ``"Stopped by validation
-        patience"``, ``"Stopped by output_fcn"``, ``"Training loss is NaN"``).
+        patience"``, ``"Stopped by output_fcn"``, ``"Training loss is NaN"``, ``"Training
+        data exhausted"`` (a one-shot iterator ended, with ``steps_per_epoch``)).
       output_network_iteration: the iteration of the returned network.
       plot_path: the training-progress PNG, when ``plots="training-progress"``.
       elapsed: training time in seconds.
@@ -131,6 +164,8 @@ class TrainingState:
       training_rows, validation_rows: history rows (device scalars until logged).
       elapsed: seconds of training before this segment of the run.
       stop_reason: set when training stops.
+      nan_at: the iteration of the first NaN loss, a device scalar the steps carry (0 before
+        one; a checkpoint is written after it is read, so it is not part of the payload).
     """
 
     treedef: Any
@@ -152,6 +187,7 @@ class TrainingState:
     validation_rows: list = dataclasses.field(default_factory=list)
     elapsed: float = 0.0
     stop_reason: str | None = None
+    nan_at: Any = 0  # on the device: the iteration of the first NaN loss (0: none yet)
 
     @property
     def network(self) -> Network:
@@ -181,10 +217,13 @@ class TrainingState:
 
     # -- the checkpoint payload ------------------------------------------------------------------
 
-    def to_payload(self, *, elapsed, fingerprint, run_key, data_batch_size) -> dict[str, Any]:
-        """The msgpack-ready contents of a checkpoint of this state."""
-        from . import __version__
+    def to_payload(
+        self, *, elapsed, fingerprint, run_key, history, data_batch_size, data_position=None
+    ) -> dict[str, Any]:
+        """The msgpack-ready contents of a checkpoint of this state.
 
+        ``history`` names the log that holds the rows (``_rowlog``) and how many it covers.
+        """
         best = None
         if self.best_objective is not None:
             best = {
@@ -215,16 +254,20 @@ class TrainingState:
             "shuffle_seed": [int(s) for s in self.shuffle_seed],
             "best": best,
             "bad_validations": int(self.bad_validations),
-            "training_rows": [_plain_row(r) for r in self.training_rows],
-            "validation_rows": [_plain_row(r) for r in self.validation_rows],
+            "history": dict(history),
             "elapsed": float(elapsed),
             "stop_reason": self.stop_reason,
             "data_batch_size": None if data_batch_size is None else int(data_batch_size),
+            "data_position": None if data_position is None else int(data_position),
             "fingerprint": dict(fingerprint),
         }
 
-    def restore(self, checkpoint: Checkpoint, *, placement) -> None:
-        """Put a checkpoint's progress into this fresh state (after resume's checks)."""
+    def restore(self, checkpoint: Checkpoint, *, placement) -> str | None:
+        """Put a checkpoint's progress into this fresh state (after resume's checks).
+
+        Returns what is missing of the history (its log lost or damaged; the training state
+        itself is whole), or None.
+        """
         saved, source = checkpoint.payload, checkpoint.source
         fix = "Fix: resume with the options and network of the run that wrote the checkpoint."
         self.opt_state = restore_tree(
@@ -255,12 +298,12 @@ class TrainingState:
                 )
                 self.best_network = placement.put((learnables, others))
         self.bad_validations = int(saved["bad_validations"])
-        self.training_rows = [dict(r) for r in saved["training_rows"]]
-        self.validation_rows = [dict(r) for r in saved["validation_rows"]]
+        self.training_rows, self.validation_rows, problem = checkpoint.history_rows()
         self.elapsed = float(saved["elapsed"])
         # A stop asked for by output_fcn is a pause: resuming continues. Other stops are final.
         reason = saved["stop_reason"]
         self.stop_reason = None if reason == "Stopped by output_fcn" else reason
+        return problem
 
 
 @dataclasses.dataclass(frozen=True)
@@ -272,15 +315,43 @@ class Checkpoint:
 
     @classmethod
     def from_payload(cls, payload: dict[str, Any], source: str) -> Checkpoint:
-        """Check the format and version of a checkpoint's payload."""
-        if payload.get("format") != FORMAT:
+        """Check a checkpoint's payload: format, version, and every field's type."""
+        if not isinstance(payload, dict) or payload.get("format") != FORMAT:
             raise SerializationError(f"{source!r} does not hold a difffn training checkpoint.")
-        if int(payload.get("format_version", 0)) > FORMAT_VERSION:
+        check_schema(payload, {"format_version": int}, source=source)
+        if payload["format_version"] > FORMAT_VERSION:
             raise SerializationError(
                 f"{source!r} holds a checkpoint in format version {payload['format_version']}, "
                 f"newer than this difffn reads ({FORMAT_VERSION}). Fix: upgrade difffn."
             )
+        check_schema(payload, SCHEMA, source=source)
+        check_schema(payload.get("data_position"), Optional(int), source=source, where="position")
+        if payload["format_version"] >= 2:
+            check_schema(payload, {"history": _HISTORY}, source=source)
+        else:  # version 1 held the rows themselves
+            check_schema(
+                payload, {"training_rows": [dict], "validation_rows": [dict]}, source=source
+            )
         return cls(source, payload)
+
+    @property
+    def history(self) -> dict[str, Any] | None:
+        """The history's log file and row counts (None: a version-1 checkpoint holds the rows)."""
+        return self.payload.get("history")
+
+    @property
+    def history_log(self) -> Path | None:
+        """The log of this checkpoint's history rows (None for a version-1 checkpoint)."""
+        if self.history is None:
+            return None
+        return Path(self.source).parent / self.history["file"]
+
+    def history_rows(self) -> tuple[list, list, str | None]:
+        """``(training rows, validation rows, problem)``; ``problem`` names rows not found."""
+        if self.history is None:
+            rows = self.payload["training_rows"], self.payload["validation_rows"]
+            return [dict(r) for r in rows[0]], [dict(r) for r in rows[1]], None
+        return _rowlog.read(self.history_log, self.history["training"], self.history["validation"])
 
     @property
     def iteration(self) -> int:
@@ -310,6 +381,12 @@ class Checkpoint:
         size = self.payload["data_batch_size"]
         return None if size is None else int(size)
 
+    @property
+    def data_position(self) -> int | None:
+        """Items read from the current pass of a stream of batches (``steps_per_epoch``)."""
+        position = self.payload.get("data_position")
+        return None if position is None else int(position)
+
 
 # -- pytrees and keys in payloads -----------------------------------------------------------------
 
@@ -335,6 +412,11 @@ def restore_tree(data: dict[str, Any], template, *, what: str, source: str, fix:
     """The arrays of a :func:`tree_payload` in the structure of ``template`` (checked first)."""
     expected = jax.tree_util.tree_flatten_with_path(template)[0]
     paths, shapes, dtypes = data["paths"], data["shapes"], data["dtypes"]
+    if not len(paths) == len(shapes) == len(dtypes) == len(data["values"]):
+        raise SerializationError(
+            f"{source!r} is malformed: {what} lists {len(paths)} paths, {len(shapes)} shapes, "
+            f"{len(dtypes)} dtypes and {len(data['values'])} values. Fix: use another copy."
+        )
     for n, (path, leaf) in enumerate(expected):
         key = jax.tree_util.keystr(path)
         want = (key, tuple(np.shape(leaf)), np.dtype(leaf.dtype).name)
@@ -354,6 +436,12 @@ def restore_tree(data: dict[str, Any], template, *, what: str, source: str, fix:
             f"{source!r}: {what} does not match: the checkpoint has {len(paths)} leaves, the run "
             f"expects {len(expected)} (extra: {paths[len(expected)]!r}). {fix}"
         )
+    for n, (value, shape) in enumerate(zip(data["values"], shapes, strict=True)):
+        if tuple(value.shape) != tuple(shape):
+            raise SerializationError(
+                f"{source!r} is malformed: {what} leaf {paths[n]!r} is listed with shape "
+                f"{tuple(shape)} but holds {tuple(value.shape)}. Fix: use another copy."
+            )
     leaves = [jnp.asarray(v, dtype=d) for v, d in zip(data["values"], dtypes, strict=True)]
     return jax.tree.unflatten(jax.tree.structure(template), leaves)
 
@@ -395,5 +483,6 @@ def _plain(value):
     return array
 
 
-def _plain_row(row: dict) -> dict:
+def plain_row(row: dict) -> dict:
+    """A history row of host numbers (for msgpack)."""
     return {str(k): _plain(v) for k, v in row.items()}

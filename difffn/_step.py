@@ -67,6 +67,11 @@ def cached_steps(
     return steps
 
 
+def _keep_if(frozen, old, new):
+    """``old`` where ``frozen`` (a traced bool), else ``new``, leaf by leaf."""
+    return jax.tree.map(lambda o, n: jnp.where(frozen, o, n), old, new)
+
+
 def scalar_loss(value, name):
     """The loss value as a scalar array (a clear error for anything else)."""
     value = stripdims(value)
@@ -93,7 +98,8 @@ class Steps:
         self.accelerate = net.acceleratable
         self._jitted: dict = {}
 
-    def _core(self, learnables, others, opt_state, xs, ts, key, iteration, learn_rate):
+    def _core(self, carry, xs, ts, key, iteration, learn_rate):
+        learnables, others, opt_state, nan_at = carry
         step_key = jax.random.fold_in(key, iteration)
 
         def objective(learnables):
@@ -106,22 +112,28 @@ class Steps:
             return value, (outputs, states)
 
         (value, (outputs, states)), grads = jax.value_and_grad(objective, has_aux=True)(learnables)
-        learnables, opt_state = self._update(learnables, grads, opt_state, learn_rate)
+        # The first NaN loss is noted on the device (the host reads it when it next waits
+        # anyway); the steps after it change nothing, so training stops exactly there.
+        frozen = nan_at > 0
+        nan_at = jnp.where(frozen | ~jnp.isnan(value), nan_at, iteration)
+        learnables, opt_state = self._update(learnables, grads, opt_state, learn_rate, frozen)
         net = combine(self.treedef, self.learnable_index, learnables, others)
         # Stored reset, so the state's shape (and the donated buffers) stay the same each step.
-        _, others = split(net.with_layer_states(states).reset_state(), self.learnable_index)
+        _, new_others = split(net.with_layer_states(states).reset_state(), self.learnable_index)
+        others = _keep_if(frozen, others, new_others)
         values = tuple(m(outputs[0], ts[0]) for m in self.metrics)
-        return learnables, others, opt_state, value, values
+        return (learnables, others, opt_state, nan_at), value, values
 
-    def _update_impl(self, learnables, grads, opt_state, learn_rate):
-        updates, opt_state = self.tx.update(grads, opt_state, learnables, learn_rate=learn_rate)
-        return optax.apply_updates(learnables, updates), opt_state
+    def _update_impl(self, learnables, grads, opt_state, learn_rate, frozen):
+        updates, new_state = self.tx.update(grads, opt_state, learnables, learn_rate=learn_rate)
+        new = (optax.apply_updates(learnables, updates), new_state)
+        return _keep_if(frozen, (learnables, opt_state), new)
 
-    def _update(self, learnables, grads, opt_state, learn_rate):
+    def _update(self, learnables, grads, opt_state, learn_rate, frozen):
         if self.accelerate:
-            return self._update_impl(learnables, grads, opt_state, learn_rate)
+            return self._update_impl(learnables, grads, opt_state, learn_rate, frozen)
         return self._jit("update", self._update_impl, donate=(0, 2))(
-            learnables, grads, opt_state, learn_rate
+            learnables, grads, opt_state, learn_rate, frozen
         )
 
     def _jit(self, name, fn, donate=(), statics=()):
@@ -134,8 +146,9 @@ class Steps:
         return self._jitted[key]
 
     def step(self, spec):
-        """The step for a data source's ``spec``:
-        ``step(learnables, others, opt_state, data, key, iteration, learn_rate)``."""
+        """The step for a data source's ``spec``: ``step(carry, data, key, iteration,
+        learn_rate) -> (carry, loss, metric values)``; the carry is ``(learnables, others,
+        opt_state, nan_at)`` (``nan_at``: the iteration of the first NaN loss, 0 before)."""
         placement = self.placement
         if spec[0] == "gather":
             _, batch_size, in_axes, t_axes = spec
@@ -162,13 +175,13 @@ class Steps:
                 ts = tuple(placement.constrain(t, a) for t, a in zip(ts, t_axes, strict=True))
                 return xs, ts
 
-        def step(learnables, others, opt_state, data, key, iteration, learn_rate):
+        def step(carry, data, key, iteration, learn_rate):
             xs, ts = batch(data)
-            return self._core(learnables, others, opt_state, xs, ts, key, iteration, learn_rate)
+            return self._core(carry, xs, ts, key, iteration, learn_rate)
 
         if not self.accelerate:
             return step
-        return self._jit("step", step, donate=(0, 1, 2), statics=spec)
+        return self._jit("step", step, donate=(0,), statics=spec)
 
     def accumulate(self, total, value, n, states, new_states):
         """Validation totals: loss times batch size summed, metric states merged (jitted)."""

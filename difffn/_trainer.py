@@ -14,9 +14,9 @@ network.
 
 from __future__ import annotations
 
-import math
 import os
 import time
+import warnings
 
 import jax
 import jax.numpy as jnp
@@ -26,15 +26,16 @@ from . import _batches, _checkpoint, _fingerprint, _options, _progress
 from ._errors import OptionsError
 from ._factors import L2, LEARN_RATE, leaf_factors
 from ._format import FormattedArray, Layout
+from ._layer import Layer
 from ._losses import get_loss, loss_name
 from ._metrics import Metric
 from ._network import Network
 from ._options import TrainingOptions
 from ._parameters import learnable_mask
-from ._schedules import LearnRateSchedule
+from ._schedules import for_run
 from ._sharding import Placement
-from ._solvers import training_transform
-from ._sources import ArraySource, IterableSource, source
+from ._solvers import injected_learn_rate, training_transform
+from ._sources import ArraySource, IterableSource, label_check, validation_batches
 from ._state import History, TrainingInfo, TrainingState, split
 from ._step import cached_steps
 
@@ -100,25 +101,17 @@ def trainnet(*args, key=None, resume_from=None):
       ('Max epochs completed', True)
     """
     who = "trainnet"
-    if len(args) == 5:
+    args = _layer_arrays_as_networks(args)
+    form = _form(who, args)
+    if form == "arrays":
         X, T, net, loss, options = args
-    elif len(args) == 4:
-        data, net, loss, options = args
     else:
-        raise OptionsError(
-            f"{who} takes (X, T, net, loss, options) or (data, net, loss, options); got "
-            f"{len(args)} positional argument(s)."
-        )
-    if isinstance(net, (list, tuple)):  # a layer array, as MATLAB's trainnet takes
-        net = Network(net)
-    if not isinstance(net, Network):
-        raise OptionsError(
-            f"{who}: net must be a df.Network or a list of layers; got {type(net).__name__}."
-        )
+        data, net, loss, options = args
     if not isinstance(options, TrainingOptions):
         raise OptionsError(
             f"{who}: options must be df.TrainingOptions(...); got {type(options).__name__}."
         )
+    _check_key(who, key)
     loss_fn = get_loss(loss, who=who)
     checkpoint = None
     if resume_from is not None:
@@ -126,12 +119,74 @@ def trainnet(*args, key=None, resume_from=None):
         if key is None:
             key = checkpoint.run_key
     key = jax.random.key(0) if key is None else key
-    if len(args) == 5:
+    if form == "arrays":
         data_source = ArraySource(who, X, T, net)
     else:
-        data_source = IterableSource(who, data, net, max_epochs=options.max_epochs)
+        data_source = IterableSource(
+            who, data, net, max_epochs=options.max_epochs, steps_per_epoch=options.steps_per_epoch
+        )
     run = _Run(who, net, loss_fn, loss, options, key, data_source, checkpoint)
     return run.train()
+
+
+def _layer_arrays_as_networks(args: tuple) -> tuple:
+    """A list of layers where the network goes becomes ``df.Network(list)``, as MATLAB's
+    trainnet takes a layer array."""
+    args = list(args)
+    for k in (2, 1) if len(args) >= 5 else (1, 2):
+        value = args[k] if k < len(args) else None
+        if isinstance(value, (list, tuple)) and value and any(isinstance(v, Layer) for v in value):
+            args[k] = Network(list(value))
+            break
+    return tuple(args)
+
+
+def _form(who: str, args: tuple) -> str:
+    """Which form of trainnet the arguments are, ``"arrays"`` or ``"iterable"``; a clear error
+    naming the form that was probably meant when they fit neither."""
+    nets = [k for k, a in enumerate(args) if isinstance(a, Network)]
+    if len(args) == 5 and nets == [2]:
+        return "arrays"
+    if len(args) == 4 and nets == [1]:
+        return "iterable"
+    got = ", ".join(type(a).__name__ for a in args)
+    if nets == [2] and len(args) == 4:
+        raise OptionsError(
+            f"{who}(X, T, net, loss) is missing the options (got {got}). Fix: "
+            f"{who}(X, T, net, loss, df.TrainingOptions(...))."
+        )
+    if nets == [1] and len(args) == 3:
+        raise OptionsError(
+            f"{who}(data, net, loss) is missing the options (got {got}). Fix: "
+            f"{who}(data, net, loss, df.TrainingOptions(...))."
+        )
+    if len(args) in (4, 5) and not nets:
+        net = args[2] if len(args) == 5 else args[1]
+        raise OptionsError(
+            f"{who}: net must be a df.Network or a list of layers; got {type(net).__name__}."
+        )
+    raise OptionsError(
+        f"{who} takes (X, T, net, loss, options) or (data, net, loss, options); got "
+        f"{len(args)} positional argument(s) ({got})."
+    )
+
+
+def _check_key(who: str, key) -> None:
+    if key is None:
+        return
+    typed = isinstance(key, jax.Array) and jnp.issubdtype(key.dtype, jax.dtypes.prng_key)
+    raw = (
+        hasattr(key, "shape")
+        and hasattr(key, "dtype")
+        and tuple(key.shape) == (2,)
+        and key.dtype == np.uint32
+    )
+    if not (typed or raw):
+        hint = f"jax.random.key({key})" if isinstance(key, int) else "jax.random.key(0)"
+        raise OptionsError(
+            f"{who}: key must be a jax.random key; got {type(key).__name__} {repr(key)[:40]}. "
+            f"Fix: key={hint}."
+        )
 
 
 class _Run:
@@ -147,6 +202,13 @@ class _Run:
         self.source = data
         self.batch_size = None
         if isinstance(data, ArraySource):
+            if options.steps_per_epoch is not None:
+                raise OptionsError(
+                    f"{who}: steps_per_epoch={options.steps_per_epoch} applies to an iterable of "
+                    "batches; with arrays an epoch is one pass over the observations "
+                    f"({data.count} // mini_batch_size iterations). Fix: leave steps_per_epoch "
+                    "out, or set max_epochs."
+                )
             self.batch_size = options.mini_batch_size
             self.placement.check_batch(self.batch_size)
             if data.iterations(self.batch_size) == 0:
@@ -159,6 +221,12 @@ class _Run:
         self.iterations_per_epoch = data.iterations(self.batch_size)
         self.messages: list[str] = []
         net = self._prepare_network(net, init_key)
+        self.check_targets = label_check(who, net, loss_fn, self.metrics)
+        if self.check_targets is not None:
+            if isinstance(data, ArraySource):
+                self.check_targets(data.targets, "T")
+            else:
+                data.check_targets = self.check_targets
         fingerprint = None
         if checkpoint is not None or options.checkpoint_path is not None:
             fingerprint = _fingerprint.run_fingerprint(
@@ -177,7 +245,12 @@ class _Run:
                 defaults=_options.fingerprint_defaults(options.solver),
             )
         self.writer = (
-            _checkpoint.Writer(options, fingerprint=fingerprint, run_key=key)
+            _checkpoint.Writer(
+                options,
+                fingerprint=fingerprint,
+                run_key=key,
+                resumed=checkpoint,
+            )
             if options.checkpoint_path is not None
             else None
         )
@@ -213,14 +286,31 @@ class _Run:
             key=step_key,
             shuffle_seed=tuple(int(s) for s in seed),
         )
+        # from the fresh optimizer state (a restored one holds a later learn rate)
+        self.schedule = for_run(
+            who, options, self.iterations_per_epoch, injected_learn_rate(self.state.opt_state)
+        )
         if checkpoint is not None:
-            self.state.restore(checkpoint, placement=self.placement)
-            if isinstance(data, IterableSource) and checkpoint.data_batch_size is not None:
+            lost = self.state.restore(checkpoint, placement=self.placement)
+            if lost:
+                warnings.warn(
+                    f"trainnet(resume_from={checkpoint.source!r}): {lost}; the history returned "
+                    "lacks the rest. The training state is whole, so training goes on exactly. "
+                    "Fix: keep the history log next to the checkpoints.",
+                    _checkpoint.CheckpointWarning,
+                    stacklevel=3,
+                )
+            if isinstance(data, IterableSource):
                 data.data_batch_size = checkpoint.data_batch_size
+                data.position = checkpoint.data_position or 0
         self.state.opt_state = self.placement.put(self.state.opt_state)
         self.state.key = self.placement.put(self.state.key)
-        self.schedule = LearnRateSchedule(options, self.iterations_per_epoch)
-        self.validation = self._validation_batches(net)
+        self.state.nan_at = self.placement.put(jnp.zeros((), jnp.int32))
+        self.validation = None
+        if options.validation_data is not None:
+            self.validation = validation_batches(
+                who, options, net, self.placement, self.check_targets
+            )
 
     # -- setup -----------------------------------------------------------------------------------
 
@@ -255,30 +345,21 @@ class _Run:
             net = net.initialize(*layouts, key=init_key)
         return net
 
-    def _validation_batches(self, net):
-        """The validation data as device batches (placed once, used at every validation)."""
-        if self.options.validation_data is None:
-            return None
-        data = source(self.who, self.options.validation_data, net, role="validation")
-        formats = [lo.format if lo else None for lo in net.input_layouts]
-        return [
-            self.placement.put_batch(xs, ts, formats)
-            for xs, ts in data.in_order(self.options.mini_batch_size)
-        ]
-
     def _save_checkpoint(self, unit):
+        """A checkpoint when one is due after an iteration or an epoch; unit "final": the end."""
         if self.writer is None:
             return
         state = self.state
         count = state.iteration if unit == "iteration" else state.epoch
-        if not _checkpoint.due(self.options, unit, count):
+        if unit != "final" and not _checkpoint.due(self.options, unit, count):
             return
         self._flush()
-        self.writer.maybe_save(
+        save = self.writer.save_final if unit == "final" else self.writer.save
+        save(
             state,
-            unit,
             elapsed=time.perf_counter() - self.start,
             data_batch_size=self.source.data_batch_size,
+            data_position=self.source.position,
         )
 
     # -- the loop --------------------------------------------------------------------------------
@@ -306,13 +387,16 @@ class _Run:
             self._log(state.iteration, training=None)
         if self._call_output_fcn("start", None):
             state.stop_reason = "Stopped by output_fcn"
-        while state.stop_reason is None and state.epoch < options.max_epochs:
+        # batch > 0: inside an epoch (e.g. resumed from a checkpoint in it), which runs to its end
+        while state.stop_reason is None and (state.epoch < options.max_epochs or state.batch > 0):
             if state.batch == 0:
                 state.epoch += 1
                 state.order = self.source.epoch_order(
                     state.epoch, options.shuffle, state.shuffle_seed
                 )
             self._run_epoch()
+            if self.source.exhausted and state.stop_reason is None:
+                state.stop_reason = "Training data exhausted"
             if state.stop_reason is None:
                 state.batch = 0
                 self._save_checkpoint("epoch")
@@ -322,6 +406,7 @@ class _Run:
 
     def _run_epoch(self):
         options, state = self.options, self.state
+        fresh = state.batch == 0
         spec = step = None
         feeds = self.source.epoch_feeds(state.order, state.batch, self.placement, self.batch_size)
         for feed, data in feeds:
@@ -329,16 +414,9 @@ class _Run:
                 spec, step = feed, self.steps.step(feed)
             iteration = state.iteration + 1
             lr = self.schedule(iteration, state.epoch)
-            learnables, others, opt_state, loss, values = step(
-                state.learnables,
-                state.others,
-                state.opt_state,
-                data,
-                state.key,
-                np.int32(iteration),
-                np.float32(lr),
-            )
-            state.learnables, state.others, state.opt_state = learnables, others, opt_state
+            carry = (state.learnables, state.others, state.opt_state, state.nan_at)
+            carry, loss, values = step(carry, data, state.key, np.int32(iteration), np.float32(lr))
+            state.learnables, state.others, state.opt_state, state.nan_at = carry
             state.iteration = iteration
             state.batch += 1
             row = {
@@ -351,25 +429,29 @@ class _Run:
             row.update({m.name: v for m, v in zip(self.metrics, values, strict=True)})
             state.training_rows.append(row)
             self.reporter.tick(iteration, state.epoch)
-            validated = False
             final = iteration == self.final_iteration
-            if self.validation is not None and (
+            validate = self.validation is not None and (
                 iteration % options.validation_frequency == 0 or final
-            ):
-                self._validate()
-                validated = True
-            if iteration == 1 or iteration % options.verbose_frequency == 0 or validated or final:
-                self._flush()  # also when not verbose: a NaN loss stops training
-                self._log(iteration, training=row)
-            if self._nan_loss(row):
-                state.stop_reason = "Training loss is NaN"
-            elif self._call_output_fcn("iteration", row):
+            )
+            if validate or iteration == 1 or iteration % options.verbose_frequency == 0 or final:
+                self._flush()  # the host waits here anyway: a NaN loss is found here too
+                if validate and state.stop_reason is None:
+                    self._validate()
+                self._log(state.iteration, training=state.training_rows[-1])
+            if state.stop_reason is None and self._call_output_fcn("iteration", row):
                 state.stop_reason = "Stopped by output_fcn"
-            elif state.bad_validations >= options.validation_patience:
+            elif state.stop_reason is None and (
+                state.bad_validations >= options.validation_patience
+            ):
                 state.stop_reason = "Stopped by validation patience"
             self._save_checkpoint("iteration")
             if state.stop_reason is not None:
                 return
+        if fresh and state.batch == 0 and not self.source.exhausted:
+            raise OptionsError(
+                f"{self.who}: the training data yielded no batch in epoch {state.epoch}. Fix: "
+                "pass an iterable with at least one batch."
+            )
 
     # -- validation, logging ---------------------------------------------------------------------
 
@@ -403,20 +485,32 @@ class _Run:
             keep=self.options.resolved_output_network == "best-validation",
         )
 
-    def _flush(self):
-        """Bring pending device scalars of the training history to the host."""
-        pending = self.state.training_rows[self._flushed :]
+    def _flush(self) -> bool:
+        """Bring pending device scalars of the training history to the host, with the iteration
+        of the first NaN loss: training stops there (the steps after it changed nothing).
+
+        Returns whether this flush found the NaN loss.
+        """
+        state = self.state
+        pending = state.training_rows[self._flushed :]
         if not pending:
-            return
-        self._flushed = len(self.state.training_rows)
+            return False
+        self._flushed = len(state.training_rows)
         keys = ["loss"] + [m.name for m in self.metrics]
-        values = jax.device_get([[r[k] for k in keys] for r in pending])
+        values, nan_at = jax.device_get(([[r[k] for k in keys] for r in pending], state.nan_at))
         for row, vals in zip(pending, values, strict=True):
             for k, v in zip(keys, vals, strict=True):
                 row[k] = float(v)
-
-    def _nan_loss(self, row) -> bool:
-        return isinstance(row["loss"], float) and math.isnan(row["loss"])
+        nan_at = int(nan_at)
+        if nan_at and state.stop_reason is None:
+            rows = [r for r in state.training_rows if r["iteration"] <= nan_at]
+            state.batch = max(0, state.batch - (state.iteration - nan_at))
+            state.training_rows, state.iteration = rows, nan_at
+            state.epoch = rows[-1]["epoch"]
+            self._flushed = len(rows)
+            state.stop_reason = "Training loss is NaN"
+            return True
+        return False
 
     def _log(self, iteration, training):
         if iteration == self.last_logged:
@@ -427,7 +521,7 @@ class _Run:
         self._flush()
         validation = None
         if state.validation_rows and state.validation_rows[-1]["iteration"] == iteration:
-            validation = self._by_title(state.validation_rows[-1])
+            validation = _progress.by_title(state.validation_rows[-1], self.metrics)
         self.reporter.row(
             iteration=iteration,
             epoch=state.epoch,
@@ -437,40 +531,19 @@ class _Run:
                 if training
                 else self.schedule(max(iteration, 1), max(state.epoch, 1))
             ),
-            training=self._by_title(training) if training else None,
+            training=_progress.by_title(training, self.metrics) if training else None,
             validation=validation,
         )
         self.last_logged = iteration
 
-    def _by_title(self, row):
-        out = {"loss": row.get("loss")}
-        for m in self.metrics:
-            out[m.title] = row.get(m.name)
-        return out
-
     def _call_output_fcn(self, stage, row) -> bool:
         if not self.options.output_fcn:
             return False
-        state = self.state
-        if row is not None:
-            self._flush()
-        info = {
-            "state": stage,
-            "iteration": state.iteration,
-            "epoch": state.epoch,
-            "time_elapsed": time.perf_counter() - self.start,
-            "learn_rate": row["learn_rate"] if row else None,
-            "training_loss": row["loss"] if row else None,
-            "validation_loss": None,
-        }
-        for m in self.metrics:
-            info[f"training_{m.name}"] = row.get(m.name) if row else None
-            info[f"validation_{m.name}"] = None
-        last = state.validation_rows[-1] if state.validation_rows else None
-        if last is not None and last["iteration"] == state.iteration:
-            info["validation_loss"] = last["loss"]
-            for m in self.metrics:
-                info[f"validation_{m.name}"] = last[m.name]
+        if row is not None and self._flush():  # a NaN loss before this row: training stopped
+            return False
+        info = _progress.output_fcn_info(
+            stage, self.state, row, self.metrics, time.perf_counter() - self.start
+        )
         stop = False
         for fn in self.options.output_fcn:
             stop = bool(fn(info)) or stop
@@ -495,6 +568,7 @@ class _Run:
                 self._log(state.iteration, training=last)
         if last is not None and self.last_logged != state.iteration:
             self._log(state.iteration, training=last)
+        self._save_checkpoint("final")
         self._flush()
         elapsed = time.perf_counter() - self.start
         self.reporter.finish(state.stop_reason)

@@ -275,6 +275,11 @@ class Eager(df.Layer):
             ),
             r"layer\(s\) \['e'\] set acceleratable = False",
         ),
+        (
+            lambda net, p: df.export(net, p, platforms=("gpu",)),
+            r"platforms has 'gpu', which is not a platform JAX exports for; they are \['cpu', "
+            r"'cuda', 'rocm', 'tpu'\]\. JAX names GPUs 'cuda' \(NVIDIA\) or 'rocm' \(AMD\)",
+        ),
     ],
 )
 def test_export_errors(tmp_path, key, call, message):

@@ -10,9 +10,10 @@ from helpers import assert_tree_allclose
 from training_layers import regression_net
 
 import difffn as df
+from difffn import _rowlog
 from difffn._parameters import learnable_mask
 from difffn._sharding import Placement
-from difffn._state import Checkpoint, TrainingState, same_key, split
+from difffn._state import Checkpoint, TrainingState, plain_row, same_key, split
 
 
 def a_state(net, opt_state, key):
@@ -29,7 +30,7 @@ def a_state(net, opt_state, key):
     )
 
 
-def test_the_payload_round_trip_restores_every_field():
+def test_the_payload_round_trip_restores_every_field(tmp_path):
     net = regression_net().initialize(key=jax.random.key(0))
     written = a_state(net, {"m": jnp.arange(3.0)}, jax.random.key(5))
     written.iteration, written.epoch, written.batch = 7, 2, 3
@@ -39,10 +40,20 @@ def test_the_payload_round_trip_restores_every_field():
         {"iteration": 7, "loss": 0.25}, objective="loss", maximize=False, keep=True
     )
     written.stop_reason = "Stopped by output_fcn"
-    payload = written.to_payload(
-        elapsed=1.5, fingerprint={"loss": "'mse'"}, run_key=jax.random.key(9), data_batch_size=None
+    _rowlog.repair(tmp_path / "rows.difffnlog")
+    _rowlog.append(
+        tmp_path / "rows.difffnlog",
+        (0, [plain_row(r) for r in written.training_rows]),
+        (0, [plain_row(r) for r in written.validation_rows]),
     )
-    checkpoint = Checkpoint.from_payload(payload, "memory")
+    payload = written.to_payload(
+        elapsed=1.5,
+        fingerprint={"loss": "'mse'"},
+        run_key=jax.random.key(9),
+        history={"file": "rows.difffnlog", "training": 1, "validation": 1},
+        data_batch_size=None,
+    )
+    checkpoint = Checkpoint.from_payload(payload, str(tmp_path / "checkpoint.difffn"))
     assert (checkpoint.iteration, checkpoint.epoch, checkpoint.fingerprint) == (
         7,
         2,
@@ -51,7 +62,7 @@ def test_the_payload_round_trip_restores_every_field():
     assert same_key(checkpoint.run_key, jax.random.key(9))
 
     read = a_state(net, {"m": jnp.zeros(3)}, jax.random.key(0))
-    read.restore(checkpoint, placement=Placement("auto"))
+    assert read.restore(checkpoint, placement=Placement("auto")) is None  # nothing lost
     assert (read.iteration, read.epoch, read.batch, read.elapsed) == (7, 2, 3, 1.5)
     assert read.stop_reason is None  # an output_fcn stop is a pause
     np.testing.assert_array_equal(read.order, [2, 0, 1])
