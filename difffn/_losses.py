@@ -339,9 +339,7 @@ def l2loss(Y, T, *, normalization: str = "batch-size", mask=None):
     return _normalize(who, _sum(jnp.square(y - t), m), Y, normalization, m)
 
 
-def huber(
-    Y, T, *, transition_point: float = 1.0, normalization: str = "batch-size", mask=None
-):
+def huber(Y, T, *, transition_point: float = 1.0, normalization: str = "batch-size", mask=None):
     r"""Huber loss (MATLAB ``huber``), summed over elements and normalized.
 
     Per element, with :math:`z = Y - T`: :math:`\frac{1}{2}z^2` where :math:`|z| \le \delta`,

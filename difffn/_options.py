@@ -393,9 +393,7 @@ OPTIONS: tuple[Option, ...] = (
     Option("checkpoint_frequency", 1, _positive_int()),
     Option("checkpoint_frequency_unit", "epoch", _choice(CHECKPOINT_UNITS)),
     Option("checkpoint_keep", 3, _positive_int(allow_inf=True)),
-    Option(
-        "sequence_length", "longest", _sequence_option(_sequences.check_length), numbers=True
-    ),
+    Option("sequence_length", "longest", _sequence_option(_sequences.check_length), numbers=True),
     Option(
         "sequence_padding_value",
         0.0,

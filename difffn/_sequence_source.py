@@ -75,7 +75,8 @@ class SequenceData:
                 self.inputs.append(("sequences", seqs, observation_format(fmt).index("T"), fmt))
             else:
                 (array,) = arrays_of(who, x, what)
-                self.inputs.append(("array", array, _batches.batch_axis(array, fmt, what=what), fmt))
+                axis = _batches.batch_axis(array, fmt, what=what)
+                self.inputs.append(("array", array, axis, fmt))
         first = next(part for part in self.inputs if part[0] == "sequences")
         self.lengths = np.array([s.shape[first[2]] for s in first[1]])
         self.count = len(self.lengths)
@@ -166,8 +167,7 @@ class SequenceData:
         longest = int(self.lengths.max())
         whole = Window(0, longest, longest, longest)
         return tuple(
-            place(t[1], 0, whole, "right", 0)[0] if t[0] == "step" else t[1]
-            for t in self.targets
+            place(t[1], 0, whole, "right", 0)[0] if t[0] == "step" else t[1] for t in self.targets
         )
 
 

@@ -126,9 +126,9 @@ class Steps:
             loss = _seq.masked_loss(self.loss, self.loss_label, outputs, ts, out_masks)
             return scalar_loss(loss, self.loss_label), (outputs, states, out_masks)
 
-        (value, (outputs, states, out_masks)), grads = jax.value_and_grad(
-            objective, has_aux=True
-        )(learnables)
+        (value, (outputs, states, out_masks)), grads = jax.value_and_grad(objective, has_aux=True)(
+            learnables
+        )
         # The first NaN loss is noted on the device (the host reads it when it next waits
         # anyway); the steps after it change nothing, so training stops exactly there.
         frozen = nan_at > 0

@@ -12,8 +12,8 @@ import jax.numpy as jnp
 from .._errors import FormatError, LayerError, OpError
 from .._fields import learnable
 from .._format import Layout
-from .._mask import as_mask
 from .._layer import Layer
+from .._mask import as_mask
 from ..ops._attention import combined_mask, from_blc, is_attention_format, multi_head, to_blc
 from ..ops._format_args import float_dtype
 from . import _factor_options as factors
@@ -55,9 +55,10 @@ class SelfAttention(Layer):
     nonzero (MATLAB's padding mask). Without it, the layer takes the padding mask of padded
     sequences (``predict(x, mask=...)``, which networks pass on from ``net.predict(x,
     mask=...)`` and ``trainnet``'s sequence data): a boolean ``(batch, time)`` array, True at
-    the steps that hold data; padded steps are then never attended to. With ``has_scores_output=True`` a second output
-    ``"scores"`` holds the attention weights ``(batch, heads, queries, keys)``, format
-    ``"BCUU"``: the heads on the ``C`` axis (``"CUU"`` without ``B``).
+    the steps that hold data; padded steps are then never attended to.
+    With ``has_scores_output=True`` a second output ``"scores"`` holds the attention weights
+    ``(batch, heads, queries, keys)``, format ``"BCUU"``: the heads on the ``C`` axis
+    (``"CUU"`` without ``B``).
 
     Learnables, in this order: ``query_weights`` ``(C, num_key_channels)``, ``key_weights``
     ``(C, num_key_channels)``, ``value_weights`` ``(C, num_value_channels)``,
