@@ -153,7 +153,7 @@ def test_fmt_permutes_the_input_to_the_modules_axis_order(key):
 
 def test_a_module_that_changes_the_rank_needs_its_formats():
     with pytest.raises(
-        df.NetworkError,
+        df.LayerError,
         match=r"FromNNX \(layer 'cnn'\): output 'out' of the module has 2 dimensions but the input format 'BSSC' has 4.*fmt='BSSC', output_format='BC'",
     ):
         df.Network([L.ImageInput((8, 8, 1), name="in"), L.FromNNX(cnn(), name="cnn")])
