@@ -69,6 +69,7 @@ def test_truncated_predictions_keep_the_shortest_length(key):
         np.testing.assert_allclose(ys[0].data, _alone(net, [X[0][part]])[0], atol=1e-6)
 
 
+@pytest.mark.slow
 def test_two_hundred_lengths_compile_a_handful_of_traces(key):
     """200 sequences of 200 different lengths, one per mini-batch: with power-of-two buckets
     the network compiles one trace per bucket (1, 2, 4, ..., 256: 9), counted by its cache."""
@@ -80,8 +81,9 @@ def test_two_hundred_lengths_compile_a_handful_of_traces(key):
     info = net.cache_info()
     assert info.misses == 9 and info.hits == 191 and y.shape == (200, 3)
     net.compile_cache.clear()
-    df.minibatchpredict(net, X, mini_batch_size=1, sequence_bucketing=32)
-    assert net.cache_info().misses == 7  # 32, 64, ..., 224
+    df.minibatchpredict(net, X[:50], mini_batch_size=1, sequence_bucketing=32)
+    assert net.cache_info().misses == len({-(-n // 32) for n in lengths[:50]})
+    net.compile_cache.clear()
     np.testing.assert_allclose(
         np.asarray(y.data)[:5], np.stack(_alone(net, X[:5])), atol=1e-6
     )

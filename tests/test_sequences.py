@@ -55,7 +55,7 @@ def test_padsequences_other_format():
 
 @pytest.mark.parametrize(
     ("bucketing", "expected"),
-    [("power-of-two", [1, 2, 4, 4, 8, 128, 256]), (8, [8, 8, 8, 8, 8, 128, 200]),
+    [("power-of-two", [1, 2, 4, 4, 8, 128, 256]), (8, [8, 8, 8, 8, 8, 104, 200]),
      ("none", [1, 2, 3, 4, 5, 100, 200])],
 )  # fmt: skip
 def test_bucket(bucketing, expected):
@@ -92,7 +92,7 @@ def test_sequence_options_in_training_options():
 @pytest.mark.parametrize(
     ("option", "value", "match"),
     [
-        ("sequence_length", 0, r"sequence_length must be 'longest', 'shortest' or a positive int"),
+        ("sequence_length", 0, r"must be 'longest', 'shortest' or a positive int"),
         ("sequence_length", "long", r"got 'long'"),
         ("sequence_length", 2.5, r"got 2\.5"),
         ("sequence_padding_direction", "both", r"'right' or 'left'; got 'both'"),
@@ -101,9 +101,9 @@ def test_sequence_options_in_training_options():
     ],
 )
 def test_bad_sequence_options_are_named(option, value, match):
-    with pytest.raises(df.OptionsError, match=f"TrainingOptions: {match}"):
+    with pytest.raises(df.OptionsError, match=f"TrainingOptions: {option} .*{match}"):
         df.TrainingOptions(**{option: value})
-    with pytest.raises(df.OptionsError, match=f"minibatchpredict: {match}"):
+    with pytest.raises(df.OptionsError, match=f"minibatchpredict: {option} .*{match}"):
         df.minibatchpredict(df.Network(_net()), _sequences([2, 3]), **{option: value})
 
 
