@@ -29,6 +29,7 @@ def _right_padded(lengths, steps, seed=0):
     return seqs, jnp.asarray(x), jnp.asarray(mask)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("op", ["lstm", "gru"])
 def test_masked_ops_equal_each_sequence_alone_with_gradients(x64, op):
     """The final state of a padded batch is each sequence's own (jit, float64), and so are the
@@ -79,6 +80,7 @@ class MaskReader(df.Layer):
         return x * mask[:, :, None]
 
 
+@pytest.mark.slow
 def test_the_mask_reaches_layers_that_take_it_while_batch_and_time_sizes_hold(key):
     """FullyConnected keeps "BTC", so the second recurrent layer and the custom layer still get
     the input's mask; after the GRU's "last" output there is no time axis and no mask."""

@@ -84,9 +84,7 @@ def test_two_hundred_lengths_compile_a_handful_of_traces(key):
     df.minibatchpredict(net, X[:50], mini_batch_size=1, sequence_bucketing=32)
     assert net.cache_info().misses == len({-(-n // 32) for n in lengths[:50]})
     net.compile_cache.clear()
-    np.testing.assert_allclose(
-        np.asarray(y.data)[:5], np.stack(_alone(net, X[:5])), atol=1e-6
-    )
+    np.testing.assert_allclose(np.asarray(y.data)[:5], np.stack(_alone(net, X[:5])), atol=1e-6)
 
 
 def test_without_buckets_every_length_is_a_trace_and_the_warning_says_so(key):

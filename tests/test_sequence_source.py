@@ -118,8 +118,8 @@ _NAMES = {"w": "rnn/input_weights", "r": "rnn/recurrent_weights", "b": "rnn/bias
           "fc_w": "fc/weights", "fc_b": "fc/bias"}  # fmt: skip
 
 
-@pytest.mark.parametrize("direction", ["right", "left"])
-@pytest.mark.parametrize("kind", ["gru", "lstm"])
+@pytest.mark.slow
+@pytest.mark.parametrize(("kind", "direction"), [("gru", "right"), ("lstm", "left")])
 def test_sequence_to_one_loss_and_gradients_equal_unpadded_sequences(x64, kind, direction):
     """Padding (to the bucket of 16 steps) changes neither the loss nor any gradient: the
     recurrent state ignores padded steps on either side, and "last" is the last real step."""
@@ -134,6 +134,7 @@ def test_sequence_to_one_loss_and_gradients_equal_unpadded_sequences(x64, kind, 
                          rtol=1e-9, atol=1e-12)  # fmt: skip
 
 
+@pytest.mark.slow
 def test_sequence_to_sequence_loss_is_the_mean_over_real_steps(x64):
     X = _data([4, 7, 2])
     T = [np.random.default_rng(i).integers(0, K, size=len(x)) for i, x in enumerate(X)]
@@ -169,6 +170,7 @@ def test_split_sequences_carry_the_state_from_chunk_to_chunk(x64):
         np.testing.assert_allclose(np.asarray(a.data), np.asarray(b.data), rtol=1e-12)
 
 
+@pytest.mark.slow
 def test_sequence_to_one_with_split_sequences_scores_only_observations_with_data(x64):
     """A chunk in which a sequence has no data leaves it out of the loss (its "last" output
     would repeat the previous chunk's)."""
@@ -183,6 +185,7 @@ def test_sequence_to_one_with_split_sequences_scores_only_observations_with_data
     np.testing.assert_allclose(loss, want, rtol=1e-12)
 
 
+@pytest.mark.slow
 def test_training_compiles_one_step_per_length_bucket(key):
     """64 sequences of 64 different lengths, 8 mini-batches: the compiled step is traced once
     per bucket of the mini-batches' longest lengths (counted by a metric that runs at trace
@@ -214,6 +217,7 @@ def test_training_compiles_one_step_per_length_bucket(key):
     assert len(buckets) == len(set(longest.tolist())) > 2  # "none": one per longest length
 
 
+@pytest.mark.slow
 def test_validation_on_sequences_uses_masks(x64):
     """Validation loss of per-step targets is the mean over real steps of the whole set."""
     X = _data([4, 7, 2, 5])
