@@ -53,6 +53,7 @@ from ._options import TrainingOptions as TrainingOptions
 from ._predict import minibatchpredict as minibatchpredict
 from ._predict import scores2label as scores2label
 from ._predict import testnet as testnet
+from ._sequences import padsequences as padsequences
 from ._serialization import load as load
 from ._serialization import save as save
 from ._solvers import adamupdate as adamupdate

@@ -79,7 +79,8 @@ class CompileCache:
                 f"{len(self._entries)} of at most {self.maxsize}); each new input signature "
                 f"(shape, format, dtype) costs a trace and a compilation. Latest: "
                 f"{describe()}. If sizes vary from call to call (e.g. sequence lengths), pad "
-                "them to a few fixed sizes, or call with acceleration='none'.",
+                "them to a few fixed sizes (trainnet, minibatchpredict and testnet do for "
+                "lists of sequences: sequence_bucketing), or call with acceleration='none'.",
                 RetraceWarning,
                 stacklevel=4,
             )

@@ -11,6 +11,11 @@
   under ``jax.grad`` too (the segments are jitted functions of JVP tracers), which is how trainnet
   trains such networks.
 
+Padding masks (``_mask``) travel beside the inputs: each value computed from a masked input
+carries the input's mask while it keeps the input's batch and time sizes, and a layer whose
+method takes ``mask`` gets the mask of its first input. With masks, ``run`` also returns the mask
+of each output (None where it has none).
+
 A network whose sizes were never checked (built from initialized layers, or edited so that the
 layouts could not be propagated) may fail inside a layer with JAX's shape error; ``run`` then
 propagates the layouts to name the layer that does not fit, and raises that instead.
@@ -23,7 +28,7 @@ from typing import Any
 
 import jax
 
-from . import _cache
+from . import _cache, _mask
 from ._errors import AccelerationError, Error
 from ._format import FormattedArray
 from ._graph import Graph
@@ -33,10 +38,19 @@ from ._propagate import propagate
 ACCELERATION = ("auto", "none")
 
 
-def run(net, inputs, key, *, training: bool, wanted, acceleration: str = "auto"):
-    """Run ``net`` on prepared inputs; returns (values for ``wanted``, new state per layer)."""
+def run(net, inputs, key, *, training: bool, wanted, acceleration: str = "auto", masks=None):
+    """Run ``net`` on prepared inputs; returns (values for ``wanted``, new state per layer),
+    and with ``masks`` (one per input, None where it has none) the masks of those values."""
     try:
-        return _run(net, inputs, key, training=training, wanted=wanted, acceleration=acceleration)
+        return _run(
+            net,
+            inputs,
+            key,
+            training=training,
+            wanted=wanted,
+            acceleration=acceleration,
+            masks=masks,
+        )
     except (TypeError, ValueError) as error:
         layouts = net.input_layouts
         if (
@@ -51,31 +65,37 @@ def run(net, inputs, key, *, training: bool, wanted, acceleration: str = "auto")
         raise
 
 
-def _run(net, inputs, key, *, training: bool, wanted, acceleration: str):
+def _run(net, inputs, key, *, training: bool, wanted, acceleration: str, masks):
     tracing = isinstance(key, jax.core.Tracer) or any(
-        isinstance(x.data if isinstance(x, FormattedArray) else x, jax.core.Tracer) for x in inputs
+        isinstance(x.data if isinstance(x, FormattedArray) else x, jax.core.Tracer)
+        for x in (*inputs, *(masks or ()))
     )
-    if acceleration == "none":
-        return execute(net, inputs, key, training=training, wanted=wanted)
+    run_here = functools.partial(execute, training=training, wanted=wanted)
+    # Masked runs of networks with eager layers go op by op: segments would carry the masks too.
+    if acceleration == "none" or (masks is not None and not net.acceleratable):
+        return run_here(net, inputs, key, masks)
     if not net.acceleratable:
         return execute_segmented(net, inputs, key, training=training, wanted=wanted)
     if tracing:
-        return execute(net, inputs, key, training=training, wanted=wanted)
+        return run_here(net, inputs, key, masks)
     cache_key = ("forward" if training else "predict", wanted, input_signature(inputs, key))
+    if masks is not None:
+        cache_key += (_cache.signature(masks),)
     compiled = net.compile_cache.get(
         cache_key,
-        lambda: jax.jit(functools.partial(execute, training=training, wanted=wanted)),
+        lambda: jax.jit(run_here),
         lambda: _cache.describe_signature(inputs),
     )
-    return compiled(net, inputs, key)
+    return compiled(net, inputs, key, masks)
 
 
-def execute(net, inputs, key, *, training: bool, wanted):
+def execute(net, inputs, key, masks=None, *, training: bool, wanted):
     """Run the graph op by op (traced when called under a transformation)."""
     g = net.graph
     layers = net.layers
     needed = needed_layers(g, wanted)
     values: dict[tuple[int, int], Any] = {}
+    value_masks: dict[tuple[int, int], Any] = {}
     states: list[tuple] = [lyr._state_values() for lyr in layers]
     for i in g.order:
         if i not in needed:
@@ -85,13 +105,27 @@ def execute(net, inputs, key, *, training: bool, wanted):
             inputs[s.index] if s.kind == "input" else values[(s.index, s.port)]
             for s in g.sources[i]
         )
+        mask = None
+        if masks is not None:
+            found = (
+                masks[s.index] if s.kind == "input" else value_masks.get((s.index, s.port))
+                for s in g.sources[i]
+            )
+            mask = next((m for m in found if m is not None), None)
         layer_key = jax.random.fold_in(key, i) if key is not None else None
-        outs, new_state = call_layer(layer, ins, training=training, key=layer_key)
+        outs, new_state = call_layer(
+            layer, ins, training=training, key=layer_key, mask=_mask.for_value(mask, ins[0])
+        )
         for o, y in enumerate(outs):
             values[(i, o)] = y
+            if (kept := _mask.for_value(mask, y)) is not None:
+                value_masks[(i, o)] = kept
         if layer.state_names:
             states[i] = new_state
-    return tuple(values[w] for w in wanted), tuple(states)
+    outputs = tuple(values[w] for w in wanted)
+    if masks is None:
+        return outputs, tuple(states)
+    return outputs, tuple(states), tuple(value_masks.get(w) for w in wanted)
 
 
 @functools.lru_cache(maxsize=256)

@@ -21,7 +21,7 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 
-from . import _cache, _execute, _graph_edit, _parameters
+from . import _cache, _execute, _graph_edit, _mask, _parameters
 from ._errors import AccelerationError, NetworkError
 from ._fields import LEARNABLE, STATE, NetworkBase
 from ._format import FormattedArray, Layout
@@ -364,7 +364,9 @@ class Network(NetworkBase):
 
     # -- running ---------------------------------------------------------------------------------
 
-    def predict(self, *inputs, outputs=None, acceleration="auto", return_state=False, **named):
+    def predict(
+        self, *inputs, outputs=None, acceleration="auto", return_state=False, mask=None, **named
+    ):
         """Outputs of the network at prediction time (MATLAB ``predict``).
 
         Args:
@@ -373,13 +375,28 @@ class Network(NetworkBase):
           outputs: names of the outputs to return (default: the network outputs).
           acceleration: ``"auto"`` (compiled, cached per input signature) or ``"none"``.
           return_state: also return the state table (stateful layers such as LSTM update it).
+          mask: padding masks of padded sequences (``df.padsequences`` makes them): a boolean
+            ``(batch, time)`` array, True at the steps that hold data, for a network with one
+            input, or a tuple with one mask (or None) per input. Recurrent layers keep their
+            state through padded steps and ``SelfAttention`` ignores them (see
+            ``docs/training.md``, "Sequences of different lengths").
 
         Returns:
           One output, or a tuple of outputs; with ``return_state``, ``(outputs, state)``.
+
+        Examples:
+          >>> import jax, jax.numpy as jnp
+          >>> import difffn as df
+          >>> net = df.Network([df.layers.SequenceInput(2), df.layers.GRU(3, output_mode="last")])
+          >>> net = net.initialize(key=jax.random.key(0))
+          >>> x, mask = df.padsequences([jnp.ones((4, 2)), jnp.ones((2, 2))])
+          >>> y = net.predict(x, mask=mask)          # the second's last step is its step 2
+          >>> bool(jnp.allclose(y.data[1], net.predict(x[1:, :2]).data[0], atol=1e-6))
+          True
         """
         self._no_named_inputs("predict", named)
-        values, states = self.run(
-            inputs, None, training=False, outputs=outputs, acceleration=acceleration
+        values, states, *_ = self.run(
+            inputs, None, training=False, outputs=outputs, acceleration=acceleration, masks=mask
         )
         out = values[0] if len(values) == 1 else values
         return (out, _parameters.state_table(self, states)) if return_state else out
@@ -393,16 +410,18 @@ class Network(NetworkBase):
                 "order."
             )
 
-    def forward(self, *inputs, key=None, outputs=None, acceleration="auto", **named):
+    def forward(self, *inputs, key=None, outputs=None, acceleration="auto", mask=None, **named):
         """Outputs at training time and the updated state (MATLAB ``forward``).
+
+        ``mask`` is as for :meth:`predict`.
 
         Returns:
           ``(outputs, state)``: one output or a tuple, and a ``ParameterTable`` of the new state
           values (put it back with ``net.replace(state=state)``).
         """
         self._no_named_inputs("forward", named)
-        values, states = self.run(
-            inputs, key, training=True, outputs=outputs, acceleration=acceleration
+        values, states, *_ = self.run(
+            inputs, key, training=True, outputs=outputs, acceleration=acceleration, masks=mask
         )
         return (values[0] if len(values) == 1 else values), _parameters.state_table(self, states)
 
@@ -464,13 +483,16 @@ class Network(NetworkBase):
             self._graph.port(o, kind="output", what=f"outputs entry {o!r}") for o in outputs
         )
 
-    def run(self, inputs, key=None, *, training: bool, outputs=None, acceleration="auto"):
+    def run(
+        self, inputs, key=None, *, training: bool, outputs=None, acceleration="auto", masks=None
+    ):
         """Run the network: ``(values of the outputs, new state values per layer)``.
 
         Checks and prepares the inputs (``prepare_inputs``), then lets ``_execute.run`` pick how
         to execute: traced (under a transformation), one compiled trace per input signature, or
         compiled segments around layers that must run eagerly. ``outputs`` is a list of names or
-        already resolved ``output_ports``.
+        already resolved ``output_ports``. With padding ``masks`` (one mask, or a tuple with one
+        per input; ``_mask``) the result has a third item: the mask of each output, or None.
         """
         if acceleration not in _execute.ACCELERATION:
             raise NetworkError(
@@ -485,6 +507,7 @@ class Network(NetworkBase):
                 "no input layer)."
             )
         xs = self.prepare_inputs(inputs)
+        masks = _mask.prepare(self.input_names, xs, masks, error=NetworkError)
         if outputs is None:
             wanted = self._graph.outputs
         elif isinstance(outputs, tuple) and all(isinstance(o, tuple) for o in outputs):
@@ -492,7 +515,7 @@ class Network(NetworkBase):
         else:
             wanted = self.output_ports(outputs)
         return _execute.run(
-            self, xs, key, training=training, wanted=wanted, acceleration=acceleration
+            self, xs, key, training=training, wanted=wanted, acceleration=acceleration, masks=masks
         )
 
     def prepare_inputs(self, inputs) -> tuple:

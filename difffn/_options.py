@@ -28,7 +28,7 @@ from typing import Any
 
 import optax
 
-from . import _schedules
+from . import _schedules, _sequences
 from ._errors import OptionsError
 from ._fingerprint import describe, describe_data, describe_solver
 from ._metrics import Metric, get_metric
@@ -277,6 +277,11 @@ def _folder(name, value, checked):
     return os.fspath(value)
 
 
+def _sequence_option(check) -> Check:
+    """A check of ``_sequences`` (shared with ``minibatchpredict``'s keywords) as a row's."""
+    return lambda name, value, checked: check("TrainingOptions", value)
+
+
 _MULTI = " (MATLAB's 'multi-gpu' and 'parallel' are 'multi-device' here.)"
 _ADAPTIVE = ("adam", "rmsprop")
 
@@ -388,6 +393,25 @@ OPTIONS: tuple[Option, ...] = (
     Option("checkpoint_frequency", 1, _positive_int()),
     Option("checkpoint_frequency_unit", "epoch", _choice(CHECKPOINT_UNITS)),
     Option("checkpoint_keep", 3, _positive_int(allow_inf=True)),
+    Option("sequence_length", "longest", _sequence_option(_sequences.check_length), numbers=True),
+    Option(
+        "sequence_padding_value",
+        0.0,
+        _sequence_option(_sequences.check_padding_value),
+        numbers=True,
+    ),
+    Option(
+        "sequence_padding_direction",
+        "right",
+        _sequence_option(_sequences.check_direction),
+        numbers=True,
+    ),
+    Option(
+        "sequence_bucketing",
+        "power-of-two",
+        _sequence_option(_sequences.check_bucketing),
+        numbers=True,
+    ),
 )
 
 
@@ -500,6 +524,17 @@ class TrainingOptions:
       checkpoint_frequency_unit: ``"epoch"`` (default) or ``"iteration"``.
       checkpoint_keep: how many of the newest checkpoints to keep (3); older ones are deleted
         once a new one is safely written. ``math.inf`` keeps them all (MATLAB's behavior).
+      sequence_length: for data given as lists of sequences of different lengths:
+        ``"longest"`` (default: pad each mini-batch to its longest sequence), ``"shortest"``
+        (truncate to its shortest) or an int ``L`` (pad, then split into chunks of ``L`` steps,
+        one iteration each, the recurrent state carried from chunk to chunk).
+      sequence_padding_value: the value of the padding (0).
+      sequence_padding_direction: ``"right"`` (default: pad or truncate at the end) or
+        ``"left"`` (at the start).
+      sequence_bucketing: difffn's: padded lengths are rounded up so that few compiled traces
+        serve every length: ``"power-of-two"`` (default), a positive int ``k`` (a multiple of
+        ``k``) or ``"none"``. Padded steps are masked out of losses, metrics, recurrent states
+        and attention (see ``docs/training.md``).
 
     Raises:
       OptionsError: an unknown option, a bad value, or an option of another solver.

@@ -3,20 +3,23 @@
 ``minibatchpredict`` runs ``net.predict`` (compiled and cached per input signature) on
 mini-batches. When there is more than one mini-batch, the last partial one is padded to the
 full size and the padding is cut from the outputs, so one compiled trace serves every batch.
-Dispatch is asynchronous: the host queues every batch before anything waits.
+Dispatch is asynchronous: the host queues every batch before anything waits. Lists of sequences
+of different lengths go to ``_sequence_predict``.
 """
 
 from __future__ import annotations
 
 import numpy as np
 
-from . import _batches
+from . import _batches, _sequence_predict
 from ._errors import OptionsError
 from ._format import FormattedArray, stripdims
 from ._losses import CLASS_LOSSES, LOSSES, canonical, check_class_targets
 from ._losses import _layout as _prediction_layout
 from ._metrics import FunctionMetric, get_metric
 from ._network import Network
+from ._sequence_source import has_sequences, metric_update
+from ._sequences import SequenceOptions
 from ._sources import IterableSource, arrays_of
 
 
@@ -37,16 +40,34 @@ def _check_size(who: str, mini_batch_size) -> int:
     return mini_batch_size
 
 
-def minibatchpredict(net, *X, mini_batch_size: int = 128, outputs=None, acceleration="auto"):
+def minibatchpredict(
+    net,
+    *X,
+    mini_batch_size: int = 128,
+    outputs=None,
+    acceleration="auto",
+    sequence_length="longest",
+    sequence_padding_value=0.0,
+    sequence_padding_direction: str = "right",
+    sequence_bucketing="power-of-two",
+    uniform_output: bool = True,
+):
     """Predict in mini-batches (MATLAB ``minibatchpredict``).
 
     Args:
       net: an initialized ``df.Network``.
       *X: one array per network input (plain arrays take the input layer's format; the batch
-        axis is the ``B`` label).
+        axis is the ``B`` label), or for an input with ``B`` and ``T`` a list of sequences of
+        different lengths (one array per observation, e.g. ``(T_i, C)``).
       mini_batch_size: observations per batch (128).
       outputs: names of the outputs to return (default: the network outputs).
       acceleration: passed to ``net.predict``.
+      sequence_length, sequence_padding_value, sequence_padding_direction,
+        sequence_bucketing: how mini-batches of sequences are padded, truncated or split, as
+        the ``df.TrainingOptions`` of the same names (padding is masked).
+      uniform_output: for sequences, outputs with time steps padded to the longest sequence
+        and stacked (True, MATLAB's default; the padding holds ``sequence_padding_value``), or
+        a list with one array per sequence, padding removed (False).
 
     Returns:
       The outputs for all observations, concatenated along their batch axis (one array, or a
@@ -64,6 +85,25 @@ def minibatchpredict(net, *X, mini_batch_size: int = 128, outputs=None, accelera
     who = "minibatchpredict"
     _check_net(who, net)
     size = _check_size(who, mini_batch_size)
+    sequence_options = SequenceOptions.checked(
+        who,
+        sequence_length,
+        sequence_padding_value,
+        sequence_padding_direction,
+        sequence_bucketing,
+    )
+    if has_sequences(X, net):
+        merged = _sequence_predict.predict(
+            net,
+            X,
+            who=who,
+            size=size,
+            outputs=outputs,
+            acceleration=acceleration,
+            options=sequence_options,
+            uniform_output=uniform_output,
+        )
+        return merged[0] if len(merged) == 1 else merged
     X = arrays_of(
         who,
         X[0] if len(X) == 1 and isinstance(X[0], list) else X,
@@ -114,7 +154,15 @@ def _metric_for(spec, who):
     return get_metric(spec, who=who)
 
 
-def testnet(net, *args, mini_batch_size: int = 128):
+def testnet(
+    net,
+    *args,
+    mini_batch_size: int = 128,
+    sequence_length="longest",
+    sequence_padding_value=0.0,
+    sequence_padding_direction: str = "right",
+    sequence_bucketing="power-of-two",
+):
     """Evaluate metrics of a network on test data (MATLAB ``testnet``).
 
     Two forms: ``testnet(net, X, T, metrics)`` and ``testnet(net, data, metrics)`` with an
@@ -122,12 +170,17 @@ def testnet(net, *args, mini_batch_size: int = 128):
 
     Args:
       net: an initialized ``df.Network``.
-      X: an array or a tuple of arrays (one per network input).
-      T: the targets (integer labels or one-hot for classification).
+      X: an array or a tuple of arrays (one per network input); for an input with ``B`` and
+        ``T``, a list of sequences of different lengths (as ``trainnet`` takes them).
+      T: the targets (integer labels or one-hot for classification); for sequences, one per
+        sequence, or a list with one array per sequence and time step. Padded steps are not
+        scored.
       metrics: one name or a list: metrics (``"accuracy"`` (in percent), ``"precision"``,
         ``"recall"``, ``"fscore"``, ``"auc"``, ``"rmse"``), losses (``"crossentropy"``,
         ``"mse"``, ...), callables ``fn(Y, T)`` or ``df.metrics.Metric`` objects.
       mini_batch_size: observations per prediction batch (128).
+      sequence_length, sequence_padding_value, sequence_padding_direction,
+        sequence_bucketing: for sequences, as ``minibatchpredict``'s.
 
     Returns:
       A float for one metric, or a dict from metric name to float for a list. Metrics use the
@@ -145,20 +198,32 @@ def testnet(net, *args, mini_batch_size: int = 128):
     who = "testnet"
     _check_net(who, net)
     size = _check_size(who, mini_batch_size)
-    if len(args) == 3:
+    sequence_options = SequenceOptions.checked(
+        who,
+        sequence_length,
+        sequence_padding_value,
+        sequence_padding_direction,
+        sequence_bucketing,
+    )
+    if len(args) == 3 and has_sequences(args[0], net):
+        X, T, metrics = args
+        batches = [
+            _sequence_predict.for_scoring(net, X, T, who=who, size=size, options=sequence_options)
+        ]
+    elif len(args) == 3:
         X, T, metrics = args
         xs = arrays_of(who, X, "X", len(net.input_names), net.input_names)
         ts = arrays_of(who, T, "T")
         outputs = minibatchpredict(net, *xs, mini_batch_size=size)
         ys = outputs if isinstance(outputs, tuple) else (outputs,)
-        batches = [(ys, ts)]
+        batches = [(ys, ts, None)]
     elif len(args) == 2:
         data, metrics = args
         batches = []
         source = IterableSource(who, data, net, role="test")
         for xs, ts in source.in_order():
             ys = net.predict(*xs)
-            batches.append((ys if isinstance(ys, tuple) else (ys,), ts))
+            batches.append((ys if isinstance(ys, tuple) else (ys,), ts, None))
         if not batches:
             raise OptionsError(f"{who}: the data iterable is empty.")
     else:
@@ -172,14 +237,15 @@ def testnet(net, *args, mini_batch_size: int = 128):
     for spec in specs:
         metric = _metric_for(spec, who)
         if metric.class_labels or getattr(metric, "fn", None) in CLASS_LOSSES:
-            for ys, ts in batches:
+            for ys, ts, _ in batches:
                 check_class_targets(who, ys[0], ts[0])
         state = None
-        for ys, ts in batches:
+        for ys, ts, mask in batches:
             if isinstance(metric, FunctionMetric):
-                update = metric.update(metric.init(ys[0]), ys, tuple(ts))
+                kwargs = {} if mask is None else {"mask": mask}
+                update = metric.update(metric.init(ys[0]), ys, tuple(ts), **kwargs)
             else:
-                update = metric.update(metric.init(ys[0]), ys[0], ts[0])
+                update = metric_update(metric, ys[0], ts[0], mask)
             state = update if state is None else metric.merge(state, update)
         results[metric.name] = float(metric.compute(state))
     return next(iter(results.values())) if single else results

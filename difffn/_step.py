@@ -5,7 +5,9 @@ clipping, the solver with per-parameter learn-rate factors), and the state updat
 learnables, the other leaves and the optimizer state donated so each iteration updates buffers
 in place. Its data argument is what a data source feeds (``_sources``): ``"gather"`` takes the
 whole device-resident data and gathers the mini-batch from the epoch's order inside the compiled
-function; ``"direct"`` takes the mini-batch itself. Networks with layers that must run eagerly
+function; ``"direct"`` takes the mini-batch itself; ``"sequences"`` takes a padded mini-batch with
+its padding masks, and the recurrent state of the previous chunk of split sequences
+(``_sequence_source``). Networks with layers that must run eagerly
 (``acceleratable = False``) run the step un-jitted at the top level (the network compiles its own
 segments, ``Network.run``) with a jitted update.
 
@@ -23,6 +25,7 @@ import jax.numpy as jnp
 import optax
 
 from . import _batches, _options
+from . import _sequence_source as _seq
 from ._errors import OptionsError
 from ._format import stripdims
 from ._state import combine, split
@@ -98,7 +101,9 @@ class Steps:
         self.accelerate = net.acceleratable
         self._jitted: dict = {}
 
-    def _core(self, carry, xs, ts, key, iteration, learn_rate):
+    def _core(self, carry, xs, ts, key, iteration, learn_rate, masks=None, sequences=None):
+        """One step; ``masks`` and ``sequences`` (``(chunked, carried state or None)``) for
+        padded sequences: then it also returns the recurrent state when ``chunked``."""
         learnables, others, opt_state, nan_at = carry
         step_key = jax.random.fold_in(key, iteration)
 
@@ -107,11 +112,23 @@ class Steps:
             # define reset_state, e.g. LSTM) starts afresh, as in MATLAB. Layers that accumulate
             # statistics (BatchNorm) do not define reset_state and keep theirs.
             net = combine(self.treedef, self.learnable_index, learnables, others).reset_state()
-            outputs, states = net.run(xs, step_key, training=True, outputs=self.wanted)
-            value = scalar_loss(self.loss(*outputs, *ts), self.loss_label)
-            return value, (outputs, states)
+            if masks is None:
+                outputs, states = net.run(xs, step_key, training=True, outputs=self.wanted)
+                value = scalar_loss(self.loss(*outputs, *ts), self.loss_label)
+                return value, (outputs, states, (None,) * len(outputs))
+            chunked, carried = sequences
+            if carried is not None:  # the next chunk of split sequences: their state goes on
+                net = _seq.continue_from(net, carried)
+            outputs, states, out_masks = net.run(
+                xs, step_key, training=True, outputs=self.wanted, masks=masks
+            )
+            out_masks = _seq.output_masks(outputs, out_masks, masks, chunked)
+            loss = _seq.masked_loss(self.loss, self.loss_label, outputs, ts, out_masks)
+            return scalar_loss(loss, self.loss_label), (outputs, states, out_masks)
 
-        (value, (outputs, states)), grads = jax.value_and_grad(objective, has_aux=True)(learnables)
+        (value, (outputs, states, out_masks)), grads = jax.value_and_grad(objective, has_aux=True)(
+            learnables
+        )
         # The first NaN loss is noted on the device (the host reads it when it next waits
         # anyway); the steps after it change nothing, so training stops exactly there.
         frozen = nan_at > 0
@@ -121,8 +138,11 @@ class Steps:
         # Stored reset, so the state's shape (and the donated buffers) stay the same each step.
         _, new_others = split(net.with_layer_states(states).reset_state(), self.learnable_index)
         others = _keep_if(frozen, others, new_others)
-        values = tuple(m(outputs[0], ts[0]) for m in self.metrics)
-        return (learnables, others, opt_state, nan_at), value, values
+        values = tuple(_seq.metric_value(m, outputs[0], ts[0], out_masks[0]) for m in self.metrics)
+        carry = (learnables, others, opt_state, nan_at)
+        if sequences is not None and sequences[0]:
+            return carry, value, values, _seq.carried_states(net, states)
+        return carry, value, values
 
     def _update_impl(self, learnables, grads, opt_state, learn_rate, frozen):
         updates, new_state = self.tx.update(grads, opt_state, learnables, learn_rate=learn_rate)
@@ -166,6 +186,8 @@ class Steps:
                 )
                 return xs, ts
 
+        elif spec[0] == "sequences":
+            return self._sequence_step(spec)
         else:
             _, in_axes, t_axes = spec
 
@@ -183,6 +205,24 @@ class Steps:
             return step
         return self._jit("step", step, donate=(0,), statics=spec)
 
+    def _sequence_step(self, spec):
+        """The step of padded sequences: data ``(xs, ts, masks, carried state or None)``."""
+        _, in_axes, t_axes, chunked, _ = spec
+        placement = self.placement
+
+        def step(carry, data, key, iteration, learn_rate):
+            xs, ts, masks, carried = data
+            xs = tuple(placement.constrain(x, a) for x, a in zip(xs, in_axes, strict=True))
+            ts = tuple(placement.constrain(t, a) for t, a in zip(ts, t_axes, strict=True))
+            masks = tuple(None if m is None else placement.constrain(m, 0) for m in masks)
+            return self._core(
+                carry, xs, ts, key, iteration, learn_rate, masks=masks, sequences=(chunked, carried)
+            )
+
+        if not self.accelerate:
+            return step
+        return self._jit("step", step, donate=(0,), statics=spec)
+
     def accumulate(self, total, value, n, states, new_states):
         """Validation totals: loss times batch size summed, metric states merged (jitted)."""
 
@@ -195,13 +235,24 @@ class Steps:
         return self._jit("accumulate", accumulate)(total, value, n, states, new_states)
 
     def evaluate(self):
-        """evaluate(learnables, others, xs, ts) -> (loss, metric states of this batch)."""
+        """evaluate(learnables, others, xs, ts, masks=None) -> (loss, metric states of this
+        batch); ``masks``: padding masks of sequence inputs."""
 
-        def evaluate(learnables, others, xs, ts):
+        def evaluate(learnables, others, xs, ts, masks=None):
             net = combine(self.treedef, self.learnable_index, learnables, others)
-            outputs, _ = net.run(xs, None, training=False, outputs=self.wanted)
-            value = scalar_loss(self.loss(*outputs, *ts), self.loss_label)
-            states = tuple(m.update(m.init(outputs[0]), outputs[0], ts[0]) for m in self.metrics)
+            if masks is None:
+                outputs, _ = net.run(xs, None, training=False, outputs=self.wanted)
+                out_masks = (None,) * len(outputs)
+                value = self.loss(*outputs, *ts)
+            else:
+                outputs, _, out_masks = net.run(
+                    xs, None, training=False, outputs=self.wanted, masks=masks
+                )
+                value = _seq.masked_loss(self.loss, self.loss_label, outputs, ts, out_masks)
+            value = scalar_loss(value, self.loss_label)
+            states = tuple(
+                _seq.metric_update(m, outputs[0], ts[0], out_masks[0]) for m in self.metrics
+            )
             return value, states
 
         if not self.accelerate:

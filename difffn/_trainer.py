@@ -23,6 +23,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from . import _batches, _checkpoint, _fingerprint, _options, _progress
+from . import _sequence_source as _seq
 from ._errors import OptionsError
 from ._factors import L2, LEARN_RATE, leaf_factors
 from ._format import FormattedArray, Layout
@@ -33,6 +34,7 @@ from ._network import Network
 from ._options import TrainingOptions
 from ._parameters import learnable_mask
 from ._schedules import for_run
+from ._sequences import SequenceOptions
 from ._sharding import Placement
 from ._solvers import injected_learn_rate, training_transform
 from ._sources import ArraySource, IterableSource, label_check, validation_batches
@@ -50,9 +52,14 @@ def trainnet(*args, key=None, resume_from=None):
 
     Args:
       X: inputs: an array (plain arrays take the format of the network's input layer; their
-        batch axis is its ``B``) or a tuple of arrays, one per network input.
+        batch axis is its ``B``) or a tuple of arrays, one per network input. For an input with
+        ``B`` and ``T`` axes (``SequenceInput``), a list of sequences of different lengths, one
+        array per observation without ``B`` (``(T_i, C)``): each mini-batch is padded,
+        truncated or split by the ``sequence_*`` options, and the padding is masked out of the
+        loss, the metrics, recurrent states and attention (``docs/training.md``).
       T: targets: an array or a tuple (one per loss target); integer labels or one-hot for
-        classification.
+        classification. For sequences, one row per sequence, or a list with one array per
+        sequence and time step (``(T_i,)`` labels or ``(T_i, K)``).
       net: a ``df.Network`` (or a list of layers, built into one, as MATLAB takes a layer
         array); it is initialized from the data if it is not, and input layers
         whose normalization needs statistics get them from the training data first.
@@ -119,7 +126,9 @@ def trainnet(*args, key=None, resume_from=None):
         if key is None:
             key = checkpoint.run_key
     key = jax.random.key(0) if key is None else key
-    if form == "arrays":
+    if form == "arrays" and _seq.has_sequences(X, net):
+        data_source = _seq.SequenceSource(who, X, T, net, SequenceOptions.of(options))
+    elif form == "arrays":
         data_source = ArraySource(who, X, T, net)
     else:
         data_source = IterableSource(
@@ -308,9 +317,11 @@ class _Run:
         self.state.nan_at = self.placement.put(jnp.zeros((), jnp.int32))
         self.validation = None
         if options.validation_data is not None:
-            self.validation = validation_batches(
-                who, options, net, self.placement, self.check_targets
+            sequences = isinstance(options.validation_data, (tuple, list)) and _seq.has_sequences(
+                options.validation_data[0], net
             )
+            batches = _seq.validation_batches if sequences else validation_batches
+            self.validation = batches(who, options, net, self.placement, self.check_targets)
 
     # -- setup -----------------------------------------------------------------------------------
 
@@ -353,6 +364,8 @@ class _Run:
         count = state.iteration if unit == "iteration" else state.epoch
         if unit != "final" and not _checkpoint.due(self.options, unit, count):
             return
+        if unit == "iteration" and getattr(self.source, "mid_batch", False):
+            return  # between chunks of split sequences: the next chunk needs their state
         self._flush()
         save = self.writer.save_final if unit == "final" else self.writer.save
         save(
@@ -415,7 +428,11 @@ class _Run:
             iteration = state.iteration + 1
             lr = self.schedule(iteration, state.epoch)
             carry = (state.learnables, state.others, state.opt_state, state.nan_at)
-            carry, loss, values = step(carry, data, state.key, np.int32(iteration), np.float32(lr))
+            carry, loss, values, *carried = step(
+                carry, data, state.key, np.int32(iteration), np.float32(lr)
+            )
+            if carried:  # split sequences: the next chunk starts from this recurrent state
+                self.source.carried = carried[0]
             state.learnables, state.others, state.opt_state, state.nan_at = carry
             state.iteration = iteration
             state.batch += 1
@@ -459,9 +476,10 @@ class _Run:
         state = self.state
         evaluate = self.steps.evaluate()
         total, count, states = jnp.zeros((), jnp.float32), 0, None
-        for xs, ts in self.validation:
-            n = _batches.count(ts[0], _batches.batch_axis(ts[0]))
-            value, batch_states = evaluate(state.learnables, state.others, xs, ts)
+        for xs, ts, *sequences in self.validation:
+            # padded sequences: their masks, and the batch's weight (its real steps or sequences)
+            masks, n = sequences or (None, _batches.count(ts[0], _batches.batch_axis(ts[0])))
+            value, batch_states = evaluate(state.learnables, state.others, xs, ts, masks)
             if states is None:
                 total, states = value * n, batch_states
             else:
