@@ -38,11 +38,17 @@ from ._propagate import propagate
 ACCELERATION = ("auto", "none")
 
 
-def run(net, inputs, key, *, training: bool, wanted, acceleration: str = "auto", masks=None):
+def run(
+    net, inputs, key, *, training: bool, wanted, acceleration: str = "auto", masks=None, seen=None
+):
     """Run ``net`` on prepared inputs; returns (values for ``wanted``, new state per layer),
-    and with ``masks`` (one per input, None where it has none) the masks of those values."""
+    and with ``masks`` (one per input, None where it has none) the masks of those values.
+
+    ``seen`` is ``dispatch_key`` of the raw inputs: when the compiled path runs, the network
+    object remembers which cache entry those inputs reached, for ``run_seen``.
+    """
     try:
-        return _run(
+        result = _run(
             net,
             inputs,
             key,
@@ -63,6 +69,51 @@ def run(net, inputs, key, *, training: bool, wanted, acceleration: str = "auto",
             except Error as found:  # names the layer whose sizes do not fit
                 raise found from None
         raise
+    if seen is not None and masks is None and acceleration == "auto" and net.acceleratable:
+        memo = net.__dict__.setdefault("_seen", {})
+        if len(memo) >= net.compile_cache.maxsize:
+            memo.clear()
+        memo[seen] = _compiled_key(inputs, key, training=training, wanted=wanted)
+    return result
+
+
+def dispatch_key(inputs, key, *, training: bool, outputs):
+    """A cheap key of raw, concrete inputs (format, shape, dtype), or None when there is none.
+
+    A network object that has run inputs with this key before (checked, prepared, compiled)
+    reaches the same compiled entry again without repeating the checks (``run_seen``).
+    """
+    if not (outputs is None or isinstance(outputs, str)):
+        return None
+    parts = []
+    for x in inputs:
+        fmt = None
+        if isinstance(x, FormattedArray):
+            fmt, x = x.format, x.data
+        if not isinstance(x, jax.Array) or isinstance(x, jax.core.Tracer):
+            return None
+        parts.append((fmt, x.shape, x.dtype, x.weak_type))
+    if key is not None:
+        if isinstance(key, jax.core.Tracer):
+            return None
+        key = (key.shape, key.dtype)
+    return training, outputs, tuple(parts), key
+
+
+def run_seen(net, inputs, key, seen):
+    """The compiled run of inputs whose ``dispatch_key`` this network object has run, or None."""
+    memo = net.__dict__.get("_seen")
+    if memo is None or (cache_key := memo.get(seen)) is None:
+        return None
+    compiled = net.compile_cache.lookup(cache_key)
+    if compiled is None:  # evicted since: the caller takes the full path
+        return None
+    datas = [x.data if isinstance(x, FormattedArray) else x for x in inputs]
+    return compiled(flat_parameters(net), datas, key, None)
+
+
+def _compiled_key(inputs, key, *, training: bool, wanted):
+    return ("forward" if training else "predict", wanted, input_signature(inputs, key))
 
 
 def _run(net, inputs, key, *, training: bool, wanted, acceleration: str, masks):
@@ -78,15 +129,50 @@ def _run(net, inputs, key, *, training: bool, wanted, acceleration: str, masks):
         return execute_segmented(net, inputs, key, training=training, wanted=wanted)
     if tracing:
         return run_here(net, inputs, key, masks)
-    cache_key = ("forward" if training else "predict", wanted, input_signature(inputs, key))
+    cache_key = _compiled_key(inputs, key, training=training, wanted=wanted)
     if masks is not None:
         cache_key += (_cache.signature(masks),)
     compiled = net.compile_cache.get(
         cache_key,
-        lambda: jax.jit(run_here),
+        lambda: _compile_flat(net, cache_key[2][0], training=training, wanted=wanted),
         lambda: _cache.describe_signature(inputs),
     )
-    return compiled(net, inputs, key, masks)
+    datas = [x.data if isinstance(x, FormattedArray) else x for x in inputs]
+    return compiled(flat_parameters(net), datas, key, masks)
+
+
+def flat_parameters(net) -> list:
+    """The network's pytree leaves, flattened once per (immutable) network object.
+
+    A compiled call flattens its arguments on every call, and a network's flattening runs
+    Python code per layer (pytree nodes registered from Python). Calling the compiled function
+    with the leaves instead costs one flattening of a list of arrays, in C++.
+    """
+    leaves = net.__dict__.get("_flat_parameters")
+    if leaves is None:
+        leaves = net.__dict__["_flat_parameters"] = jax.tree.leaves(net.layers)
+    return leaves
+
+
+def _compile_flat(net, inputs_signature, *, training: bool, wanted):
+    """``jax.jit`` of ``execute`` as a function of the network's leaves and the inputs' data.
+
+    The structure (layer treedef, graph, layouts) and the input formats are fixed per entry:
+    every network sharing the compile cache has them equal (the structure token's key).
+    """
+    layers_def = jax.tree.structure(net.layers)
+    rebuild = functools.partial(type(net).tree_unflatten, (net.graph, net.recorded_layouts, None))
+    formats = [fmt for fmt, *_ in inputs_signature]
+
+    def flat(leaves, datas, key, masks):
+        layers = jax.tree.unflatten(layers_def, leaves)
+        xs = tuple(
+            x if fmt is None else FormattedArray._wrap(x, fmt)
+            for x, fmt in zip(datas, formats, strict=True)
+        )
+        return execute(rebuild(layers), xs, key, masks, training=training, wanted=wanted)
+
+    return jax.jit(flat)
 
 
 def execute(net, inputs, key, masks=None, *, training: bool, wanted):

@@ -15,6 +15,7 @@ graph is edited (``add_layers``, ``connect_layers``, ...) in ``_graph_edit.py``.
 
 from __future__ import annotations
 
+import weakref
 from collections.abc import Sequence
 from typing import Any
 
@@ -42,14 +43,26 @@ _KEEP = object()  # with_layers: keep the recorded layouts
 
 
 class _Token:
-    """Static identity of a network structure; carries the compile cache of that structure."""
+    """Static identity of a network structure; carries the compile cache of that structure.
+
+    Interned (``of``): networks built separately with equal structure, or loaded twice, share
+    one token and so one compile cache, for as long as some network of that structure lives.
+    """
 
     __slots__ = ("key", "_hash", "cache", "__weakref__")
+    _interned: weakref.WeakValueDictionary = weakref.WeakValueDictionary()
 
     def __init__(self, key):
         self.key = key
         self._hash = hash(key)
         self.cache = _cache.CompileCache("Network")
+
+    @classmethod
+    def of(cls, key) -> _Token:
+        token = cls._interned.get(key)
+        if token is None:
+            token = cls._interned[key] = cls(key)
+        return token
 
     def __hash__(self):
         return self._hash
@@ -97,7 +110,7 @@ class Network(NetworkBase):
         self._layers = layers
         self._graph = graph
         self._layouts = layouts
-        self._token = _Token((graph, layouts, tuple(jax.tree.structure(lyr) for lyr in layers)))
+        self._token = _Token.of((graph, layouts, tuple(jax.tree.structure(lyr) for lyr in layers)))
 
     def with_layers(
         self, layers: Sequence[Layer], *, recorded_layouts=_KEEP, graph: Graph | None = None
@@ -494,6 +507,11 @@ class Network(NetworkBase):
         already resolved ``output_ports``. With padding ``masks`` (one mask, or a tuple with one
         per input; ``_mask``) the result has a third item: the mask of each output, or None.
         """
+        seen = None
+        if acceleration == "auto" and masks is None:
+            seen = _execute.dispatch_key(inputs, key, training=training, outputs=outputs)
+            if seen is not None and (result := _execute.run_seen(self, inputs, key, seen)):
+                return result
         if acceleration not in _execute.ACCELERATION:
             raise NetworkError(
                 f"acceleration={acceleration!r}; expected one of {list(_execute.ACCELERATION)}."
@@ -515,7 +533,14 @@ class Network(NetworkBase):
         else:
             wanted = self.output_ports(outputs)
         return _execute.run(
-            self, xs, key, training=training, wanted=wanted, acceleration=acceleration, masks=masks
+            self,
+            xs,
+            key,
+            training=training,
+            wanted=wanted,
+            acceleration=acceleration,
+            masks=masks,
+            seen=seen,
         )
 
     def prepare_inputs(self, inputs) -> tuple:
