@@ -20,8 +20,12 @@ $(VENV)/.installed-%: pyproject.toml | $(PY)
 demo: $(VENV)/.installed-examples
 	$(PY) examples/00_elu_digits.py
 
+# -n auto: one pytest worker per core (2 on CI): most of the suite's time is XLA compiling
+# and subprocesses, one core each. worksteal gives each worker a contiguous half of the
+# suite (a module's fixtures run once), then rebalances when one runs dry, so a few long tests
+# do not leave a core idle. --maxprocesses: each worker holds its own JAX runtime.
 test: $(VENV)/.installed-test
-	$(PY) -m pytest -q
+	$(PY) -m pytest -q -n auto --maxprocesses=8 --dist worksteal
 
 bench: $(VENV)/.installed-bench
 	$(PY) -m benchmarks
