@@ -7,6 +7,7 @@ from . import data as data
 from . import layers as layers
 from . import losses as losses
 from . import metrics as metrics
+from . import ops as ops
 from ._cache import RetraceWarning as RetraceWarning
 from ._check_function import check_function as check_function
 from ._check_layer import check_layer as check_layer

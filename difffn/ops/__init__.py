@@ -1,0 +1,7 @@
+"""Format-aware functional operations (MATLAB's dlconv, fullyconnect, batchnorm, ... in snake_case).
+
+Each op reads the axes it works on from its input's format (a ``df.FormattedArray``, or a plain
+array with ``fmt=``), keeps formats on its outputs with the labels MATLAB gives, and is a pure JAX
+function (jit, vmap and grad apply). This module only re-exports; each family of operations lives
+in one private module.
+"""
