@@ -26,6 +26,7 @@ from ._errors import ForwardError as ForwardError
 from ._errors import ForwardModeError as ForwardModeError
 from ._errors import LayerError as LayerError
 from ._errors import NetworkError as NetworkError
+from ._errors import OpError as OpError
 from ._errors import OptionsError as OptionsError
 from ._errors import SerializationError as SerializationError
 from ._factors import get_l2_factor as get_l2_factor

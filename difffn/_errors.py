@@ -35,6 +35,10 @@ class ForwardModeError(Error, TypeError):
     """Forward-mode differentiation (``jax.jvp``, ``jax.jacfwd``) of an op that has no ``jvp``."""
 
 
+class OpError(Error, ValueError):
+    """A ``df.ops`` function got an option or a parameter it cannot use (value, size, shape)."""
+
+
 class LayerError(Error, TypeError):
     """A :class:`~difffn.Layer` subclass is defined or used incorrectly."""
 
