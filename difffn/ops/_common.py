@@ -123,11 +123,15 @@ def pairs(op: str, name: str, value, n: int, *, words: tuple[str, ...] = ("same"
     """MATLAB-style padding or cropping for ``n`` window dimensions.
 
     Accepts one of ``words``, a non-negative int (all sides), ``n`` ints (both sides of each
-    dimension) or ``n`` pairs ``(before, after)``. Returns the word or ``n`` pairs.
+    dimension) or ``n`` pairs ``(before, after)``; for one dimension, two ints are
+    ``(before, after)`` (MATLAB's ``[left right]``). Returns the word or ``n`` pairs.
     """
     if isinstance(value, str):
         if value in words:
             return value
+    elif n == 1 and isinstance(value, (tuple, list)) and len(value) == 2:
+        if all(_is_int(v) and v >= 0 for v in value):
+            return ((int(value[0]), int(value[1])),)
     elif _is_int(value) and value >= 0:
         return ((int(value),) * 2,) * n
     elif isinstance(value, (tuple, list)) and len(value) == n:
@@ -140,8 +144,13 @@ def pairs(op: str, name: str, value, n: int, *, words: tuple[str, ...] = ("same"
             return tuple((int(a), int(b)) for a, b in value)
     named = " or ".join(repr(w) for w in words)
     raise OpError(
-        f"{who(op)}: {name} must be {named}, a non-negative int, {n} ints (both sides of each "
-        f"window dimension) or {n} pairs (before, after); got {value!r}. Fix: e.g. {name}=1."
+        f"{who(op)}: {name} must be {named}, a non-negative int, "
+        + (
+            "a pair (before, after)"
+            if n == 1
+            else f"{n} ints (both sides of each window dimension) or {n} pairs (before, after)"
+        )
+        + f"; got {value!r}. Fix: e.g. {name}=1."
     )
 
 
