@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import jax
-import jax.numpy as jnp
 import numpy as np
 import pytest
 
@@ -78,9 +77,3 @@ def test_bad_factor_option_names_the_layer_and_the_option():
     assert jax.tree.structure(L.Conv2D(3, 4, weight_l2_factor=2)) != jax.tree.structure(
         L.Conv2D(3, 4)
     )  # a factor is static configuration: jit retraces for another one
-    assert (
-        jnp.float32
-        == L.Conv2D(3, 4)
-        .initialize(df.Layout((None, 4, 4, 1), "BSSC"), key=jax.random.key(0))
-        .weights.dtype
-    )
