@@ -1,8 +1,9 @@
 """``Resize2D``: MATLAB's ``resize2dLayer`` (nearest or bilinear, by scale, size or reference).
 
-Written with gathers rather than ``jax.image.resize`` because MATLAB's options (the asymmetric
-coordinate mode, the floor rounding of nearest neighbours, a reference input) are not all
-``jax.image.resize``'s; where the two agree (half-pixel, bilinear or round) the tests compare them.
+Written with per-axis interpolation matrices rather than ``jax.image.resize`` because MATLAB's
+options (the asymmetric coordinate mode, the floor rounding of nearest neighbours, a given scale
+that maps coordinates by itself) are not all ``jax.image.resize``'s; where the two agree
+(half-pixel, bilinear or round, scale = output / input) the tests compare them.
 """
 
 from __future__ import annotations
@@ -12,34 +13,41 @@ import math
 from typing import Any
 
 import jax.numpy as jnp
+import numpy as np
 
 from .._errors import LayerError
 from .._layer import Layer
 from ._checks import bad_argument, choice, data_and_format, relabel, spatial_2d_format, who
 
 
-def _source(out: int, size: int, scale: float, mode: str):
-    """The (fractional) input coordinate of each output pixel along one axis."""
-    dst = jnp.arange(out, dtype=jnp.float32)
-    if mode == "half-pixel":
-        return (dst + 0.5) / scale - 0.5
-    return dst / scale
-
-
-def _resize_axis(data, axis: int, out: int, scale: float, layer) -> jnp.ndarray:
-    size = data.shape[axis]
-    src = _source(out, size, scale, layer.geometric_transform_mode)
+def _matrix(out: int, size: int, scale: float, layer) -> np.ndarray:
+    """The ``(out, size)`` interpolation matrix of one axis (sizes are static: built in numpy)."""
+    dst = np.arange(out, dtype=np.float64)
+    if layer.geometric_transform_mode == "half-pixel":
+        src = (dst + 0.5) / scale - 0.5
+    else:
+        src = dst / scale
+    weights = np.zeros((out, size))
+    rows = np.arange(out)
     if layer.method == "nearest":
-        index = jnp.floor(src) if layer.nearest_rounding_mode == "floor" else jnp.floor(src + 0.5)
-        index = jnp.clip(index, 0, size - 1).astype(jnp.int32)
-        return jnp.take(data, index, axis=axis)
-    src = jnp.clip(src, 0, size - 1)
-    low = jnp.floor(src).astype(jnp.int32)
-    high = jnp.minimum(low + 1, size - 1)
-    shape = [1] * data.ndim
-    shape[axis] = out
-    weight = jnp.reshape(src - low, shape).astype(data.dtype)
-    return jnp.take(data, low, axis=axis) * (1 - weight) + jnp.take(data, high, axis=axis) * weight
+        index = np.floor(src) if layer.nearest_rounding_mode == "floor" else np.floor(src + 0.5)
+        weights[rows, np.clip(index, 0, size - 1).astype(int)] = 1.0
+        return weights
+    src = np.clip(src, 0, size - 1)
+    low = np.floor(src).astype(int)
+    high = np.minimum(low + 1, size - 1)
+    frac = src - low
+    np.add.at(weights, (rows, low), 1 - frac)
+    np.add.at(weights, (rows, high), frac)
+    return weights
+
+
+def _resize_axis(data, axis: int, out: int, scale: float, layer):
+    """Resize one axis with a matrix product (its gradient is one too; gathers scatter)."""
+    matrix = jnp.asarray(_matrix(out, data.shape[axis], scale, layer), data.dtype)
+    letters = "abcdefghijklmnopqrstuvwxyz"[: data.ndim]
+    target = letters.replace(letters[axis], "Z")
+    return jnp.einsum(f"Z{letters[axis]},{letters}->{target}", matrix, data)
 
 
 class Resize2D(Layer):
@@ -189,7 +197,7 @@ class Resize2D(Layer):
             reference = [ref.shape[i] for i, label in enumerate(ref_fmt) if label == "S"]
         sizes = [data.shape[a] for a in spatial]
         out, scales = self._sizes(sizes, reference)
-        if not jnp.issubdtype(data.dtype, jnp.floating) and self.method == "bilinear":
+        if not jnp.issubdtype(data.dtype, jnp.floating):
             data = data.astype(jnp.float32)
         for a, o, s in zip(spatial, out, scales, strict=True):
             data = _resize_axis(data, a, o, s, self)
