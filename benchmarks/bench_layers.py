@@ -126,7 +126,9 @@ def _peer(name, peer, layer, xs, upstream):
     from flax import nnx
 
     if name.startswith("BatchNorm"):
-        module = nnx.BatchNorm(16, momentum=0.9, epsilon=1e-5, rngs=nnx.Rngs(0))
+        module = nnx.BatchNorm(
+            16, momentum=0.9, epsilon=1e-5, use_fast_variance=False, rngs=nnx.Rngs(0)
+        )
         return _nnx_step(_copy(module, bias=layer.offset, scale=layer.scale), xs[0], upstream)
     if name == "Multiplication":
         step = jax.jit(jax.grad(lambda a, b, u: jnp.sum(a * b * u), argnums=(0, 1)))

@@ -56,7 +56,7 @@ def _bias(op: str, bias, filters: int, ndim: int, c_axis: int, dtype):
     return per_channel(op, "bias", array, filters, ndim, c_axis, dtype)
 
 
-def _windowed(data, fmt, axes, c_axis, run):
+def _windowed(data, axes, c_axis, run):
     """Run ``run(data, lhs_spec)`` where the data has exactly one batch axis ``N``.
 
     ``run`` gets the spec of the (possibly regrouped) data and returns an array with the same
@@ -182,7 +182,7 @@ def conv(
             feature_group_count=groups,
         )
 
-    y = _windowed(data, fmt, axes, c_axis, run)
+    y = _windowed(data, axes, c_axis, run)
     b = _bias(op, bias, filters, y.ndim, c_axis, dtype)
     return pack(y if b is None else y + b, fmt, formatted)
 
@@ -304,6 +304,6 @@ def conv_transpose(
             dimension_numbers=(spec, _LETTERS[:k] + "OI", spec),
         )
 
-    y = _windowed(data.astype(dtype), fmt, axes, c_axis, run)
+    y = _windowed(data.astype(dtype), axes, c_axis, run)
     b = _bias(op, bias, filters, y.ndim, c_axis, dtype)
     return pack(y if b is None else y + b, fmt, formatted)

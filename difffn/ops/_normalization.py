@@ -14,13 +14,13 @@ import jax
 import jax.numpy as jnp
 
 from .._errors import FormatError, OpError
-from ._common import floating, pack, per_channel, real, require_label, unpack, who
+from ._common import floating, pack, per_channel, plain, real, require_label, unpack, who
 
 
 def _normalize(op, data, axis, reduce, offset, scale, epsilon, stats=None):
     """Normalize ``data`` over the ``reduce`` axes (or with given statistics)."""
     channels = data.shape[axis]
-    dtype = jnp.result_type(floating(data), *(jnp.asarray(v) for v in (offset, scale)))
+    dtype = jnp.result_type(floating(data), plain(op, "offset", offset), plain(op, "scale", scale))
     data = data.astype(dtype)
     if stats is None:
         mean = jnp.mean(data, axis=reduce, keepdims=True)
@@ -128,7 +128,7 @@ def batchnorm(
     unbiased = batch_variance * (m / max(m - 1, 1))
     updated = []
     for old, new, decay in ((mean, batch_mean, mean_decay), (variance, unbiased, variance_decay)):
-        old = jnp.asarray(old)
+        old = plain(op, "running statistics", old)
         new = jax.lax.stop_gradient(new).astype(jnp.result_type(new, old))
         value = decay * new + (1 - decay) * jnp.reshape(old, (-1,)).astype(new.dtype)
         updated.append(jnp.reshape(value, old.shape).astype(old.dtype))
@@ -265,7 +265,7 @@ def groupnorm(
 def _group_normalize(op, data, fmt, axis, groups, offset, scale, epsilon):
     epsilon = real(op, "epsilon", epsilon, positive=True)
     channels = data.shape[axis]
-    dtype = jnp.result_type(floating(data), *(jnp.asarray(v) for v in (offset, scale)))
+    dtype = jnp.result_type(floating(data), plain(op, "offset", offset), plain(op, "scale", scale))
     data = data.astype(dtype)
     # Statistics on a view with C split in place into (groups, channels per group), reduced to
     # (B, groups); then repeated per channel and broadcast against the unsplit data (as flax's
