@@ -137,9 +137,10 @@ def test_new_activation_gradients_float64(x64, layer, reference):
 
 @pytest.mark.parametrize(
     "layer",
-    [L.LeakyReLU(), L.ClippedReLU(1.0), L.GELU(), L.Swish()],
-    ids=lambda l: type(l).__name__,
-)
+    [L.LeakyReLU(), L.ClippedReLU(1.0), L.GELU(), L.Swish(), L.Tanh(), L.Sigmoid(), L.ReLU(),
+     L.ELU(0.5), L.Softmax()],
+    ids=lambda layer: type(layer).__name__,
+)  # fmt: skip
 def test_check_layer_passes(layer):
     report = df.check_layer(layer, df.Layout((4, 3), "BC"))
     assert report.failed == 0 and report.incomplete == 0, str(report)
