@@ -105,8 +105,8 @@ def _set(obj, path, kind, value):
     new = object.__new__(type(obj))
     new.__dict__.update(obj.__dict__)
     new.__dict__["_factors"] = tuple(sorted(factors + ((field, kind, value),)))
-    for option, target in getattr(type(obj), "_factor_options", {}).items():
-        if target == (field, kind):  # a constructor option (MATLAB's WeightLearnRateFactor)
+    for option, (option_kind, fields) in getattr(type(obj), "_factor_options", {}).items():
+        if (option_kind, tuple(fields)) == (kind, (field,)):  # MATLAB's WeightLearnRateFactor
             new.__dict__[option] = value
     new.__dict__.pop("_aux", None)  # the factors are static: the cached pytree aux is stale
     return new

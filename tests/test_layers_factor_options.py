@@ -68,7 +68,7 @@ def test_a_frozen_weight_does_not_train_and_the_factor_survives_save_and_load(tm
 
 def test_bad_factor_option_names_the_layer_and_the_option():
     with pytest.raises(df.LayerError, match=r"LayerNorm \(layer 'ln'\): scale_l2_factor must be a "
-                       r"non-negative number .* got -1"):  # fmt: skip
+                       r"non-negative number.*got -1"):  # fmt: skip
         L.LayerNorm(scale_l2_factor=-1, name="ln")
     with pytest.raises(df.LayerError, match=r"weight_learn_rate_factor must be a non-negative"):
         L.Conv2D(3, 4, weight_learn_rate_factor=float("nan"))

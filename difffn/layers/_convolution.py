@@ -105,7 +105,7 @@ class _Convolution(Layer):
             "filter size, input channels per group, num_filters",
         )
         self.bias = array_or_none(self, "bias", self.bias, (self.num_filters,), "num_filters")
-        factor_options.apply(self)
+        factor_options.record(self, self._factor_options)
 
     def _groups(self, in_channels: int) -> int:
         return 1

@@ -1,68 +1,67 @@
-"""MATLAB's learn-rate and L2 factor options (``WeightLearnRateFactor``, ``BiasL2Factor``, ...).
+"""Learn-rate and L2 factors as constructor options (MATLAB's ``WeightLearnRateFactor`` & co.).
 
-A built-in layer names the constructor options that set its parameters' factors in a class
-attribute, ``_factor_options = {"weight_learn_rate_factor": ("weights", "learn_rate_factor"),
-...}``, and calls :func:`apply` from ``__post_init__``. The options become the layer's factors
-(what ``df.get_learn_rate_factor`` reads and training uses), and ``df.set_learn_rate_factor`` on
-such a parameter also sets the option (``_factors.py``), so the two never disagree.
+A layer declares options such as ``weight_learn_rate_factor``, maps each to the kind of factor and
+the learnables it sets (a class attribute ``_factor_options``), and calls :func:`record` from
+``__post_init__``. The options become the layer's per-parameter factors: the ones
+``df.get_learn_rate_factor`` and training read. ``df.set_learn_rate_factor`` on a learnable that an
+option alone sets also sets that option (``_factors.py``), so the two never disagree and
+``layer.replace(...)`` keeps the factor.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import math
-import numbers
 
-from ._checks import bad_argument
+from ._checks import real
+
+LEARN_RATE, L2 = "learn_rate_factor", "l2_factor"
 
 
-def conv_like(weights: str = "weights", bias: str = "bias") -> dict[str, tuple[str, str]]:
+def conv_like(weights: str = "weights", bias: str = "bias") -> dict:
     """The four options of layers with weights and a bias (MATLAB's names, snake_case)."""
     return {
-        "weight_learn_rate_factor": (weights, "learn_rate_factor"),
-        "weight_l2_factor": (weights, "l2_factor"),
-        "bias_learn_rate_factor": (bias, "learn_rate_factor"),
-        "bias_l2_factor": (bias, "l2_factor"),
+        "weight_learn_rate_factor": (LEARN_RATE, (weights,)),
+        "weight_l2_factor": (L2, (weights,)),
+        "bias_learn_rate_factor": (LEARN_RATE, (bias,)),
+        "bias_l2_factor": (L2, (bias,)),
     }
 
 
-def offset_scale() -> dict[str, tuple[str, str]]:
+def offset_scale() -> dict:
     """The four options of normalization layers (offset and scale)."""
     return {
-        "offset_learn_rate_factor": ("offset", "learn_rate_factor"),
-        "offset_l2_factor": ("offset", "l2_factor"),
-        "scale_learn_rate_factor": ("scale", "learn_rate_factor"),
-        "scale_l2_factor": ("scale", "l2_factor"),
+        "offset_learn_rate_factor": (LEARN_RATE, ("offset",)),
+        "offset_l2_factor": (L2, ("offset",)),
+        "scale_learn_rate_factor": (LEARN_RATE, ("scale",)),
+        "scale_l2_factor": (L2, ("scale",)),
     }
 
 
-def apply(layer) -> None:
-    """Check the layer's factor options and store them as its factors (in ``__post_init__``)."""
-    options = type(layer)._factor_options
-    covered = set(options.values())
+def record(layer, options: dict[str, tuple[str, tuple[str, ...]]]) -> None:
+    """Validate factor options and store them for their learnables (call in ``__post_init__``).
+
+    Args:
+      layer: the layer being constructed (or replaced).
+      options: option field name -> (``LEARN_RATE`` or ``L2``, the learnable fields it sets).
+    """
+    d = layer.__dict__
     declared = {f.name: f.metadata for f in dataclasses.fields(layer)}
-    factors = [f for f in layer.__dict__.get("_factors", ()) if (f[0], f[1]) not in covered]
-    for option, (field, kind) in options.items():
-        value = getattr(layer, option)
-        if not (
-            isinstance(value, numbers.Real)
-            and not isinstance(value, bool)
-            and math.isfinite(value)
-            and value >= 0
-        ):
-            raise bad_argument(
-                layer,
-                option,
-                "a non-negative number (it multiplies the global "
-                + ("learn rate" if kind == "learn_rate_factor" else "L2 regularization")
-                + f" for {field})",
-                value,
-                f"e.g. {option}=1 (0 freezes {field})."
-                if kind == "learn_rate_factor"
-                else f"e.g. {option}=0 (no regularization of {field}).",
-            )
-        value = float(value)
-        setattr(layer, option, value)
-        if value != declared[field].get(kind, 1.0):
-            factors.append((field, kind, value))
-    layer._factors = tuple(sorted(factors))
+    factors = {(name, kind): value for name, kind, value in d.get("_factors", ())}
+    for option, (kind, fields) in options.items():
+        what = "learn rate" if kind == LEARN_RATE else "L2 regularization"
+        value = real(
+            layer,
+            option,
+            getattr(layer, option),
+            low=0.0,
+            expected=f"a non-negative number (it multiplies the global {what})",
+            fix=f"e.g. {option}=1 (0 "
+            + ("freezes the parameters)." if kind == LEARN_RATE else "leaves them unregularized)."),
+        )
+        d[option] = value
+        for field in fields:
+            if value == declared[field].get(kind, 1.0):
+                factors.pop((field, kind), None)
+            else:
+                factors[(field, kind)] = value
+    d["_factors"] = tuple(sorted((name, kind, value) for (name, kind), value in factors.items()))

@@ -101,7 +101,7 @@ class FullyConnected(Layer):
             self, "weights", self.weights, (None, self.output_size), "input_size, output_size"
         )
         self.bias = array_or_none(self, "bias", self.bias, (self.output_size,), "output_size")
-        factor_options.apply(self)
+        factor_options.record(self, self._factor_options)
 
     def _check_features(self, features: int, where: str) -> None:
         if self.weights is not None and self.weights.shape[0] != features:

@@ -74,7 +74,7 @@ class _PerChannel(Layer):
                 f"channel; got sizes {sorted(sizes)}. Fix: give them the same length (the "
                 "number of channels)."
             )
-        factor_options.apply(self)
+        factor_options.record(self, self._factor_options)
 
     def _check_channels(self, channels: int, where: str) -> None:
         for name in self._parameters:

@@ -106,7 +106,7 @@ class TransposedConv2D(Layer):
             "filter height, filter width, num_filters, input channels",
         )
         self.bias = array_or_none(self, "bias", self.bias, (self.num_filters,), "num_filters")
-        factor_options.apply(self)
+        factor_options.record(self, self._factor_options)
 
     def _check_channels(self, channels: int, where: str) -> None:
         if self.weights is not None and self.weights.shape[-1] != channels:
