@@ -24,7 +24,7 @@ def _normalize(op, data, axis, reduce, offset, scale, epsilon, stats=None):
     data = data.astype(dtype)
     if stats is None:
         mean = jnp.mean(data, axis=reduce, keepdims=True)
-        variance = jnp.var(data, axis=reduce, keepdims=True)
+        variance = jnp.mean(jnp.square(data - mean), axis=reduce, keepdims=True)
     else:
         mean, variance = (per_channel(op, n, v, channels, data.ndim, axis, dtype) for n, v in stats)
     beta = per_channel(op, "offset", offset, channels, data.ndim, axis, dtype)
