@@ -35,8 +35,8 @@ class ForwardModeError(Error, TypeError):
     """Forward-mode differentiation (``jax.jvp``, ``jax.jacfwd``) of an op that has no ``jvp``."""
 
 
-class OpError(Error, ValueError):
-    """A ``df.ops`` function got an option or a parameter it cannot use (value, size, shape)."""
+class HigherOrderError(DifferentiableFunctionError):
+    """The backward of a ``once_differentiable`` function was differentiated (second order)."""
 
 
 class LayerError(Error, TypeError):
@@ -59,8 +59,16 @@ class SerializationError(Error, ValueError):
     """A file could not be saved or loaded safely."""
 
 
+class OpError(Error, ValueError):
+    """A ``df.ops`` function got an argument it cannot use (a size, a shape, an option)."""
+
+
 class CheckError(Error, ValueError):
     """``check_layer``/``check_function`` was called with arguments it cannot use."""
+
+
+class MissingDependencyError(Error, ImportError):
+    """An optional dependency that a feature needs is not installed (the message says which)."""
 
 
 def type_name(obj: object) -> str:

@@ -12,13 +12,20 @@ from ._activation import Sigmoid as Sigmoid
 from ._activation import Softmax as Softmax
 from ._activation import Swish as Swish
 from ._activation import Tanh as Tanh
+from ._attention import SelfAttention as SelfAttention
 from ._convolution import Conv1D as Conv1D
 from ._convolution import Conv2D as Conv2D
 from ._convolution import Conv3D as Conv3D
 from ._dropout import Dropout as Dropout
+from ._embedding import Embedding as Embedding
+from ._embedding import PositionEmbedding as PositionEmbedding
+from ._embedding import SinusoidalPositionEncoding as SinusoidalPositionEncoding
 from ._flatten import Flatten as Flatten
+from ._from_equinox import FromEquinox as FromEquinox
+from ._from_nnx import FromNNX as FromNNX
 from ._fully_connected import FullyConnected as FullyConnected
 from ._function_layer import FunctionLayer as FunctionLayer
+from ._gru import GRU as GRU
 from ._identity import Identity as Identity
 from ._input import FeatureInput as FeatureInput
 from ._input import ImageInput as ImageInput
@@ -35,6 +42,7 @@ from ._pooling import GlobalAveragePool2D as GlobalAveragePool2D
 from ._pooling import GlobalMaxPool2D as GlobalMaxPool2D
 from ._pooling import MaxPool2D as MaxPool2D
 from ._recurrent import LSTM as LSTM
+from ._recurrent import BiLSTM as BiLSTM
 from ._resize import Resize2D as Resize2D
 from ._transposed_convolution import TransposedConv2D as TransposedConv2D
 
@@ -42,6 +50,7 @@ __all__ = [
     "Addition",
     "AveragePool2D",
     "BatchNorm",
+    "BiLSTM",
     "ClippedReLU",
     "Concatenation",
     "Conv1D",
@@ -49,11 +58,15 @@ __all__ = [
     "Conv3D",
     "Dropout",
     "ELU",
+    "Embedding",
     "FeatureInput",
     "Flatten",
+    "FromEquinox",
+    "FromNNX",
     "FullyConnected",
     "FunctionLayer",
     "GELU",
+    "GRU",
     "GlobalAveragePool2D",
     "GlobalMaxPool2D",
     "GroupNorm",
@@ -65,10 +78,13 @@ __all__ = [
     "LeakyReLU",
     "MaxPool2D",
     "Multiplication",
+    "PositionEmbedding",
     "ReLU",
     "Resize2D",
+    "SelfAttention",
     "SequenceInput",
     "Sigmoid",
+    "SinusoidalPositionEncoding",
     "Softmax",
     "Swish",
     "Tanh",

@@ -15,7 +15,8 @@ import jax
 
 from .. import ops
 from .._errors import FormatError, LayerError
-from .._layer import Layer, learnable
+from .._fields import learnable
+from .._layer import Layer
 from . import _factor_options as factor_options
 from . import _initializers as init
 from ._checks import (
