@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from typing import Any
+from typing import Any, ClassVar
 
 import jax
 import jax.numpy as jnp
@@ -110,6 +110,12 @@ class SelfAttention(Layer):
     """
 
     formattable = True
+    _factor_options: ClassVar = {
+        "weight_learn_rate_factor": (factors.LEARN_RATE, _WEIGHTS),
+        "bias_learn_rate_factor": (factors.LEARN_RATE, _BIASES),
+        "weight_l2_factor": (factors.L2, _WEIGHTS),
+        "bias_l2_factor": (factors.L2, _BIASES),
+    }
 
     num_heads: int
     num_key_channels: int
@@ -201,15 +207,7 @@ class SelfAttention(Layer):
         self.num_outputs, self.output_names = (
             (2, ("out", "scores")) if self.has_scores_output else (1, ("out",))
         )
-        factors.record(
-            self,
-            {
-                "weight_learn_rate_factor": (factors.LEARN_RATE, _WEIGHTS),
-                "bias_learn_rate_factor": (factors.LEARN_RATE, _BIASES),
-                "weight_l2_factor": (factors.L2, _WEIGHTS),
-                "bias_l2_factor": (factors.L2, _BIASES),
-            },
-        )
+        factors.record(self, self._factor_options)
 
     def _check_attention_mask(self) -> None:
         mask = self.attention_mask

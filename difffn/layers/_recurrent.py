@@ -8,7 +8,7 @@ state and its reset, the ``"sequence"``/``"last"`` output and the initializers.
 from __future__ import annotations
 
 import dataclasses
-from typing import Any
+from typing import Any, ClassVar
 
 import jax
 import jax.numpy as jnp
@@ -45,6 +45,14 @@ class _Recurrent(Layer):
     """What LSTM, BiLSTM and GRU share; subclasses set the class constants below."""
 
     formattable = True
+    _factor_options: ClassVar = {
+        "input_weights_learn_rate_factor": (factors.LEARN_RATE, ("input_weights",)),
+        "recurrent_weights_learn_rate_factor": (factors.LEARN_RATE, ("recurrent_weights",)),
+        "bias_learn_rate_factor": (factors.LEARN_RATE, ("bias",)),
+        "input_weights_l2_factor": (factors.L2, ("input_weights",)),
+        "recurrent_weights_l2_factor": (factors.L2, ("recurrent_weights",)),
+        "bias_l2_factor": (factors.L2, ("bias",)),
+    }
     _GATES = 4  # blocks of H in the weights, per direction
     _DIRECTIONS = 1
 
@@ -104,17 +112,7 @@ class _Recurrent(Layer):
                     f"pass one of those shapes, or leave {name}=None (zeros).",
                 )
             setattr(self, name, value)
-        factors.record(
-            self,
-            {
-                "input_weights_learn_rate_factor": (factors.LEARN_RATE, ("input_weights",)),
-                "recurrent_weights_learn_rate_factor": (factors.LEARN_RATE, ("recurrent_weights",)),
-                "bias_learn_rate_factor": (factors.LEARN_RATE, ("bias",)),
-                "input_weights_l2_factor": (factors.L2, ("input_weights",)),
-                "recurrent_weights_l2_factor": (factors.L2, ("recurrent_weights",)),
-                "bias_l2_factor": (factors.L2, ("bias",)),
-            },
-        )
+        factors.record(self, self._factor_options)
 
     def _check_input_size(self, input_size: int, where: str) -> None:
         w = self.input_weights
