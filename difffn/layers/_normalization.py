@@ -178,11 +178,14 @@ class BatchNorm(Layer):
         return data, fmt, axis
 
     def _normalize(self, x, data, fmt, axis, mean, variance):
-        dtype = jnp.result_type(data, self.offset, self.scale, mean, variance)
+        # The output takes the dtype of the data and learnables; float32 statistics of
+        # reduced-precision data (mixed precision) are applied in float32, then cast to it.
+        out = jnp.result_type(data, self.offset, self.scale)
+        dtype = jnp.result_type(out, mean, variance)
         shape = lambda v: per_channel(v.astype(dtype), data.ndim, axis)  # noqa: E731
         inv = jax.lax.rsqrt(shape(variance) + jnp.asarray(self.epsilon, dtype))
         y = (data.astype(dtype) - shape(mean)) * (shape(self.scale) * inv) + shape(self.offset)
-        return relabel(x, y, fmt)
+        return relabel(x, y.astype(out), fmt)
 
     def predict(self, x):
         data, fmt, axis = self._prepare(x)
@@ -192,8 +195,10 @@ class BatchNorm(Layer):
     def forward(self, x):
         data, fmt, axis = self._prepare(x)
         axes = tuple(i for i in range(data.ndim) if i != axis)
-        mean = jnp.mean(data, axis=axes)
-        variance = jnp.var(data, axis=axes)
+        # Batch statistics at least in float32 (bfloat16/float16 data: mixed precision).
+        stats = jnp.promote_types(data.dtype, jnp.float32)
+        mean = jnp.mean(data, axis=axes, dtype=stats)
+        variance = jnp.var(data, axis=axes, dtype=stats)
         y = self._normalize(x, data, fmt, axis, mean, variance)
         m = math.prod(data.shape[i] for i in axes)
         unbiased = jax.lax.stop_gradient(variance) * (m / max(m - 1, 1))
