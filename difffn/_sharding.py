@@ -203,6 +203,21 @@ class Placement:
         ts = tuple(self.host_batch(HostArray.of(t), batch_axis(t), rows, split=split) for t in ts)
         return xs, ts
 
+    def put_inputs(self, xs, axes):
+        """Inputs that every process holds whole, split over the mesh along their batch axes
+        (which the ``"data"`` size divides), for prediction."""
+        if self.mesh is None:
+            return [self.put(as_device_array(x)) for x in xs]
+        out = []
+        for x, axis in zip(xs, axes, strict=True):
+            rows = np.arange(count(x, axis))
+            if self.multi_host:
+                out.append(self.host_batch(HostArray.of(x), axis, rows))
+            else:
+                sharding = self.sharding(P(*([None] * axis), DATA))
+                out.append(jax.device_put(as_device_array(x), sharding))
+        return out
+
     def host_batch(self, x: HostArray, axis: int, rows: np.ndarray, *, split: bool = True):
         """Observations ``rows`` of ``x`` (an array every process holds whole) as one global
         array, split over the mesh along ``axis`` (or replicated, ``split=False``); each process

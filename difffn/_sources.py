@@ -480,7 +480,9 @@ def validation_batches(who, options, net: Network, placement: Placement, check_t
                 "data is read once and kept. Fix: validation_steps=N (at most N batches; an "
                 "endless generator needs it), or a finite list of batches."
             )
-        n = _batches.count(ts[0], _batches.batch_axis(ts[0])) * placement.processes
+        n = _batches.count(ts[0], _batches.batch_axis(ts[0])) * (
+            placement.processes if local else 1
+        )
         if local and placement.divides(n):
             batches.append(placement.local_batch(xs, ts, formats))
         else:
