@@ -15,7 +15,6 @@ from multiprocess import launch
 
 import difffn as df
 
-
 SCRIPT = Path(__file__).parent / "multihost_run.py"
 TOL = 1e-4  # float32 rounding: the gradient reduction adds in another order
 
@@ -128,4 +127,6 @@ def test_multi_host_without_jax_distributed_says_how_to_start(call):
             options = df.TrainingOptions(verbose=False, execution_environment="multi-host")
             df.trainnet(X, np.zeros(4, np.int32), net, "mse", options, key=jax.random.key(0))
         else:
-            df.minibatchpredict(net.initialize(key=jax.random.key(0)), X, execution_environment="multi-host")
+            df.minibatchpredict(
+                net.initialize(key=jax.random.key(0)), X, execution_environment="multi-host"
+            )
