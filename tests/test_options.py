@@ -205,7 +205,9 @@ def test_adding_an_option_to_the_table_is_enough(monkeypatch, tmp_path):
     base = df.TrainingOptions(max_epochs=2, mini_batch_size=16, verbose=False)
     df.trainnet(X, T, regression_net(), "mse", base.replace(checkpoint_path=before))
 
-    row = _options.Option("ema_decay", 0.0, _option_checks.real(low=0, high=1), numbers=True, step=True)
+    row = _options.Option(
+        "ema_decay", 0.0, _option_checks.real(low=0, high=1), numbers=True, step=True
+    )
     monkeypatch.setattr(_options, "OPTIONS", (*_options.OPTIONS, row))
     base = base.replace()  # options made with the new table
     o = df.TrainingOptions(ema_decay=0.5, verbose=False)
