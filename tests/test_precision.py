@@ -71,12 +71,14 @@ def test_the_step_computes_in_the_compute_dtype():
 
     def loss(Y, T):
         seen.append(Y.dtype)  # the loss gets float32 outputs, whatever the compute dtype
-        return jnp.mean((Y - T) ** 2)
+        return jnp.mean((df.stripdims(Y) - T) ** 2)
 
     X = np.linspace(-1, 1, 32, dtype=np.float32).reshape(16, 2)
     T = X.sum(axis=1, keepdims=True)
     net = df.Network([df.layers.FeatureInput(2), df.layers.FullyConnected(1)])
-    options = df.TrainingOptions(max_epochs=1, verbose=False, precision="bfloat16")
+    options = df.TrainingOptions(
+        max_epochs=1, mini_batch_size=8, verbose=False, precision="bfloat16"
+    )
     df.trainnet(X, T, net, loss, options, key=jax.random.key(0))
     assert seen and set(seen) == {jnp.dtype("float32")}
     policy = Policy("bfloat16")
@@ -90,7 +92,7 @@ def _overflowing_run(precision):
 
     def loss(Y, T):
         # scaled by float16's initial loss scale (2**16), these gradients overflow float16
-        return 50.0 * jnp.mean((Y - T) ** 2)
+        return 50.0 * jnp.mean((df.stripdims(Y) - T) ** 2)
 
     net = df.Network([df.layers.FeatureInput(2), df.layers.FullyConnected(1, name="fc")])
     options = df.TrainingOptions(
@@ -122,7 +124,12 @@ def test_nan_in_float32_stops_with_a_named_reason():
     net = df.Network([df.layers.FeatureInput(2), df.layers.FullyConnected(1)])
     options = df.TrainingOptions(max_epochs=3, mini_batch_size=4, verbose=False)
     _, info = df.trainnet(
-        X, T, net, lambda Y, T: jnp.log(-jnp.mean(Y * 0 + 1)), options, key=jax.random.key(0)
+        X,
+        T,
+        net,
+        lambda Y, T: jnp.log(-jnp.mean(df.stripdims(Y) * 0 + 1)),
+        options,
+        key=jax.random.key(0),
     )
     assert info.stop_reason == "Training loss is NaN"
     assert len(info.training_history) == 1
