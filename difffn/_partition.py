@@ -89,7 +89,7 @@ def fsdp_spec(shape, parts: int) -> P:
     Examples:
       >>> from difffn._partition import fsdp_spec
       >>> fsdp_spec((6, 8), 4), fsdp_spec((3,), 4), fsdp_spec((8, 8), 4)
-      (PartitionSpec(None, 'data'), PartitionSpec(), PartitionSpec('data',))
+      (P(None, 'data'), P(), P('data',))
     """
     best = None
     for axis, size in enumerate(shape):
