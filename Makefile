@@ -7,7 +7,7 @@ VENV   := .venv
 PY     := $(VENV)/bin/python
 PIP    := $(PY) -m pip
 
-.PHONY: demo test bench lint docs clean
+.PHONY: demo test bench lint docs clean gpu-check
 
 $(PY):
 	$(PYTHON) -m venv $(VENV)
@@ -28,6 +28,14 @@ test: $(VENV)/.installed-test
 	$(PY) -m pytest -q -n auto --maxprocesses=8 --dist worksteal
 
 bench: $(VENV)/.installed-bench
+	$(PY) -m benchmarks
+
+# The tests marked gpu and the benchmarks on whatever accelerator JAX sees; jax[cuda12] is
+# installed for it here only (make test never needs it).
+gpu-check: $(VENV)/.installed-bench $(VENV)/.installed-test
+	$(PIP) install --quiet "jax[cuda12]==$$($(PY) -c 'import jax; print(jax.__version__)')"
+	$(PY) -c "import jax; print('devices:', jax.devices())"
+	$(PY) -m pytest -q -m gpu || [ $$? -eq 5 ]  # 5: no test marked gpu collected
 	$(PY) -m benchmarks
 
 # NO_MKDOCS_2_WARNING: mkdocs-material prints a notice about MkDocs 2.0 on every build

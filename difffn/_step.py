@@ -3,8 +3,13 @@
 One step is one ``jax.jit`` function: forward, loss, backward, the optax chain (coupled L2,
 clipping, the solver with per-parameter learn-rate factors), and the state update, with the
 learnables, the other leaves and the optimizer state donated so each iteration updates buffers
-in place. Its data argument is what a data source feeds (``_sources``): ``"gather"`` takes the
-whole device-resident data and gathers the mini-batch from the epoch's order inside the compiled
+in place. On a mesh its input and output shardings are explicit: the learnables and their
+optimizer state as ``_partition`` lays them out, everything else replicated, the batch split
+over the mesh's ``"data"`` axis. The compute precision (``_precision``) casts the learnables and
+inputs inside the step and scales the loss for float16.
+
+Its data argument is what a data source feeds (``_sources``): ``"gather"`` takes the whole
+device-resident data and gathers the mini-batch from the epoch's order inside the compiled
 function; ``"direct"`` takes the mini-batch itself; ``"sequences"`` takes a padded mini-batch with
 its padding masks, and the recurrent state of the previous chunk of split sequences
 (``_sequence_source``). Networks with layers that must run eagerly
@@ -13,7 +18,8 @@ segments, ``Network.run``) with a jitted update.
 
 Compiled steps are cached across ``trainnet`` calls, keyed on everything the trace depends on:
 the network's structure, the learnable leaves, the loss, the metrics, the options that change the
-solver (``_options.step_key``, derived from the options table), the factors and the devices.
+solver (``_options.step_key``, derived from the options table), the factors, the devices and
+the learnables' layout.
 """
 
 from __future__ import annotations
@@ -28,6 +34,8 @@ from . import _batches, _options
 from . import _sequence_source as _seq
 from ._errors import OptionsError
 from ._format import stripdims
+from ._partition import optimizer_shardings
+from ._precision import Policy
 from ._state import combine, split
 
 _CACHE: OrderedDict = OrderedDict()
@@ -35,12 +43,22 @@ _CACHE_SIZE = 32
 
 
 def cached_steps(
-    *, net, learnable_index, loss, loss_label, metrics, options, make_tx, factors, placement
+    *,
+    net,
+    learnable_index,
+    loss,
+    loss_label,
+    metrics,
+    options,
+    make_tx,
+    factors,
+    placement,
+    layout,
 ) -> Steps:
     """The :class:`Steps` of a run, shared with earlier runs that compile the same trace.
 
     ``make_tx()`` builds the optax chain (only when no cached steps fit); ``factors`` are the
-    learn-rate and L2 factors of every leaf.
+    learn-rate and L2 factors of every leaf; ``layout`` the learnables' ``LearnableLayout``.
     """
     key = (
         jax.tree.structure(net),
@@ -50,6 +68,7 @@ def cached_steps(
         _options.step_key(options),
         factors,
         placement.key(),
+        layout.key(),
     )
     steps = _CACHE.get(key)
     if steps is None:
@@ -61,6 +80,8 @@ def cached_steps(
             metrics=metrics,
             tx=make_tx(),
             placement=placement,
+            layout=layout,
+            policy=Policy(options.precision),
         )
         _CACHE[key] = steps
         while len(_CACHE) > _CACHE_SIZE:
@@ -89,7 +110,9 @@ def scalar_loss(value, name):
 class Steps:
     """The jitted (or eager) training and evaluation functions of one run's configuration."""
 
-    def __init__(self, *, net, learnable_index, loss, loss_label, metrics, tx, placement):
+    def __init__(
+        self, *, net, learnable_index, loss, loss_label, metrics, tx, placement, layout, policy
+    ):
         self.treedef = jax.tree.structure(net)
         self.learnable_index = learnable_index
         self.loss = loss
@@ -97,23 +120,41 @@ class Steps:
         self.metrics = metrics
         self.tx = tx
         self.placement = placement
+        self.policy = policy
         self.wanted = net.output_ports()
         self.accelerate = net.acceleratable
+        self.learnable_shardings = layout.shardings(placement)
         self._jitted: dict = {}
+
+    def init_state(self, learnables):
+        """The optimizer state of ``learnables``, laid out like them (optax ``init``, jitted)."""
+        shapes = jax.eval_shape(self.tx.init, learnables)
+        self.opt_shardings = optimizer_shardings(
+            self.tx, shapes, self.learnable_shardings, self.placement
+        )
+        return jax.jit(self.tx.init, out_shardings=self.opt_shardings)(learnables)
+
+    def _carry_shardings(self):
+        replicated = self.placement.replicated
+        return (self.learnable_shardings, replicated, self.opt_shardings, replicated, replicated)
 
     def _core(self, carry, xs, ts, key, iteration, learn_rate, masks=None, sequences=None):
         """One step; ``masks`` and ``sequences`` (``(chunked, carried state or None)``) for
         padded sequences: then it also returns the recurrent state when ``chunked``."""
-        learnables, others, opt_state, nan_at = carry
+        learnables, others, opt_state, nan_at, scaling = carry
         step_key = jax.random.fold_in(key, iteration)
+        policy = self.policy
+        xs = policy.compute(xs)
 
         def objective(learnables):
             # Each mini-batch holds independent observations: recurrent state (layers that
             # define reset_state, e.g. LSTM) starts afresh, as in MATLAB. Layers that accumulate
             # statistics (BatchNorm) do not define reset_state and keep theirs.
-            net = combine(self.treedef, self.learnable_index, learnables, others).reset_state()
+            weights = policy.compute(learnables)
+            net = combine(self.treedef, self.learnable_index, weights, others).reset_state()
             if masks is None:
                 outputs, states = net.run(xs, step_key, training=True, outputs=self.wanted)
+                outputs = policy.output(outputs)
                 value = scalar_loss(self.loss(*outputs, *ts), self.loss_label)
                 return value, (outputs, states, (None,) * len(outputs))
             chunked, carried = sequences
@@ -122,24 +163,28 @@ class Steps:
             outputs, states, out_masks = net.run(
                 xs, step_key, training=True, outputs=self.wanted, masks=masks
             )
+            outputs = policy.output(outputs)
             out_masks = _seq.output_masks(outputs, out_masks, masks, chunked)
             loss = _seq.masked_loss(self.loss, self.loss_label, outputs, ts, out_masks)
             return scalar_loss(loss, self.loss_label), (outputs, states, out_masks)
 
-        (value, (outputs, states, out_masks)), grads = jax.value_and_grad(objective, has_aux=True)(
-            learnables
+        value, (outputs, states, out_masks), grads, finite, scaling = policy.value_and_grad(
+            objective, learnables, scaling
         )
         # The first NaN loss is noted on the device (the host reads it when it next waits
         # anyway); the steps after it change nothing, so training stops exactly there.
         frozen = nan_at > 0
         nan_at = jnp.where(frozen | ~jnp.isnan(value), nan_at, iteration)
-        learnables, opt_state = self._update(learnables, grads, opt_state, learn_rate, frozen)
+        # float16: a step whose gradients overflowed is skipped (the loss scale shrinks).
+        scaling = policy.count_skipped(scaling, ~frozen & ~finite)
+        skip = frozen | ~finite
+        learnables, opt_state = self._update(learnables, grads, opt_state, learn_rate, skip)
         net = combine(self.treedef, self.learnable_index, learnables, others)
         # Stored reset, so the state's shape (and the donated buffers) stay the same each step.
         _, new_others = split(net.with_layer_states(states).reset_state(), self.learnable_index)
-        others = _keep_if(frozen, others, new_others)
+        others = _keep_if(skip, others, new_others)
         values = tuple(_seq.metric_value(m, outputs[0], ts[0], out_masks[0]) for m in self.metrics)
-        carry = (learnables, others, opt_state, nan_at)
+        carry = (learnables, others, opt_state, nan_at, scaling)
         if sequences is not None and sequences[0]:
             return carry, value, values, _seq.carried_states(net, states)
         return carry, value, values
@@ -160,15 +205,27 @@ class Steps:
         key = (name, statics)
         if key not in self._jitted:
             shardings = {}
-            if self.placement.mesh is not None and name != "evaluate":
-                shardings["out_shardings"] = self.placement.replicated
+            if self.placement.mesh is not None:
+                replicated = self.placement.replicated
+                carry = self._carry_shardings()
+                shardings = {
+                    # (carry, data, key, iteration, learn_rate): the data keeps its own
+                    "step": dict(
+                        in_shardings=(carry, None, replicated, replicated, replicated),
+                        out_shardings=(carry, replicated, replicated),
+                    ),
+                    "update": dict(out_shardings=(self.learnable_shardings, self.opt_shardings)),
+                    "accumulate": dict(out_shardings=replicated),
+                    "evaluate": dict(out_shardings=replicated),
+                }.get(name, {})  # "sequences": one device (the trainer refuses a mesh)
             self._jitted[key] = jax.jit(fn, donate_argnums=donate, **shardings)
         return self._jitted[key]
 
     def step(self, spec):
         """The step for a data source's ``spec``: ``step(carry, data, key, iteration,
         learn_rate) -> (carry, loss, metric values)``; the carry is ``(learnables, others,
-        opt_state, nan_at)`` (``nan_at``: the iteration of the first NaN loss, 0 before)."""
+        opt_state, nan_at, scaling)`` (``nan_at``: the iteration of the first NaN loss, 0
+        before; ``scaling``: the ``_precision.Scaling`` state)."""
         placement = self.placement
         if spec[0] == "gather":
             _, batch_size, in_axes, t_axes = spec
@@ -221,7 +278,7 @@ class Steps:
 
         if not self.accelerate:
             return step
-        return self._jit("step", step, donate=(0,), statics=spec)
+        return self._jit("sequences", step, donate=(0,), statics=spec)
 
     def accumulate(self, total, value, n, states, new_states):
         """Validation totals: loss times batch size summed, metric states merged (jitted)."""
@@ -239,15 +296,20 @@ class Steps:
         batch); ``masks``: padding masks of sequence inputs."""
 
         def evaluate(learnables, others, xs, ts, masks=None):
-            net = combine(self.treedef, self.learnable_index, learnables, others)
+            policy = self.policy
+            weights = policy.compute(learnables)
+            net = combine(self.treedef, self.learnable_index, weights, others)
+            xs = policy.compute(xs)
             if masks is None:
                 outputs, _ = net.run(xs, None, training=False, outputs=self.wanted)
+                outputs = policy.output(outputs)
                 out_masks = (None,) * len(outputs)
                 value = self.loss(*outputs, *ts)
             else:
                 outputs, _, out_masks = net.run(
                     xs, None, training=False, outputs=self.wanted, masks=masks
                 )
+                outputs = policy.output(outputs)
                 value = _seq.masked_loss(self.loss, self.loss_label, outputs, ts, out_masks)
             value = scalar_loss(value, self.loss_label)
             states = tuple(

@@ -24,22 +24,32 @@ import numpy as np
 
 from . import _batches, _checkpoint, _fingerprint, _options, _progress
 from . import _sequence_source as _seq
+from ._checkpoint_sharded import ShardedWriter
+from ._distributed import agree
 from ._errors import OptionsError
 from ._factors import L2, LEARN_RATE, leaf_factors
 from ._format import FormattedArray, Layout
-from ._layer import Layer
 from ._losses import get_loss, loss_name
 from ._metrics import Metric
 from ._network import Network
 from ._options import TrainingOptions
 from ._parameters import learnable_mask
+from ._partition import learnable_layout
+from ._precision import Policy, restore_scaling
 from ._schedules import for_run
 from ._sequences import SequenceOptions
 from ._sharding import Placement
 from ._solvers import injected_learn_rate, training_transform
-from ._sources import ArraySource, IterableSource, label_check, validation_batches
+from ._sources import (
+    ArraySource,
+    IterableSource,
+    gather_batch,
+    label_check,
+    validation_batches,
+)
 from ._state import History, TrainingInfo, TrainingState, split
 from ._step import cached_steps
+from ._train_args import check_key, form_of, layer_arrays_as_networks
 
 
 def trainnet(*args, key=None, resume_from=None):
@@ -108,8 +118,8 @@ def trainnet(*args, key=None, resume_from=None):
       ('Max epochs completed', True)
     """
     who = "trainnet"
-    args = _layer_arrays_as_networks(args)
-    form = _form(who, args)
+    args = layer_arrays_as_networks(args)
+    form = form_of(who, args)
     if form == "arrays":
         X, T, net, loss, options = args
     else:
@@ -118,7 +128,7 @@ def trainnet(*args, key=None, resume_from=None):
         raise OptionsError(
             f"{who}: options must be df.TrainingOptions(...); got {type(options).__name__}."
         )
-    _check_key(who, key)
+    check_key(who, key)
     loss_fn = get_loss(loss, who=who)
     checkpoint = None
     if resume_from is not None:
@@ -138,66 +148,6 @@ def trainnet(*args, key=None, resume_from=None):
     return run.train()
 
 
-def _layer_arrays_as_networks(args: tuple) -> tuple:
-    """A list of layers where the network goes becomes ``df.Network(list)``, as MATLAB's
-    trainnet takes a layer array."""
-    args = list(args)
-    for k in (2, 1) if len(args) >= 5 else (1, 2):
-        value = args[k] if k < len(args) else None
-        if isinstance(value, (list, tuple)) and value and any(isinstance(v, Layer) for v in value):
-            args[k] = Network(list(value))
-            break
-    return tuple(args)
-
-
-def _form(who: str, args: tuple) -> str:
-    """Which form of trainnet the arguments are, ``"arrays"`` or ``"iterable"``; a clear error
-    naming the form that was probably meant when they fit neither."""
-    nets = [k for k, a in enumerate(args) if isinstance(a, Network)]
-    if len(args) == 5 and nets == [2]:
-        return "arrays"
-    if len(args) == 4 and nets == [1]:
-        return "iterable"
-    got = ", ".join(type(a).__name__ for a in args)
-    if nets == [2] and len(args) == 4:
-        raise OptionsError(
-            f"{who}(X, T, net, loss) is missing the options (got {got}). Fix: "
-            f"{who}(X, T, net, loss, df.TrainingOptions(...))."
-        )
-    if nets == [1] and len(args) == 3:
-        raise OptionsError(
-            f"{who}(data, net, loss) is missing the options (got {got}). Fix: "
-            f"{who}(data, net, loss, df.TrainingOptions(...))."
-        )
-    if len(args) in (4, 5) and not nets:
-        net = args[2] if len(args) == 5 else args[1]
-        raise OptionsError(
-            f"{who}: net must be a df.Network or a list of layers; got {type(net).__name__}."
-        )
-    raise OptionsError(
-        f"{who} takes (X, T, net, loss, options) or (data, net, loss, options); got "
-        f"{len(args)} positional argument(s) ({got})."
-    )
-
-
-def _check_key(who: str, key) -> None:
-    if key is None:
-        return
-    typed = isinstance(key, jax.Array) and jnp.issubdtype(key.dtype, jax.dtypes.prng_key)
-    raw = (
-        hasattr(key, "shape")
-        and hasattr(key, "dtype")
-        and tuple(key.shape) == (2,)
-        and key.dtype == np.uint32
-    )
-    if not (typed or raw):
-        hint = f"jax.random.key({key})" if isinstance(key, int) else "jax.random.key(0)"
-        raise OptionsError(
-            f"{who}: key must be a jax.random key; got {type(key).__name__} {repr(key)[:40]}. "
-            f"Fix: key={hint}."
-        )
-
-
 class _Run:
     """One call of trainnet: setup, the loop, validation, logging, and the result."""
 
@@ -205,7 +155,16 @@ class _Run:
         self.who = who
         self.options = options
         self.metrics: tuple[Metric, ...] = options.metrics
-        self.placement = Placement(options.execution_environment)
+        self.placement = Placement(
+            options.execution_environment, mesh_shape=options.mesh_shape, who=who
+        )
+        self.policy = Policy(options.precision)
+        if isinstance(data, _seq.SequenceSource) and self.placement.mesh is not None:
+            raise OptionsError(
+                f"{who}: lists of sequences of different lengths train on one device; got "
+                f"execution_environment={options.execution_environment!r}. Fix: pad them to one "
+                "length (df.padsequences) and pass the padded array, or use 'auto'."
+            )
         self.reporter = None
         init_key, shuffle_key, step_key = jax.random.split(key, 3)
         self.source = data
@@ -253,13 +212,10 @@ class _Run:
                 fingerprint=fingerprint,
                 defaults=_options.fingerprint_defaults(options.solver),
             )
+        # Several processes write one checkpoint together (orbax), one process a file of its own.
+        writer = ShardedWriter if self.placement.multi_host else _checkpoint.Writer
         self.writer = (
-            _checkpoint.Writer(
-                options,
-                fingerprint=fingerprint,
-                run_key=key,
-                resumed=checkpoint,
-            )
+            writer(options, fingerprint=fingerprint, run_key=key, resumed=checkpoint)
             if options.checkpoint_path is not None
             else None
         )
@@ -280,18 +236,20 @@ class _Run:
             ),
             factors=(lr_factors, l2_factors),
             placement=self.placement,
+            layout=learnable_layout(net, self.placement, options.parameter_sharding),
         )
         learnables, others = split(net, learnable_index)
         # Copies: the step donates these buffers, and the caller's network must stay usable.
-        learnables = jax.device_put(learnables, self.placement.replicated, may_alias=False)
-        others = jax.device_put(others, self.placement.replicated, may_alias=False)
+        put = self.placement.put
+        learnables = put(learnables, self.steps.learnable_shardings, copy=True)
+        others = put(others, copy=True)
         seed = np.asarray(jax.random.key_data(shuffle_key)).astype(np.uint64).ravel()
         self.state = TrainingState(
             treedef=jax.tree.structure(net),
             learnable_index=learnable_index,
             learnables=learnables,
             others=others,
-            opt_state=self.steps.tx.init(learnables),
+            opt_state=self.steps.init_state(learnables),
             key=step_key,
             shuffle_seed=tuple(int(s) for s in seed),
         )
@@ -312,16 +270,27 @@ class _Run:
             if isinstance(data, IterableSource):
                 data.data_batch_size = checkpoint.data_batch_size
                 data.position = checkpoint.data_position or 0
-        self.state.opt_state = self.placement.put(self.state.opt_state)
-        self.state.key = self.placement.put(self.state.key)
-        self.state.nan_at = self.placement.put(jnp.zeros((), jnp.int32))
+        state = self.state
+        state.opt_state = put(state.opt_state, self.steps.opt_shardings)
+        state.key = put(state.key)
+        state.nan_at = put(jnp.zeros((), jnp.int32))
+        saved = checkpoint.payload.get("scaling") if checkpoint is not None else None
+        state.scaling = put(restore_scaling(self.policy, saved))
         self.validation = None
         if options.validation_data is not None:
             sequences = isinstance(options.validation_data, (tuple, list)) and _seq.has_sequences(
                 options.validation_data[0], net
             )
-            batches = _seq.validation_batches if sequences else validation_batches
-            self.validation = batches(who, options, net, self.placement, self.check_targets)
+            if sequences:
+                self.validation = _seq.validation_batches(
+                    who, options, net, self.placement, self.check_targets
+                )
+            else:
+                self.validation, note = validation_batches(
+                    who, options, net, self.placement, self.check_targets
+                )
+                if note:
+                    self.messages.append(note)
 
     # -- setup -----------------------------------------------------------------------------------
 
@@ -335,6 +304,9 @@ class _Run:
             self.messages.append("Initializing input data normalization.")
             for k, layer in needs:
                 sample = self.source.statistics_sample(k)
+                if self.placement.multi_host and isinstance(self.source, IterableSource):
+                    # each process holds its own batches: the statistics are of all of them
+                    sample = gather_batch(sample, net.input_layouts[k].format)
                 net = net.replace_layer(layer.name, layer.with_statistics(sample))
         if not net.initialized:
             layouts = []
@@ -384,7 +356,7 @@ class _Run:
         )
         self.final_iteration = total
         self.reporter = _progress.Reporter(
-            verbose=options.verbose,
+            verbose=options.verbose and self.placement.is_primary,
             metric_titles=[m.title for m in self.metrics],
             validation=self.validation is not None,
             total_iterations=total,
@@ -427,13 +399,13 @@ class _Run:
                 spec, step = feed, self.steps.step(feed)
             iteration = state.iteration + 1
             lr = self.schedule(iteration, state.epoch)
-            carry = (state.learnables, state.others, state.opt_state, state.nan_at)
+            carry = (state.learnables, state.others, state.opt_state, state.nan_at, state.scaling)
             carry, loss, values, *carried = step(
                 carry, data, state.key, np.int32(iteration), np.float32(lr)
             )
             if carried:  # split sequences: the next chunk starts from this recurrent state
                 self.source.carried = carried[0]
-            state.learnables, state.others, state.opt_state, state.nan_at = carry
+            state.learnables, state.others, state.opt_state, state.nan_at, state.scaling = carry
             state.iteration = iteration
             state.batch += 1
             row = {
@@ -555,17 +527,19 @@ class _Run:
         self.last_logged = iteration
 
     def _call_output_fcn(self, stage, row) -> bool:
+        """Call ``output_fcn`` (in process 0 only; its wish to stop is then every process's)."""
         if not self.options.output_fcn:
             return False
         if row is not None and self._flush():  # a NaN loss before this row: training stopped
             return False
-        info = _progress.output_fcn_info(
-            stage, self.state, row, self.metrics, time.perf_counter() - self.start
-        )
         stop = False
-        for fn in self.options.output_fcn:
-            stop = bool(fn(info)) or stop
-        return stop
+        if self.placement.is_primary:
+            info = _progress.output_fcn_info(
+                stage, self.state, row, self.metrics, time.perf_counter() - self.start
+            )
+            for fn in self.options.output_fcn:
+                stop = bool(fn(info)) or stop
+        return agree(stop) if self.placement.multi_host else stop
 
     # -- the end ---------------------------------------------------------------------------------
 
@@ -600,7 +574,7 @@ class _Run:
             ["iteration", "epoch", "time_elapsed", "loss", *metric_names], state.validation_rows
         )
         plot_path = None
-        if options.plots == "training-progress":
+        if options.plots == "training-progress" and self.placement.is_primary:
             path = options.plots_path or os.path.join(os.getcwd(), "training_progress.png")
             plot_path = _progress.plot_progress(
                 path,
@@ -617,5 +591,8 @@ class _Run:
         else:
             net = state.network
             iteration = state.iteration
-        info = TrainingInfo(training, validation, state.stop_reason, iteration, plot_path, elapsed)
+        skipped = int(jax.device_get(state.scaling.skipped))
+        info = TrainingInfo(
+            training, validation, state.stop_reason, iteration, plot_path, elapsed, skipped
+        )
         return net, info

@@ -212,7 +212,7 @@ def test_training_compiles_one_step_per_length_bucket(key):
         assert sorted({shape[0] for shape in traced}) == [8]
         assert len(traced) == len(buckets)
         steps = next(reversed(_step._CACHE.values()))
-        jitted = [f for (name, _), f in steps._jitted.items() if name == "step"]
+        jitted = [f for (name, _), f in steps._jitted.items() if name == "sequences"]
         assert sum(f._cache_size() for f in jitted) == len(buckets)
     assert len(buckets) == len(set(longest.tolist())) > 2  # "none": one per longest length
 

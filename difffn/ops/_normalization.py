@@ -20,7 +20,10 @@ from ._common import floating, pack, per_channel, plain, real, require_label, un
 def _normalize(op, data, axis, reduce, offset, scale, epsilon, stats=None):
     """Normalize ``data`` over the ``reduce`` axes (or with given statistics)."""
     channels = data.shape[axis]
-    dtype = jnp.result_type(floating(data), plain(op, "offset", offset), plain(op, "scale", scale))
+    out = jnp.result_type(floating(data), plain(op, "offset", offset), plain(op, "scale", scale))
+    # bfloat16/float16 data (mixed precision): statistics and normalization in float32, the
+    # output cast back; float32 and float64 compute in their own dtype.
+    dtype = jnp.promote_types(out, jnp.float32)
     data = data.astype(dtype)
     if stats is None:
         mean = jnp.mean(data, axis=reduce, keepdims=True)
@@ -30,7 +33,7 @@ def _normalize(op, data, axis, reduce, offset, scale, epsilon, stats=None):
     beta = per_channel(op, "offset", offset, channels, data.ndim, axis, dtype)
     gamma = per_channel(op, "scale", scale, channels, data.ndim, axis, dtype)
     inv = jax.lax.rsqrt(variance + jnp.asarray(epsilon, dtype))
-    return (data - mean) * (gamma * inv) + beta, mean, variance
+    return ((data - mean) * (gamma * inv) + beta).astype(out), mean, variance
 
 
 def batchnorm(
