@@ -25,6 +25,8 @@ from ._errors import ForwardError as ForwardError
 from ._errors import ForwardModeError as ForwardModeError
 from ._errors import LayerError as LayerError
 from ._errors import NetworkError as NetworkError
+from ._errors import ONNXExportError as ONNXExportError
+from ._errors import ONNXImportError as ONNXImportError
 from ._errors import OptionsError as OptionsError
 from ._errors import SerializationError as SerializationError
 from ._factors import get_l2_factor as get_l2_factor
@@ -44,6 +46,7 @@ from ._layer import Layer as Layer
 from ._layer import learnable as learnable
 from ._layer import state as state
 from ._network import Network as Network
+from ._onnx import import_onnx as import_onnx
 from ._options import TrainingOptions as TrainingOptions
 from ._predict import minibatchpredict as minibatchpredict
 from ._predict import scores2label as scores2label

@@ -59,6 +59,19 @@ class CheckError(Error, ValueError):
     """``check_layer``/``check_function`` was called with arguments it cannot use."""
 
 
+class ONNXImportError(Error, ValueError):
+    """An ONNX model cannot be imported (``df.import_onnx``), or ONNX support is not installed.
+
+    One error lists every problem found in the model: each unsupported node with its operator
+    type and name, each input size difffn needs but the file leaves open, and how to fix it.
+    """
+
+
+class ONNXExportError(Error, ValueError):
+    """A network cannot be written as ONNX (``df.export_onnx``): the message names the layer and
+    the operation that has no ONNX lowering."""
+
+
 def type_name(obj: object) -> str:
     """The name of ``obj``'s class, for messages (``'SReLUFunction'``)."""
     return type(obj).__name__

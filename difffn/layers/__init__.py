@@ -17,6 +17,7 @@ from ._input import SequenceInput as SequenceInput
 from ._merge import Addition as Addition
 from ._merge import Concatenation as Concatenation
 from ._normalization import BatchNorm as BatchNorm
+from ._placeholder import Placeholder as Placeholder
 from ._pooling import GlobalAveragePool2D as GlobalAveragePool2D
 from ._pooling import MaxPool2D as MaxPool2D
 from ._recurrent import LSTM as LSTM
@@ -36,6 +37,7 @@ __all__ = [
     "ImageInput",
     "LSTM",
     "MaxPool2D",
+    "Placeholder",
     "ReLU",
     "SequenceInput",
     "Softmax",
