@@ -25,7 +25,7 @@ from collections import defaultdict
 import jax
 import numpy as np
 
-from .._errors import ONNXImportError
+from .._errors import NetworkError, ONNXImportError
 from .._format import Layout
 from .._network import Network
 from ..layers import FeatureInput, FunctionLayer, ImageInput, Placeholder, SequenceInput
@@ -126,7 +126,8 @@ def import_onnx(
       ...     [helper.make_node("MatMul", ["x", "fc.weight"], ["y"], name="fc")], "g",
       ...     [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["N", 3])],
       ...     [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["N", 2])], [w])
-      >>> net = df.import_onnx(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]))
+      >>> model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+      >>> net = df.import_onnx(model)
       >>> [type(layer).__name__ for layer in net.layers]
       ['FeatureInput', 'FullyConnected']
       >>> net.predict(np.ones((4, 3), np.float32)).shape
@@ -173,6 +174,8 @@ class Importer:
                     self.consumers[name].append((node, i))
         for name in spec.outputs:
             self.consumers[name.name].append((None, 0))
+        self.graph_outputs = {info.name for info in spec.outputs}
+        self.entries: list[tuple[int, str, list]] = []  # input layers: index, labels, shape
 
     # -- the walk ---------------------------------------------------------------------------------
 
@@ -210,12 +213,48 @@ class Importer:
                     "model inputs (it is a constant); difffn networks compute their outputs "
                     "from inputs. Fix: remove it from the model's outputs."
                 )
+            if value.order is not None:
+                value = self._in_onnx_order(info.name, value)
             outputs.append("/".join(value.port))
             output_labels[info.name] = value.labels
-        net = Network(self.layers, connections=self.connections, outputs=outputs)
-        if not any(isinstance(layer, Placeholder) for layer in self.layers):
-            net = net.initialize(key=jax.random.key(0))  # records layouts; fills nothing
+        try:
+            # each layer a chain of its own: every input is wired by a connection
+            net = Network([[layer] for layer in self.layers], connections=self.connections,
+                          outputs=outputs)  # fmt: skip
+        except NetworkError:
+            # The graph does not run at another batch size (it ties the first axis of an input
+            # to other sizes): take the inputs as they are, without input layers.
+            layers = list(self.layers)
+            for index, labels, shape in self.entries:
+                perm = _labels.storage_perm(labels)
+                layers[index] = ONNXInput(
+                    tuple(shape[i] for i in perm),
+                    _labels.storage_format(labels),
+                    name=layers[index].name,
+                )
+            net = Network([[layer] for layer in layers], connections=self.connections,
+                          outputs=outputs)  # fmt: skip
         return ImportResult(net, input_labels, output_labels)
+
+    def _in_onnx_order(self, name: str, value: Runtime) -> Runtime:
+        """A network output flattened channels-last, put back in ONNX's feature order."""
+        fn = NodeFunction(
+            "Identity",
+            Attrs("Identity", (), self.spec.opset, name, 1),
+            (("input", 0, FrozenArray(value.order)),),
+            (value.labels,),
+            (value.labels,),
+        )
+        layer = FunctionLayer(
+            fn,
+            formattable=True,
+            num_inputs=1,
+            name=self.unique(f"{name}_onnx_order"),
+            description=f"ONNX's feature order for the output {name!r}",
+        )
+        self.layers.append(layer)
+        self.connections.append(("/".join(value.port), f"{layer.name}/in"))
+        return Runtime((layer.name, "out"), value.labels, value.shape, value.dtype)
 
     def fail(self, node: Node, reason: str) -> None:
         domain = f", domain {node.domain!r}" if node.domain not in ("", "ai.onnx") else ""
@@ -235,7 +274,11 @@ class Importer:
     def _input_labels(self, name: str, rank: int, elem_type: int) -> str:
         if name in self.input_formats:
             labels = self.input_formats[name]
-            if not isinstance(labels, str) or len(labels) != rank or labels != _labels.valid(labels):
+            if (
+                not isinstance(labels, str)
+                or len(labels) != rank
+                or labels != _labels.valid(labels)
+            ):
                 raise ONNXImportError(
                     f"df.import_onnx: input_formats[{name!r}] is {labels!r}; expected {rank} "
                     "labels from B, C, S, T, U (B, C, T at most once) in ONNX axis order, e.g. "
@@ -255,6 +298,11 @@ class Importer:
         return _labels.default_labels(rank)
 
     def _add_input(self, info) -> str:
+        if info.elem_type == -1:
+            raise ONNXImportError(
+                f"df.import_onnx: the model input {info.name!r} is not a tensor (a sequence, map "
+                "or optional); difffn imports tensor inputs only."
+            )
         dims = info.dims
         if info.name in self.input_shapes:
             dims = tuple(self.input_shapes[info.name])
@@ -267,7 +315,7 @@ class Importer:
         labels = self._input_labels(info.name, len(dims), info.elem_type)
         shape, stand_in = [], []
         for axis, (label, n) in enumerate(zip(labels, dims)):
-            if isinstance(n, int) and n > 0:
+            if isinstance(n, int) and n >= 0:
                 shape.append(None if label == "B" else n)
                 stand_in.append(n)
             elif label in "BT":
@@ -292,13 +340,14 @@ class Importer:
                 f"df.import_onnx: the model input {info.name!r}: {error}."
             ) from None
         name = self.unique(info.name)
-        layer = self._input_layer(name, labels, shape, dtype)
+        layer = self._input_layer(name, labels, shape, dtype, 0 in stand_in)
+        self.entries.append((len(self.layers), labels, shape))
         self.layers.append(layer)
         self.values[info.name] = Runtime((name, "out"), labels, tuple(stand_in), dtype)
         return labels
 
-    def _input_layer(self, name, labels, shape, dtype):
-        floating = np.issubdtype(dtype, np.floating)
+    def _input_layer(self, name, labels, shape, dtype, empty):
+        floating = np.issubdtype(dtype, np.floating) and not empty
         sizes = dict(zip(labels, shape))
         if floating and labels == "BCSS":
             _, c, h, w = shape
@@ -308,9 +357,7 @@ class Importer:
         if floating and labels in ("BTC", "TBC"):
             return SequenceInput(sizes["C"], name=name)
         perm = _labels.storage_perm(labels)
-        return ONNXInput(
-            tuple(shape[i] for i in perm), _labels.storage_format(labels), name=name
-        )
+        return ONNXInput(tuple(shape[i] for i in perm), _labels.storage_format(labels), name=name)
 
     # -- nodes ------------------------------------------------------------------------------------
 
@@ -346,14 +393,18 @@ class Importer:
         try:
             if definition.check is not None:
                 definition.check(a, info)
-            kinds = set(info.input_kinds) - {"absent"}
-            if definition.shape_only and "runtime" in kinds:
-                if self._static_shape(info):
-                    self._fold(node, a, info)
-                else:
-                    self._defer(node, a)
-            elif "runtime" not in kinds:
-                if "program" in kinds:
+            meta = dict(definition.meta)
+            data = {k for i, k in enumerate(info.input_kinds) if i not in meta} - {"absent"}
+            looked_at = [
+                i for i in meta if i < len(node.inputs) and info.input_kinds[i] == "runtime"
+            ]
+            is_output = any(name in self.graph_outputs for name in node.outputs)
+            if "runtime" not in data and not (is_output and looked_at):
+                fixed = all(
+                    meta[i] == "dtype" or not set(info.input_labels[i]) & set("BT")
+                    for i in looked_at
+                )
+                if "program" in data or not fixed:
                     self._defer(node, a)
                 else:
                     self._fold(node, a, info)
@@ -368,13 +419,6 @@ class Importer:
                 self._runtime(node, a, info, definition)
         except Unsupported as error:
             self._unsupported(node, str(error))
-
-    def _static_shape(self, info) -> bool:
-        """Whether every runtime input has a fixed shape (no batch or time axis)."""
-        return all(
-            kind != "runtime" or ("B" not in labels and "T" not in labels)
-            for kind, labels in zip(info.input_kinds, info.input_labels)
-        )
 
     def _info(self, node: Node, a: Attrs, inputs) -> NodeInfo:
         kinds, values, shapes, dtypes, labels = [], [], [], [], []
@@ -433,9 +477,7 @@ class Importer:
             reason=reason,
             attributes=tuple((k, v) for k, v in node.attributes if not isinstance(v, Subgraph)),
             constants=constants or None,
-            input_formats=tuple(
-                _labels.storage_format(self.values[n].labels) for n in runtime
-            ),
+            input_formats=tuple(_labels.storage_format(self.values[n].labels) for n in runtime),
             output_formats=tuple(
                 "" if lab is None else _labels.storage_format(lab) for lab in out_labels
             ),
@@ -511,8 +553,8 @@ class Importer:
             if id(step) in seen:
                 return
             seen.add(id(step))
-            definition = lookup(step.op_type)
-            for inp in step.inputs:
+            meta = dict(lookup(step.op_type).meta)
+            for position, inp in enumerate(step.inputs):
                 if not inp:
                     continue
                 value = self.values[inp]
@@ -520,9 +562,8 @@ class Importer:
                     visit(inp)
                 elif isinstance(value, Const):
                     constants[inp] = FrozenArray(value.value)
-                elif definition.shape_only:
-                    if inp not in sources:
-                        sources.append(inp)
+                elif position in meta and inp not in sources:
+                    sources.append(inp)
             steps.append(step)
 
         visit(name)
@@ -627,7 +668,10 @@ class Importer:
                 a,
                 [lab if lab is not None else "" for lab in info.input_labels],
                 info.input_shapes,
-                [v if k in ("const",) else None for v, k in zip(info.input_values, info.input_kinds)],
+                [
+                    v if k in ("const",) else None
+                    for v, k in zip(info.input_values, info.input_kinds)
+                ],
                 out_shapes,
             )
             for i, name in enumerate(node.inputs):
@@ -654,9 +698,7 @@ class Importer:
         """The node as an ``ONNXOperator`` / ``FunctionLayer`` over its ONNX implementation."""
         node, a = info.node, info.a
         out_rank = len(out_labels[0]) if out_labels else 0
-        runtime_names = [
-            n for n, k in zip(node.inputs, info.input_kinds) if k == "runtime"
-        ]
+        runtime_names = [n for n, k in zip(node.inputs, info.input_kinds) if k == "runtime"]
         runtime_names = list(dict.fromkeys(runtime_names))
         runtime_values = [self.values[n] for n in runtime_names]
         if node.op_type in ("Squeeze", "Unsqueeze") and info.input_kinds[0] == "runtime":

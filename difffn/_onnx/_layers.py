@@ -3,8 +3,8 @@
 * :class:`ONNXOperator`: a ``FunctionLayer`` over one ONNX operator that no difffn layer covers
   (its function is a :class:`NodeFunction`, static and hashable), with the node's floating-point
   constants as learnables, keyed by their ONNX names.
-* :class:`ONNXInput`: an input layer for an ONNX input that is not an image, a feature vector
-  or a sequence (any format, sizes fixed except the batch).
+* :class:`ONNXInput`: the entry of an ONNX input that is not an image, a feature vector or a
+  sequence (any format and dtype): it labels plain data with its format.
 
 A :class:`NodeFunction` runs the operator in ONNX's axis order: it reorders its inputs from
 difffn's storage order (``_labels``), calls the operator, and stores the outputs channels-last
@@ -25,7 +25,7 @@ import numpy as np
 
 from .._errors import FormatError, LayerError
 from .._format import FormattedArray, Layout, dims
-from .._layer import InputLayer, learnable
+from .._layer import Layer, learnable
 from ..layers._function_layer import FunctionLayer
 from . import _labels
 from ._ops import Attrs, FrozenArray, lookup, run
@@ -189,8 +189,12 @@ class ONNXOperator(FunctionLayer):
         return self.fn(*inputs, params=self.params)
 
 
-class ONNXInput(InputLayer):
-    """An input layer of any format, for ONNX inputs that are not images, features or sequences.
+class ONNXInput(Layer):
+    """The entry of an ONNX input of any format and dtype: it checks and labels the data.
+
+    Unlike an input layer it does not fix the network input's layout for difffn (integer
+    token ids, or sizes that the graph ties to each other): ``net.initialize`` then needs the
+    layout, and ``predict`` takes the data as it is.
 
     Args:
       input_shape: the input's sizes in storage order, batch and other unknown sizes ``None``.
@@ -202,7 +206,7 @@ class ONNXInput(InputLayer):
       >>> layer = ONNXInput((None, 16, 2), "BSC", name="signal")
       >>> layer.input_layout
       Layout((None, 16, 2), 'BSC')
-      >>> layer(jnp.ones((4, 16, 2))).format
+      >>> layer(jnp.ones((4, 16, 2), jnp.int32)).format
       'BSC'
     """
 

@@ -31,6 +31,7 @@ from . import _labels
 from ._layers import NodeFunction
 from ._ops import Attrs, FrozenArray, ints
 from ._ops_nn import window_pads
+from ._ops_tensor import flatten_axis
 
 
 def try_map(imp, info, out_shapes, out_dtypes, out_labels) -> bool:
@@ -137,6 +138,8 @@ def _max_pool(imp, info, out_shapes, out_dtypes, out_labels):
     a = info.a
     x = _runtime(imp, info, 0)
     if x is None or x.labels != "BCSS" or x.order is not None or len(info.outputs) > 1:
+        return False
+    if not np.issubdtype(x.dtype, np.floating):
         return False
     if any(d != 1 for d in ints(a.get("dilations"))) or a.get("storage_order", 0):
         return False
@@ -246,7 +249,9 @@ def _gemm(imp, info, out_shapes, out_dtypes, out_labels):
     else:
         bias = np.broadcast_to(c.reshape(-1) * beta, (units,)).copy()
         bias_source = _source(info, 2, f"times beta={beta}" if beta != 1 else "")
-    how = ("transposed" if a.get("transB", 0) else "") + (f", times alpha={alpha}" if alpha != 1 else "")
+    how = ("transposed" if a.get("transB", 0) else "") + (
+        f", times alpha={alpha}" if alpha != 1 else ""
+    )
     parts = [("weights", _source(info, 1, how.strip(", "))), ("bias", bias_source)]
     return _fully_connected(
         imp, info, info.inputs[0], weights, bias, parts, out_labels, out_shapes, out_dtypes
@@ -292,7 +297,7 @@ def _with_outputs(info, outputs):
     return replace(info, outputs=tuple(outputs))
 
 
-# -- activations and merges -------------------------------------------------------------------------
+# -- activations and merges --------------------------------------------------------------------
 
 
 def _relu(imp, info, out_shapes, out_dtypes, out_labels):
@@ -396,7 +401,7 @@ def _flatten(imp, info, out_shapes, out_dtypes, out_labels):
     if x is None or x.order is not None or x.shape is None:
         return False
     if info.node.op_type == "Flatten":
-        if info.a.get("axis", 1) % (len(x.labels) + 1) != 1:
+        if flatten_axis(info.a, len(x.labels)) != 1:
             return False
     elif len(out_shapes[0]) != 2 or out_shapes[0] != (x.shape[0], int(np.prod(x.shape[1:]))):
         return False
@@ -489,8 +494,12 @@ def _lstm(imp, info, out_shapes, out_dtypes, out_labels):
             [
                 ("input_weights", _source(info, 1, "iofc -> ifgo, transposed")),
                 ("recurrent_weights", _source(info, 2, "iofc -> ifgo, transposed")),
-                ("bias", _source(info, 3, "W and R biases summed, iofc -> ifgo")
-                 if b is not None else "zeros (the node has none)"),
+                (
+                    "bias",
+                    _source(info, 3, "W and R biases summed, iofc -> ifgo")
+                    if b is not None
+                    else "zeros (the node has none)",
+                ),
             ],
         ),  # fmt: skip
     )

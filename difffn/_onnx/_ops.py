@@ -100,7 +100,8 @@ class OpDef:
       labels: ``labels(a, in_labels, in_shapes, out_shapes) -> list of output labels`` (ONNX
         axis order); default: elementwise ops keep the labels of their largest input, others
         get ``U`` labels.
-      shape_only: the output depends only on the inputs' shapes (``Shape``, ``Size``).
+      meta: input positions read only for their shape (``"shape"``: ``Shape``, ``Size``) or
+        dtype (``"dtype"``: ``CastLike``'s second input), not their values.
     """
 
     fn: Callable[..., Any]
@@ -108,19 +109,19 @@ class OpDef:
     elementwise: bool = False
     check: Callable[..., None] | None = None
     labels: Callable[..., Any] | None = None
-    shape_only: bool = False
+    meta: tuple[tuple[int, str], ...] = ()
 
 
 OPS: dict[str, OpDef] = {}
 
 
-def op(*names: str, static=(), elementwise=False, check=None, labels=None, shape_only=False):
+def op(*names: str, static=(), elementwise=False, check=None, labels=None, meta=None):
     """Register ``fn`` under each of ``names``."""
 
     def register(fn):
         for name in names:
             OPS[name] = OpDef(
-                fn, frozenset(static), elementwise, check, labels, shape_only=shape_only
+                fn, frozenset(static), elementwise, check, labels, tuple((meta or {}).items())
             )
         return fn
 
@@ -144,13 +145,13 @@ ONNX_DTYPES = {
     11: np.float64,
     12: np.uint32,
     13: np.uint64,
+    16: jnp.bfloat16,
 }
 ONNX_DTYPE_NAMES = {
     0: "undefined",
     8: "string",
     14: "complex64",
     15: "complex128",
-    16: "bfloat16",
     17: "float8e4m3fn",
     18: "float8e4m3fnuz",
     19: "float8e5m2",
@@ -158,6 +159,9 @@ ONNX_DTYPE_NAMES = {
     21: "uint4",
     22: "int4",
     23: "float4e2m1",
+    24: "float8e8m0",
+    25: "uint2",
+    26: "int2",
 }
 
 
@@ -202,6 +206,13 @@ def ints(value) -> tuple[int, ...]:
     return tuple(int(v) for v in np.asarray(value).reshape(-1))
 
 
+def aligned(*xs):
+    """The arrays with leading 1-sized axes up to a common rank (ONNX broadcasts like NumPy;
+    JAX may be set to refuse implicit rank promotion)."""
+    rank = max(jnp.ndim(x) for x in xs)
+    return [jnp.reshape(x, (1,) * (rank - jnp.ndim(x)) + jnp.shape(x)) for x in xs]
+
+
 def floating(x):
     """``x`` itself when floating point, else float32 (operators defined on floats)."""
     return x if jnp.issubdtype(jnp.result_type(x), jnp.inexact) else jnp.asarray(x, jnp.float32)
@@ -210,7 +221,7 @@ def floating(x):
 def require_float(a: Attrs, node) -> None:
     """A check: the data inputs must be floating point (the implementation is for floats)."""
     for dtype in node.input_dtypes:
-        if dtype is not None and not np.issubdtype(dtype, np.floating):
+        if dtype is not None and not jnp.issubdtype(dtype, jnp.floating):
             raise Unsupported(f"{a.op_type} is implemented for floating-point inputs; got {dtype}")
 
 

@@ -14,7 +14,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax import lax
 
-from ._ops import Attrs, Unsupported, floating, jax_dtype, op, require_float
+from ._ops import Attrs, Unsupported, aligned, floating, jax_dtype, op, require_float
 
 
 def _unary(name: str, fn, *, float_only=True):
@@ -127,6 +127,7 @@ def swish(a, x):
 
 @op("PRelu", elementwise=True, check=require_float)
 def prelu(a, x, slope):
+    x, slope = aligned(x, slope)
     return jnp.where(x < 0, slope * x, x).astype(x.dtype)
 
 
@@ -181,7 +182,7 @@ for _name, _fn in {
     "BitwiseXor": jnp.bitwise_xor,
 }.items():
     op(_name, elementwise=True, check=_check_broadcast)(
-        functools.partial(lambda a, x, y, fn: fn(x, y), fn=_fn)
+        functools.partial(lambda a, x, y, fn: fn(*aligned(x, y)), fn=_fn)
     )
 
 
@@ -192,6 +193,7 @@ def bitwise_not(a, x):
 
 @op("Mod", elementwise=True)
 def mod(a, x, y):
+    x, y = aligned(x, y)
     if a.get("fmod", 0):
         return jnp.fmod(x, y)
     if jnp.issubdtype(jnp.result_type(x, y), jnp.floating):
@@ -201,7 +203,7 @@ def mod(a, x, y):
 
 def _variadic(fn):
     def impl(a, *xs):
-        return functools.reduce(fn, xs)
+        return functools.reduce(fn, aligned(*xs))
 
     return impl
 
@@ -213,12 +215,12 @@ op("Min", elementwise=True)(_variadic(jnp.minimum))
 
 @op("Mean", elementwise=True)
 def mean(a, *xs):
-    return functools.reduce(jnp.add, xs) / len(xs)
+    return functools.reduce(jnp.add, aligned(*xs)) / len(xs)
 
 
 @op("Where", elementwise=True)
 def where(a, condition, x, y):
-    return jnp.where(condition, x, y)
+    return jnp.where(*aligned(condition, x, y))
 
 
 # -- Clip and Cast --------------------------------------------------------------------------------
@@ -257,6 +259,6 @@ def _cast(x, dtype):
     return x.astype(dtype)
 
 
-@op("CastLike", elementwise=True)
+@op("CastLike", elementwise=True, meta={1: "dtype"})
 def cast_like(a, x, like):
     return _cast(x, like.dtype)

@@ -15,7 +15,7 @@ import numpy as np
 from jax import lax
 
 from . import _labels
-from ._ops import Attrs, Unsupported, axis_of, floating, ints, op, require_float
+from ._ops import Attrs, Unsupported, aligned, axis_of, floating, ints, op, require_float
 
 _SPEC = {1: "H", 2: "HW", 3: "DHW"}
 
@@ -75,8 +75,6 @@ def window_pads(a: Attrs, spatial, kernel, strides, dilations, *, ceil_mode=Fals
 
 def _check_conv(a, node):
     _check_image(a, node)
-    if node.input_kinds[1] == "runtime" and a.op_type == "ConvTranspose":
-        raise Unsupported("ConvTranspose with weights computed at run time")
 
 
 @op("Conv", check=_check_conv, labels=_labels.image)
@@ -168,7 +166,13 @@ def conv_transpose(a, x, w, b=None):
 
 
 def _check_pool(a, node):
-    _check_image(a, node)
+    if a.op_type != "MaxPool":
+        require_float(a, node)
+    shape = node.input_shapes[0]
+    if shape is not None and not 3 <= len(shape) <= 5:
+        raise Unsupported(f"{a.op_type} on a rank-{len(shape)} input (1-, 2- or 3-D images only)")
+    if a.get("auto_pad", "NOTSET") not in ("NOTSET", "VALID", "SAME_UPPER", "SAME_LOWER"):
+        raise Unsupported(f"auto_pad={a.get('auto_pad')!r}")
     if len(node.outputs) > 1 and node.outputs[1]:
         raise Unsupported(f"{a.op_type} with the Indices output")
     if a.get("storage_order", 0):
@@ -312,8 +316,10 @@ def layer_normalization(a, x, scale, bias=None):
     mean = jnp.mean(work, axis=axes, keepdims=True)
     var = jnp.mean(jnp.square(work - mean), axis=axes, keepdims=True)
     inv = lax.rsqrt(var + a.get("epsilon", 1e-5))
-    y = ((work - mean) * inv).astype(x.dtype) * scale
+    y, scale = aligned(((work - mean) * inv).astype(x.dtype), scale)
+    y = y * scale
     if bias is not None:
+        y, bias = aligned(y, bias)
         y = y + bias
     return y, mean, inv
 
@@ -357,7 +363,8 @@ def lp_normalization(a, x):
         norm = jnp.sum(jnp.abs(x), axis=axis, keepdims=True)
     else:
         norm = jnp.sqrt(jnp.sum(jnp.square(x), axis=axis, keepdims=True))
-    return x / norm
+    safe = jnp.where(norm == 0, 1, norm)
+    return jnp.where(norm == 0, jnp.zeros((), x.dtype), x / safe)  # 0 / 0 is 0 in ONNX
 
 
 @op("MeanVarianceNormalization", check=require_float, labels=_labels.keep)
@@ -423,6 +430,7 @@ def gemm(a, x, y, c=None):
         y = y.T
     out = a.get("alpha", 1.0) * jnp.matmul(x, y)
     if c is not None:
+        out, c = aligned(out, c)
         out = out + a.get("beta", 1.0) * c
     return out.astype(jnp.result_type(x, y))
 

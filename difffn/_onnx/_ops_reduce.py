@@ -55,7 +55,14 @@ def _reduction(name, fn):
             return x
         empty = any(x.shape[i] == 0 for i in found)
         if empty and name in ("ReduceMax", "ReduceMin"):
-            fill = -jnp.inf if name == "ReduceMax" else jnp.inf
+            high = name == "ReduceMin"  # the identity of min is the largest value
+            if x.dtype == jnp.bool_:
+                fill = high
+            elif jnp.issubdtype(x.dtype, jnp.integer):
+                info = jnp.iinfo(x.dtype)
+                fill = info.max if high else info.min
+            else:
+                fill = jnp.inf if high else -jnp.inf
             shape = [1 if i in found else n for i, n in enumerate(x.shape)]
             y = jnp.full(shape, fill, x.dtype)
             return y if a.get("keepdims", 1) else jnp.squeeze(y, found)

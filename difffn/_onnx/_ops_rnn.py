@@ -13,7 +13,7 @@ import jax
 import jax.numpy as jnp
 from jax import lax
 
-from ._ops import Unsupported, op, require_float
+from ._ops import Unsupported, op
 
 _ACTIVATIONS = {
     "sigmoid": jax.nn.sigmoid,
@@ -32,7 +32,9 @@ def _directions(a) -> int:
 
 
 def check_rnn(a, node):
-    require_float(a, node)
+    dtype = node.input_dtypes[0]
+    if dtype is not None and not jnp.issubdtype(dtype, jnp.floating):
+        raise Unsupported(f"{a.op_type} is implemented for floating-point inputs; got {dtype}")
     direction = a.get("direction", "forward")
     if direction not in ("forward", "reverse", "bidirectional"):
         raise Unsupported(f"direction={direction!r}")
@@ -41,9 +43,6 @@ def check_rnn(a, node):
     for name in _activations(a):
         if name.lower() not in _ACTIVATIONS:
             raise Unsupported(f"the activation {name!r}")
-    for i in (1, 2):
-        if node.input_kinds[i] == "runtime":
-            raise Unsupported("weights computed at run time")
 
 
 def _activations(a):
@@ -102,8 +101,9 @@ def _rnn(a, x, w, r, b, lengths, h0, c0=None, p=None):
         f, *rest = activations[d * per_direction : (d + 1) * per_direction]
         wd, rd = w[d].astype(dtype), r[d].astype(dtype)
         bd = jnp.zeros(2 * gates * hidden, dtype) if b is None else b[d].astype(dtype)
-        projected = jnp.einsum("tni,gi->tng", x.astype(dtype), wd) + bd[: gates * hidden]
-        rb = bd[gates * hidden :]
+        projected = jnp.einsum("tni,gi->tng", x.astype(dtype), wd)
+        projected = projected + bd[None, None, : gates * hidden]
+        rb = bd[None, gates * hidden :]
         h = jnp.zeros((batch, hidden), dtype) if h0 is None else h0[d].astype(dtype)
 
         def clipped(z):
@@ -120,13 +120,13 @@ def _rnn(a, x, w, r, b, lengths, h0, c0=None, p=None):
                 z = z + h_prev @ rd.T + rb
                 zi, zo, zf, zc = (z[:, k * hidden : (k + 1) * hidden] for k in range(4))
                 if pd is not None:
-                    zi = zi + pd[:hidden] * c_prev
-                    zf = zf + pd[2 * hidden :] * c_prev
+                    zi = zi + pd[None, :hidden] * c_prev
+                    zf = zf + pd[None, 2 * hidden :] * c_prev
                 i = f(clipped(zi))
                 forget = 1 - i if couple else f(clipped(zf))
                 c_new = forget * c_prev + i * g(clipped(zc))
                 if pd is not None:
-                    zo = zo + pd[hidden : 2 * hidden] * c_new
+                    zo = zo + pd[None, hidden : 2 * hidden] * c_new
                 h_new = f(clipped(zo)) * act_h(c_new)
                 return (h_new, c_new), h_new
 
@@ -139,7 +139,7 @@ def _rnn(a, x, w, r, b, lengths, h0, c0=None, p=None):
             def cell(carry, z, rd=rd, rb=rb, f=f, g=g, before=before):
                 (h_prev,) = carry
                 rz, rr, rh = (rd[k * hidden : (k + 1) * hidden] for k in range(3))
-                bz, br, bh = (rb[k * hidden : (k + 1) * hidden] for k in range(3))
+                bz, br, bh = (rb[:, k * hidden : (k + 1) * hidden] for k in range(3))
                 xz, xr, xh = (z[:, k * hidden : (k + 1) * hidden] for k in range(3))
                 zt = f(clipped(xz + h_prev @ rz.T + bz))
                 rt = f(clipped(xr + h_prev @ rr.T + br))

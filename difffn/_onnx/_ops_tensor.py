@@ -50,9 +50,17 @@ def reshape(a, x, shape):
     return jnp.reshape(x, reshape_target(x.shape, ints(shape), a.get("allowzero", 0)))
 
 
+def flatten_axis(a, rank: int) -> int:
+    """Flatten's axis: in [-rank, rank], negative counting from the end."""
+    axis = int(a.get("axis", 1))
+    if not -rank <= axis <= rank:
+        raise Unsupported(f"Flatten axis={axis} for rank {rank}")
+    return axis + rank if axis < 0 else axis
+
+
 @op("Flatten", labels=_labels.reshape)
 def flatten(a, x):
-    axis = axis_of(a.get("axis", 1), x.ndim + 1)
+    axis = flatten_axis(a, x.ndim)
     return jnp.reshape(x, (math.prod(x.shape[:axis]), math.prod(x.shape[axis:])))
 
 
@@ -132,7 +140,9 @@ def slice_(a, x, starts=None, ends=None, axes=None, steps=None):
 
 
 def _wrap(indices, size):
+    """Negative indices count from the end of an axis of ``size`` (per last index axis)."""
     indices = jnp.asarray(indices)
+    size = jnp.reshape(jnp.asarray(size), (1,) * (indices.ndim - jnp.ndim(size)) + jnp.shape(size))
     return jnp.where(indices < 0, indices + size, indices)
 
 
@@ -249,7 +259,7 @@ def pad(a, x, pads=None, constant_value=None, axes=None):
 # -- shapes and constants --------------------------------------------------------------------------
 
 
-@op("Shape", shape_only=True)
+@op("Shape", meta={0: "shape"})
 def shape(a, x):
     rank = len(x.shape)
     start = a.get("start", 0)
@@ -259,7 +269,7 @@ def shape(a, x):
     return np.array(x.shape[start:end], np.int64)
 
 
-@op("Size", shape_only=True)
+@op("Size", meta={0: "shape"})
 def size(a, x):
     return np.array(math.prod(x.shape), np.int64)
 
@@ -299,7 +309,7 @@ def range_(a, start, limit, delta):
     return (start + np.arange(count, dtype=start.dtype) * delta).astype(start.dtype)
 
 
-@op("EyeLike", shape_only=True)
+@op("EyeLike", meta={0: "shape"})
 def eye_like(a, x):
     dtype = np.float32 if a.get("dtype") is None else jax_dtype(a.get("dtype"))
     return np.eye(x.shape[0], x.shape[1], k=int(a.get("k", 0)), dtype=dtype)
@@ -323,7 +333,11 @@ def depth_to_space(a, x):
 def space_to_depth(a, x):
     b = int(a.get("blocksize"))
     n, c, h, w = x.shape
-    y = x.reshape(n, c, h // b, b, w // b, b).transpose(0, 3, 5, 1, 2, 4)
+    y = x.reshape(n, c, h // b, b, w // b, b)
+    if a.get("mode", "DCR") == "DCR":
+        y = y.transpose(0, 3, 5, 1, 2, 4)
+    else:
+        y = y.transpose(0, 1, 3, 5, 2, 4)
     return y.reshape(n, c * b * b, h // b, w // b)
 
 
@@ -349,6 +363,8 @@ def one_hot(a, indices, depth, values):
     depth = int(np.asarray(depth).reshape(()))
     axis = axis_of(a.get("axis", -1), jnp.ndim(indices) + 1)
     indices = jnp.asarray(indices)
+    if not jnp.issubdtype(indices.dtype, jnp.integer):
+        indices = indices.astype(jnp.int32)  # ONNX allows any numeric type
     indices = jnp.where(indices < 0, indices + depth, indices)
     hot = jax.nn.one_hot(indices, depth, axis=axis, dtype=bool)
     return jnp.where(hot, values[1], values[0])
@@ -364,8 +380,8 @@ def top_k(a, x, k):
     k = int(np.asarray(k).reshape(-1)[0]) if a.opset >= 10 else int(a.get("k"))
     axis = axis_of(a.get("axis", -1), x.ndim)
     moved = jnp.moveaxis(x, axis, -1)
-    largest = a.get("largest", 1)
     # stable order of ties: the lower index first, as ONNX requires
-    order = jnp.argsort(-moved if largest else moved, axis=-1, stable=True)[..., :k]
+    descending = bool(a.get("largest", 1))
+    order = jnp.argsort(moved, axis=-1, stable=True, descending=descending)[..., :k]
     values = jnp.take_along_axis(moved, order, axis=-1)
     return jnp.moveaxis(values, -1, axis), jnp.moveaxis(order, -1, axis)
