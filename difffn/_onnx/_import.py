@@ -32,7 +32,7 @@ from ..layers import FeatureInput, FunctionLayer, ImageInput, Placeholder, Seque
 from . import _labels, _mapping
 from ._layers import NodeFunction, ONNXInput, ONNXOperator, Program, Step, expand_to
 from ._load import GraphSpec, Node, Subgraph, load_model, read_graph
-from ._ops import Attrs, FrozenArray, Unsupported, lookup
+from ._ops import Attrs, FrozenArray, Unsupported, lookup, np_dtype
 
 
 @dataclasses.dataclass
@@ -277,6 +277,7 @@ class Importer:
             if (
                 not isinstance(labels, str)
                 or len(labels) != rank
+                or not set(labels) <= set("BCSTU")
                 or labels != _labels.valid(labels)
             ):
                 raise ONNXImportError(
@@ -332,8 +333,6 @@ class Importer:
                     f"({', '.join(example)})}})."
                 )
         try:
-            from ._ops import np_dtype
-
             dtype = np_dtype(info.elem_type)
         except Unsupported as error:
             raise ONNXImportError(
@@ -366,7 +365,9 @@ class Importer:
             return
         inputs = [self.values.get(name) if name else None for name in node.inputs]
         if any(isinstance(v, Runtime) and v.port is None for v in inputs):
-            self._broken(node)  # downstream of a failed node: already reported
+            if lookup(node.op_type, node.domain) is None:  # every unknown operator is listed
+                self.fail(node, _unknown(node))
+            self._broken(node)  # otherwise downstream of a failed node: already reported
             return
         missing = [n for n, v in zip(node.inputs, inputs) if n and v is None]
         if missing:
@@ -379,10 +380,7 @@ class Importer:
             return
         definition = lookup(node.op_type, node.domain)
         if definition is None:
-            reason = "difffn has no implementation of this operator"
-            if node.domain not in ("", "ai.onnx"):
-                reason = "operators outside the default ONNX domain are not supported"
-            self._unsupported(node, reason)
+            self._unsupported(node, _unknown(node))
             return
         for key, value in node.attributes:
             if isinstance(value, (Subgraph, Unsupported)):
@@ -470,8 +468,10 @@ class Importer:
         out_labels = []
         for name in node.outputs:
             info = self.spec.value_info.get(name)
-            rank = len(info.dims) if info is not None and info.dims is not None else None
-            out_labels.append(_labels.default_labels(rank) if rank is not None else None)
+            if info is not None and info.dims is not None:
+                out_labels.append(_labels.default_labels(len(info.dims)))
+            else:  # shape inference does not know the operator: guess its first input's
+                out_labels.append(self.values[runtime[0]].labels if runtime else None)
         layer = Placeholder(
             node.op_type,
             reason=reason,
@@ -497,8 +497,16 @@ class Importer:
             shape = None
             if info is not None and info.dims is not None:
                 shape = tuple(d if isinstance(d, int) and d > 0 else 1 for d in info.dims)
+            elif out_labels[i] is not None:
+                shape = self.values[runtime[0]].shape
             labels = out_labels[i] if out_labels[i] is not None else ""
-            self.values[name] = Runtime((layer.name, layer.output_names[i]), labels, shape, None)
+            dtype = self.values[runtime[0]].dtype
+            if info is not None and info.elem_type > 0:
+                try:
+                    dtype = np_dtype(info.elem_type)
+                except Unsupported:
+                    pass  # the replacement decides; the first input's type is the guess
+            self.values[name] = Runtime((layer.name, layer.output_names[i]), labels, shape, dtype)
 
     def _broken(self, node: Node) -> None:
         for name in node.outputs:
@@ -772,6 +780,12 @@ class Importer:
             self.set_output(
                 out, name, layer.output_names[i], out_labels[i], out_shapes[i], out_dtypes[i]
             )
+
+
+def _unknown(node: Node) -> str:
+    if node.domain not in ("", "ai.onnx"):
+        return "operators outside the default ONNX domain are not supported"
+    return "difffn has no implementation of this operator"
 
 
 def layout_of(value: Runtime) -> Layout:

@@ -218,7 +218,10 @@ def _fully_connected(imp, info, x_name, weights, bias, parts, out_labels, out_sh
     if x.order is not None:
         # the input is an image flattened channels-last: reorder the rows instead of the data
         weights = weights[np.argsort(x.order)]
-        parts[0] = (parts[0][0], parts[0][1] + ", rows reordered for channels-last flattening")
+        note = "rows reordered for channels-last flattening"
+        source = parts[0][1]
+        source = source[:-1] + f", {note})" if source.endswith(")") else f"{source} ({note})"
+        parts[0] = (parts[0][0], source)
     layer = FullyConnected(
         int(weights.shape[1]),
         weights=weights,
