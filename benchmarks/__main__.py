@@ -10,7 +10,7 @@ import time
 
 import jax
 
-BENCHMARKS = ["function", "network", "train", "check"]
+BENCHMARKS = ["function", "network", "train", "check", "layers"]
 
 
 def main(argv=None) -> int:

@@ -8,7 +8,6 @@ targets are batch-first).
 
 from __future__ import annotations
 
-import jax
 import jax.numpy as jnp
 import numpy as np
 
@@ -32,6 +31,32 @@ def batch_axis(x, fmt: str | None = None, *, what: str = "data") -> int:
     return 0
 
 
+def check_data(x, *, what: str) -> None:
+    """Host-side checks of one data array: real numbers (or booleans), not strings or complex.
+
+    A complex array given to a real network would lose its imaginary part without a word, and
+    strings or objects fail deep inside JAX; both are named here, before anything runs.
+    """
+    data = x.data if isinstance(x, FormattedArray) else x
+    dtype = getattr(data, "dtype", None)
+    if dtype is None:
+        kind = type(x).__name__
+        raise OptionsError(
+            f"{what} must be an array; got {kind}. Fix: pass np.asarray(...) of numbers."
+        )
+    if jnp.issubdtype(dtype, jnp.complexfloating):
+        raise OptionsError(
+            f"{what} is complex ({dtype}); the network computes in real numbers and would drop "
+            "the imaginary part. Fix: pass the real and imaginary parts as separate channels, "
+            "e.g. np.concatenate([x.real, x.imag], axis=channel_axis)."
+        )
+    if not (jnp.issubdtype(dtype, jnp.number) or jnp.issubdtype(dtype, jnp.bool_)):
+        raise OptionsError(
+            f"{what} has dtype {dtype}, which is not numbers (strings or Python objects?). "
+            "Fix: pass numeric arrays (np.asarray(x, dtype=np.float32), class labels as ints)."
+        )
+
+
 def count(x, axis: int) -> int:
     return int(np.shape(x.data if isinstance(x, FormattedArray) else x)[axis])
 
@@ -48,13 +73,6 @@ def take(x, index, axis: int):
     if isinstance(x, FormattedArray):
         return dlarray(jnp.take(x.data, index, axis=axis), x.format)
     return jnp.take(x, index, axis=axis)
-
-
-def dynamic_slice(x, start, size: int, axis: int):
-    """``size`` observations of ``x`` from ``start`` (traced start, static size)."""
-    if isinstance(x, FormattedArray):
-        return dlarray(jax.lax.dynamic_slice_in_dim(x.data, start, size, axis), x.format)
-    return jax.lax.dynamic_slice_in_dim(x, start, size, axis)
 
 
 def slice_host(x, start: int, stop: int, axis: int):

@@ -14,6 +14,7 @@ from typing import Any, NamedTuple
 
 import jax
 
+from ._describe import short
 from ._format import FormattedArray
 
 DEFAULT_MAXSIZE = 50
@@ -46,11 +47,7 @@ def signature(value) -> Hashable:
 
 def describe_signature(value) -> str:
     leaves = jax.tree.leaves(value, is_leaf=lambda x: isinstance(x, FormattedArray))
-    out = []
-    for x in leaves:
-        fmt = f":{x.format}" if isinstance(x, FormattedArray) else ""
-        out.append(f"{jax.numpy.result_type(x).name}{list(jax.numpy.shape(x))}{fmt}")
-    return ", ".join(out)
+    return ", ".join(short(x) for x in leaves)
 
 
 class CompileCache:

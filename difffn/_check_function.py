@@ -1,19 +1,8 @@
 """``check_function``: the checks of ``check_layer``, for a ``DifferentiableFunction``.
 
-``check_function(fcn, *example_inputs)`` runs these named tests and returns a
-:class:`~difffn.CheckReport`:
-
-====================================  ==========================================================
-``forward_runs``                      ``forward`` runs on the example inputs
-``forward_returns_declared_outputs``  ``num_outputs`` arrays, then ``num_memory_values`` values
-``backward_runs``                     ``backward`` runs (random upstream gradients, flags True)
-``backward_returns_valid_gradients``  one gradient per input, with the input's shape and dtype
-``gradients_are_correct[NAME]``       per floating-point input: agrees with numerical derivatives
-``compute_gradients_is_respected``    asking for one input's gradient gives the same gradient,
-                                      and backward copes with False flags
-``jit_agrees_with_eager``             ``jax.jit`` of the call and of its VJP agree with eager
-``vmap_agrees_with_eager``            ``jax.vmap`` over a stack of two examples agrees with eager
-====================================  ==========================================================
+``check_function(fcn, *example_inputs)`` runs the tests of ``_check_list`` that
+``check_function`` runs (forward, backward, gradients per input, ``compute_gradients``, jit and
+vmap), in that order, and returns a :class:`~difffn.CheckReport`.
 
 The gradient tests run in float64 (enabled only inside the check) on the example inputs cast to
 float64, with random upstream gradients; see ``_numerical.py`` for the method and tolerances.
@@ -21,23 +10,29 @@ float64, with random upstream gradients; see ``_numerical.py`` for the method an
 
 from __future__ import annotations
 
-import dataclasses
-import math
-import time
-
 import jax
 import jax.numpy as jnp
 import numpy as np
 
-from . import _numerical as numerical
-from ._check_layer import (
-    _as_key,
-    _Data,
-    _describe_value,
-    _index_text,
-    _is_array,
-    gradient_outcome,
+from . import _check_second_order as second_order
+from ._check_common import (
+    Data,
+    as_key,
+    compare,
+    compare_trees,
+    declared_surrogates,
+    describe_value,
+    is_array,
+    record_gradient_tests,
+    surrogate_outcome,
 )
+from ._check_function_gradients import (
+    FunctionGradients,
+    all_flags,
+    call_backward,
+    differentiable,
+)
+from ._check_list import FUNCTION, run_by
 from ._check_report import (
     CheckReport,
     Recorder,
@@ -49,13 +44,9 @@ from ._check_report import (
 )
 from ._errors import CheckError, type_name
 from ._format import FormattedArray, stripdims
-from ._function import (
-    DifferentiableFunction,
-    _forward_parameters,
-    _input_names,
-    run_forward,
-)
+from ._function import DifferentiableFunction, _forward_parameters, _input_names, run_forward
 
+GRADIENTS = "gradients_are_correct"
 TRANSFORM_RTOL = {"float16": 1e-2, "bfloat16": 1e-2, "float32": 1e-5, "float64": 1e-12}
 
 
@@ -72,8 +63,9 @@ def check_function(fcn, *example_inputs, key=None) -> CheckReport:
       A :class:`~difffn.CheckReport` (see :func:`difffn.check_layer`).
 
     Raises:
-      CheckError: ``fcn`` is not a DifferentiableFunction instance, or the example inputs do
-        not match its forward.
+      CheckError: ``fcn`` is not a DifferentiableFunction instance, the example inputs do
+        not match its forward, or the class's ``surrogate_gradients`` names something that is
+        not an input.
 
     Examples:
       >>> import jax.numpy as jnp
@@ -89,10 +81,10 @@ def check_function(fcn, *example_inputs, key=None) -> CheckReport:
       (0, 'Passed')
     """
     xs = _validate(fcn, example_inputs)
-    key = _as_key(key)
+    key = as_key(key)
     recorder = Recorder()
     _FunctionChecker(fcn, xs, key, recorder).run_all()
-    inputs = ", ".join(_describe_value(x) for x in xs)
+    inputs = ", ".join(describe_value(x) for x in xs)
     return recorder.report(repr(fcn), inputs)
 
 
@@ -129,93 +121,42 @@ def _validate(fcn, example_inputs) -> tuple:
     return tuple(xs)
 
 
-def _differentiable(x) -> bool:
-    return jnp.issubdtype(x.dtype, jnp.inexact)
-
-
-def _cast64(x):
-    return jnp.asarray(x, jnp.float64) if jnp.issubdtype(x.dtype, jnp.floating) else x
-
-
-@dataclasses.dataclass(frozen=True)
-class _FunctionModel:
-    """The function's outputs as a function of its floating inputs (hashable, static)."""
-
-    fcn: DifferentiableFunction
-    checked: tuple[int, ...]
-    shapes: tuple[tuple[int, ...], ...]
-    with_backward: bool = True
-    with_autodiff: bool = True
-    traceable: bool = True
-
-    def inputs(self, args, parts):
-        xs = list(args[0])
-        for i, shape, flat in zip(self.checked, self.shapes, parts, strict=True):
-            xs[i] = flat.reshape(shape)
-        return xs
-
-    def outputs(self, args, parts):
-        return list(run_forward(self.fcn, self.inputs(args, parts))[0])
-
-    def gradients(self, args, parts):
-        return numerical.model_gradients(self, args, parts, args[1])
-
-    def _backward(self, args, parts):
-        xs = self.inputs(args, parts)
-        grads = _call_backward(self.fcn, xs, list(args[1]), _all_flags(xs))
-        pieces = []
-        for i, shape in zip(self.checked, self.shapes, strict=True):
-            g = grads[i] if isinstance(grads, tuple) and len(grads) == len(xs) else None
-            if _is_array(g) and tuple(g.shape) == shape:
-                pieces.append(jnp.ravel(stripdims(g)).astype(jnp.float64))
-            else:
-                pieces.append(jnp.full((math.prod(shape),), jnp.nan, jnp.float64))
-        return jnp.concatenate(pieces)
-
-
-def _all_flags(xs) -> tuple[bool, ...]:
-    return tuple(_differentiable(x) for x in xs)
-
-
-def _call_backward(fcn, xs, cotangents, flags):
-    """The user's backward, called as the runtime calls it; its result as a tuple."""
-    cls = type(fcn)
-    outputs, memory = run_forward(fcn, xs)
-    saved_inputs = tuple(xs) if cls.save_inputs_for_backward else ()
-    saved_outputs = tuple(outputs) if cls.save_outputs_for_backward else ()
-    cotangents = [jnp.asarray(c, y.dtype) for c, y in zip(cotangents, outputs, strict=True)]
-    result = fcn.backward(*cotangents, flags, *saved_inputs, *saved_outputs, *memory)
-    if len(xs) == 1 and not isinstance(result, (tuple, list)):
-        result = (result,)
-    return tuple(result) if isinstance(result, (tuple, list)) else result
-
-
 class _FunctionChecker:
     def __init__(self, fcn, xs, key, recorder: Recorder):
         self.fcn, self.xs, self.rec = fcn, xs, recorder
-        self.data = _Data(key)
+        self.data = Data(key)
         self.cls = type(fcn)
         self.names = _input_names(self.cls, len(xs))
+        self.surrogates = declared_surrogates(self.cls, "check_function", self.names)
+        self.gradients = FunctionGradients(fcn, xs, self.names, self.data)
         self.outputs = None
         self.unusable: str | None = "backward did not run (see backward_runs)"
         self.invalid: dict[int, str] = {}
 
     def cotangents(self, outputs, tag: int):
         return [
-            self.data.normal(tag + i, y.shape, y.dtype if _differentiable(y) else jnp.float32)
+            self.data.normal(tag + i, y.shape, y.dtype if differentiable(y) else jnp.float32)
             for i, y in enumerate(outputs)
         ]
 
     def run_all(self) -> None:
-        rec = self.rec
-        rec.run("forward_runs", self.test_forward_runs)
-        rec.run("forward_returns_declared_outputs", self.test_forward_outputs)
-        rec.run("backward_runs", self.test_backward_runs)
-        rec.run("backward_returns_valid_gradients", self.test_backward_valid)
-        self.run_gradient_tests()
-        rec.run("compute_gradients_is_respected", self.test_compute_gradients)
-        rec.run("jit_agrees_with_eager", self.test_jit)
-        rec.run("vmap_agrees_with_eager", self.test_vmap)
+        """Run the list; a test with a placeholder records its own results."""
+        bodies = {
+            "forward_runs": self.test_forward_runs,
+            "forward_returns_declared_outputs": self.test_forward_outputs,
+            "backward_runs": self.test_backward_runs,
+            "backward_returns_valid_gradients": self.test_backward_valid,
+            "gradients_are_correct": self.run_gradient_tests,
+            "second_order_gradients_are_correct": self.test_second_order,
+            "compute_gradients_is_respected": self.test_compute_gradients,
+            "jit_agrees_with_eager": self.test_jit,
+            "vmap_agrees_with_eager": self.test_vmap,
+        }
+        for test in run_by(FUNCTION):
+            if test.placeholder:
+                bodies[test.name]()
+            else:
+                self.rec.run(test.name, bodies[test.name])
 
     def _require_forward(self):
         if self.outputs is None:
@@ -231,13 +172,13 @@ class _FunctionChecker:
 
     def test_backward_runs(self):
         self._require_forward()
-        _call_backward(self.fcn, self.xs, self.cotangents(self.outputs, 100), _all_flags(self.xs))
+        call_backward(self.fcn, self.xs, self.cotangents(self.outputs, 100), all_flags(self.xs))
 
     def test_backward_valid(self):
         self._require_forward()
-        flags = _all_flags(self.xs)
+        flags = all_flags(self.xs)
         self.unusable = "backward did not run (see backward_runs)"
-        grads = _call_backward(self.fcn, self.xs, self.cotangents(self.outputs, 100), flags)
+        grads = call_backward(self.fcn, self.xs, self.cotangents(self.outputs, 100), flags)
         order = ", ".join(f"dLd{n}" for n in self.names)
         if not isinstance(grads, tuple) or len(grads) != len(self.xs):
             got = f"{len(grads)} values" if isinstance(grads, tuple) else type_name(grads)
@@ -252,19 +193,19 @@ class _FunctionChecker:
             zip(self.names, self.xs, grads, flags, strict=True)
         ):
             g = stripdims(g)
-            if wanted and (not _is_array(g) or tuple(g.shape) != tuple(x.shape)):
-                self.invalid[i] = _describe_value(g)
+            if wanted and (not is_array(g) or tuple(g.shape) != tuple(x.shape)):
+                self.invalid[i] = describe_value(g)
             if g is None:
                 if wanted:
                     problems.append(f"the gradient of {name!r} is None")
                 continue
             if not wanted:
                 problems.append(
-                    f"the gradient of {name!r} is {_describe_value(g)}; {name!r} is not "
+                    f"the gradient of {name!r} is {describe_value(g)}; {name!r} is not "
                     "differentiable, expected None"
                 )
-            elif not _is_array(g):
-                problems.append(f"the gradient of {name!r} is {_describe_value(g)}")
+            elif not is_array(g):
+                problems.append(f"the gradient of {name!r} is {describe_value(g)}")
             elif tuple(g.shape) != tuple(x.shape):
                 problems.append(
                     f"the gradient of {name!r} has shape {tuple(g.shape)}; expected "
@@ -283,95 +224,60 @@ class _FunctionChecker:
 
     # -- gradients --
 
+    def checked(self) -> list[int]:
+        """The inputs whose gradients are checked: the floating-point ones."""
+        return [i for i, x in enumerate(self.xs) if differentiable(x)]
+
     def run_gradient_tests(self) -> None:
+        """Record ``gradients_are_correct[NAME]`` for every input."""
         rec = self.rec
-        checked = [i for i, x in enumerate(self.xs) if _differentiable(x)]
+        checked = self.checked()
         names = [self.names[i] for i in checked]
         for i, x in enumerate(self.xs):
             if i not in checked:
                 rec.add(
-                    f"gradients_are_correct[{self.names[i]}]",
+                    f"{GRADIENTS}[{self.names[i]}]",
                     skipped(f"input {self.names[i]!r} is {x.dtype}, not differentiable"),
                 )
+        declared = {
+            self.names[i]: surrogate_outcome(self.surrogates[self.names[i]])
+            for i in checked
+            if self.names[i] in self.surrogates
+        }
         if self.outputs is None or self.unusable:
             reason = "forward did not run" if self.outputs is None else self.unusable
             for n in names:
-                rec.add(f"gradients_are_correct[{n}]", incomplete(reason))
+                rec.add(f"{GRADIENTS}[{n}]", declared.get(n, incomplete(reason)))
             return
-        began = time.perf_counter()
-        try:
+
+        def compute():
             with jax.enable_x64(True):
-                outcomes = self._gradient_outcomes(checked)
-        except Exception as error:  # noqa: BLE001 - the user's forward/backward raised
-            for n in names:
-                rec.add(
-                    f"gradients_are_correct[{n}]",
-                    failed(f"the gradient check could not run:\n{describe_exception(error)}"),
+                outcomes = self.gradients.first_order(
+                    [i for i in checked if self.names[i] not in declared]
                 )
-            return
-        share = (time.perf_counter() - began) / max(len(names), 1)
-        for i in checked:
-            outcome = outcomes[i]
-            if i in self.invalid:
-                outcome = incomplete(
+            for i in self.invalid:
+                outcomes[i] = incomplete(
                     f"the backward's gradient for input {self.names[i]!r} is unusable (got "
                     f"{self.invalid[i]}); see backward_returns_valid_gradients"
                 )
-            result = rec.add(f"gradients_are_correct[{self.names[i]}]", outcome)
-            rec.results[-1] = dataclasses.replace(result, duration=share)
+            return {self.names[i]: outcomes[i] for i in outcomes}
 
-    def _gradient_outcomes(self, checked) -> dict:
-        xs = tuple(_cast64(x) for x in self.xs)
-        shapes = tuple(tuple(xs[i].shape) for i in checked)
-        model = _FunctionModel(self.fcn, tuple(checked), shapes)
-        segments, base, scale, parts = numerical.lay_out(
-            [str(i) for i in checked], [np.ravel(np.asarray(xs[i], np.float64)) for i in checked]
-        )
-        try:
-            shapes_out = jax.eval_shape(lambda p: model.outputs((xs, ()), p), parts)
-        except Exception:  # noqa: BLE001 - not traceable: evaluate eagerly, without autodiff
-            model = dataclasses.replace(model, traceable=False, with_autodiff=False)
-            shapes_out = model.outputs((xs, ()), parts)
-        cotangents = tuple(
-            self.data.normal(60 + i, tuple(y.shape), jnp.float64) for i, y in enumerate(shapes_out)
-        )
-        args = (xs, cotangents)
-        note = ""
-        try:
-            grads = numerical.compute_gradients(model, args, parts)
-        except Exception as error:  # noqa: BLE001 - retry without the autodiff reference
-            model, grads, note = numerical.without_autodiff(model, args, parts, error)
-        verdicts = numerical.check_gradients(
-            model,
-            args,
-            base,
-            scale,
-            cotangents,
-            segments,
-            seed=self.data.seq(7),
-            gradients=grads,
-        )
-        labels = {str(i): f"input {self.names[i]!r}" for i in checked}
-        order = ", ".join(f"dLd{n}" for n in self.names)
-        outcomes = {}
-        for i in checked:
-            shape = tuple(xs[i].shape)
-            outcomes[i] = gradient_outcome(
-                str(i),
-                verdicts,
-                labels,
-                shape=shape,
-                locate=lambda k, shape=shape: _index_text(k, shape),
-                who=f"{self.cls.__name__}.backward",
-                fix=(
-                    f"Fix: check backward's formula for dLd{self.names[i]}: by the chain rule it "
-                    f"is the sum over outputs of dLdY * dY/d{self.names[i]} (multiply by the "
-                    "upstream gradient; for an input broadcast in forward, sum over the broadcast "
-                    f"axes); backward returns {order}, in forward's input order."
-                ),
-                note=note,
-            )
-        return outcomes
+        record_gradient_tests(rec, GRADIENTS, names, compute, fixed=declared)
+
+    def test_second_order(self):
+        reason = second_order.skip_reason(self.cls)
+        if reason:
+            return skipped(reason)
+        checked = self.checked()
+        if not checked:
+            return skipped("no input is differentiable")
+        if self.outputs is None or self.unusable or self.invalid:
+            reason = self.unusable or "backward returned unusable gradients"
+            if self.outputs is None:
+                reason = "forward did not run"
+            return incomplete(f"{reason} (see backward_returns_valid_gradients)")
+        with jax.enable_x64(True):
+            return self.gradients.second_order(checked, trust_reference=not self.surrogates)
 
     # -- flags and transformations --
 
@@ -391,7 +297,7 @@ class _FunctionChecker:
 
     def test_compute_gradients(self):
         self._require_forward()
-        checked = [i for i, x in enumerate(self.xs) if _differentiable(x)]
+        checked = [i for i, x in enumerate(self.xs) if differentiable(x)]
         if len(checked) < 2:
             return passed("a single differentiable input: every flag set is the full one")
         cotangents = self.cotangents(self.outputs, 200)
@@ -400,7 +306,7 @@ class _FunctionChecker:
         for position, i in enumerate(checked):
             flags = tuple(j == i for j in range(len(self.xs)))
             try:
-                raw = _call_backward(self.fcn, self.xs, cotangents, flags)
+                raw = call_backward(self.fcn, self.xs, cotangents, flags)
             except Exception as error:  # noqa: BLE001 - that is the finding
                 problems.append(
                     f"with compute_gradients={flags} backward raised "
@@ -411,10 +317,12 @@ class _FunctionChecker:
                 extra += [
                     self.names[j]
                     for j, g in enumerate(raw)
-                    if j != i and g is not None and _is_array(g)
+                    if j != i and g is not None and is_array(g)
                 ]
             (alone,) = self._vjp(self.xs, cotangents, [i])
-            problems += _compare(f"dLd{self.names[i]} asked alone", full[position], alone)
+            problems += compare(
+                f"dLd{self.names[i]} asked alone", full[position], alone, _rtol(full[position])
+            )
         if problems:
             return failed(
                 "backward does not handle compute_gradients: "
@@ -432,33 +340,43 @@ class _FunctionChecker:
 
     def test_jit(self):
         self._require_forward()
-        checked = [i for i, x in enumerate(self.xs) if _differentiable(x)]
+        checked = [i for i, x in enumerate(self.xs) if differentiable(x)]
         cotangents = self.cotangents(self.outputs, 300)
         problems = []
         eager, jitted = self._call(*self.xs), jax.jit(self._call)(*self.xs)
-        problems += _compare_trees("outputs", eager, jitted)
+        problems += compare_trees("outputs", eager, jitted, _rtol, equal_nan=True)
         if checked:
             eager_vjp = self._vjp(self.xs, cotangents, checked)
             jit_vjp = jax.jit(lambda xs, c: self._vjp(xs, c, checked))(self.xs, cotangents)
-            problems += _compare_trees("gradients", eager_vjp, jit_vjp)
+            problems += compare_trees("gradients", eager_vjp, jit_vjp, _rtol, equal_nan=True)
         if problems:
             return failed("jax.jit disagrees with eager: " + "; ".join(problems))
         return None
 
+    def _second_example(self, tag: int, x):
+        """Another example inside the domain of ``x``: its values mixed with each other (a
+        random convex combination of ``x`` and a shuffle of it, so within ``x``'s range: a
+        positive example stays positive), or scaled by 0.9 to 1.1 for a single value."""
+        if not jnp.issubdtype(x.dtype, jnp.floating):
+            return x
+        values = np.asarray(x, np.float64)
+        rng = self.data.rng(tag)
+        if values.size > 1:
+            shuffled = values.ravel()[rng.permutation(values.size)].reshape(values.shape)
+            mixed = values + rng.uniform(0.25, 0.75, values.shape) * (shuffled - values)
+        else:
+            mixed = values * rng.uniform(0.9, 1.1, values.shape)
+        return jnp.asarray(mixed, x.dtype)
+
     def test_vmap(self):
         self._require_forward()
-        other = [
-            x + 0.5 * self.data.normal(20 + i, x.shape, x.dtype)
-            if jnp.issubdtype(x.dtype, jnp.floating)
-            else x
-            for i, x in enumerate(self.xs)
-        ]
+        other = [self._second_example(20 + i, x) for i, x in enumerate(self.xs)]
         stacked = [jnp.stack([a, b]) for a, b in zip(self.xs, other, strict=True)]
         mapped = jax.vmap(self._call)(*stacked)
         one, two = self._call(*self.xs), self._call(*other)
         expected = jax.tree.map(lambda a, b: jnp.stack([a, b]), one, two)
-        problems = _compare_trees("outputs", expected, mapped)
-        checked = [i for i, x in enumerate(self.xs) if _differentiable(x)]
+        problems = compare_trees("outputs", expected, mapped, _rtol, equal_nan=True)
+        checked = [i for i, x in enumerate(self.xs) if differentiable(x)]
         if checked:
             outs = one if isinstance(one, tuple) else (one,)
             cotangents = self.cotangents(outs, 400)
@@ -469,7 +387,7 @@ class _FunctionChecker:
                 self._vjp(self.xs, cotangents, checked),
                 self._vjp(other, cotangents, checked),
             )
-            problems += _compare_trees("gradients", expected_vjp, mapped_vjp)
+            problems += compare_trees("gradients", expected_vjp, mapped_vjp, _rtol, equal_nan=True)
         if problems:
             return failed(
                 "jax.vmap over a stack of two examples disagrees with calling on each: "
@@ -480,26 +398,6 @@ class _FunctionChecker:
         return None
 
 
-def _compare(what, expected, got) -> list[str]:
-    expected, got = np.asarray(expected), np.asarray(got)
-    if expected.shape != got.shape:
-        return [f"{what}: shape {got.shape}, expected {expected.shape}"]
-    rtol = TRANSFORM_RTOL.get(expected.dtype.name, 1e-5)
-    scale = max(float(np.max(np.abs(expected), initial=0.0)), 1e-30)
-    gap = np.abs(expected.astype(np.float64) - got.astype(np.float64))
-    error = float(np.max(gap, initial=0.0))
-    if not error <= rtol * scale:
-        where = _index_text(int(np.argmax(gap)), gap.shape) if gap.size else "()"
-        return [f"{what}: differs by {error:.3g} at {where} (relative {error / scale:.3g})"]
-    return []
-
-
-def _compare_trees(what, expected, got) -> list[str]:
-    leaves_e, leaves_g = jax.tree.leaves(expected), jax.tree.leaves(got)
-    if len(leaves_e) != len(leaves_g):
-        return [f"{what}: {len(leaves_g)} values, expected {len(leaves_e)}"]
-    problems = []
-    for k, (e, g) in enumerate(zip(leaves_e, leaves_g, strict=True)):
-        label = what if len(leaves_e) == 1 else f"{what} {k + 1}"
-        problems += _compare(label, e, g)
-    return problems
+def _rtol(value) -> float:
+    """The tolerance of the transformation tests for ``value``'s dtype."""
+    return TRANSFORM_RTOL.get(np.asarray(value).dtype.name, 1e-5)

@@ -205,8 +205,9 @@ class Recorder:
         self.results.append(result)
         return result
 
-    def add(self, name: str, outcome: Outcome) -> CheckResult:
-        result = CheckResult(name, outcome.status, outcome.diagnostic)
+    def add(self, name: str, outcome: Outcome, *, duration: float = 0.0) -> CheckResult:
+        """Record an outcome decided without running a body (``duration``: its share of time)."""
+        result = CheckResult(name, outcome.status, outcome.diagnostic, duration)
         self.results.append(result)
         return result
 

@@ -1,19 +1,16 @@
-"""Checkpoints of ``trainnet`` and resuming from them (``checkpoint_path``, ``resume_from=``).
+"""Checkpoints of ``trainnet``: find one to resume from, write them, and resume.
 
-``trainnet`` calls :meth:`Writer.maybe_save` after every iteration (``unit="iteration"``) and
-after every completed epoch (``unit="epoch"``); a checkpoint is written when the unit matches
-``checkpoint_frequency_unit`` and the count is a multiple of ``checkpoint_frequency``.
+``trainnet`` writes a checkpoint (:meth:`Writer.save`) after an iteration or a completed epoch
+when the unit matches ``checkpoint_frequency_unit`` and the count is a multiple of
+``checkpoint_frequency`` (:func:`due`), and one of the result when training ends
+(:meth:`Writer.save_final`), so that resuming a finished run returns its result.
 
 A checkpoint is a difffn container (``_container.py``: msgpack, checksum, atomic write; never
 pickle, never code) of kind ``"checkpoint"`` named like MATLAB's,
-``net_checkpoint__<iteration>__<yyyy_mm_dd__HH_MM_SS>.difffn``. It holds the whole
-:class:`~difffn._trainer.TrainingState`: the network (as ``df.save`` writes it, so ``df.load``
-reads a checkpoint's network), the optimizer state (leaves by their pytree paths), iteration,
-epoch, mini-batches done in the epoch, the epoch's data order, the step key and the shuffle
-seeds, best-validation bookkeeping, history rows, elapsed time and why training stopped; and a
-fingerprint of what the numbers depend on (the options that change them, the loss, the data's
-shapes, dtypes and a hash, the learn-rate and L2 factors) so that resuming with something else
-is a clear error rather than a silently different run.
+``net_checkpoint__<iteration>__<yyyy_mm_dd__HH_MM_SS>.difffn``, holding the payload of a
+:class:`~difffn._state.TrainingState` (its schema is written and read in ``_state.py``) with a
+fingerprint of what the numbers depend on (``_fingerprint.py``), so that resuming with something
+else is a clear error rather than a silently different run.
 
 After a checkpoint is safely written (renamed into place and the folder fsync'ed), the oldest
 ones beyond ``checkpoint_keep`` are deleted. A write that fails (a full disk, a read-only folder)
@@ -26,9 +23,7 @@ Resuming reads a file, or the newest valid checkpoint in a folder: a damaged new
 
 from __future__ import annotations
 
-import hashlib
 import math
-import numbers
 import os
 import re
 import time
@@ -36,21 +31,14 @@ import warnings
 from pathlib import Path
 from typing import Any
 
-import jax
-import jax.numpy as jnp
-import numpy as np
-
-from . import _container
+from . import _container, _fingerprint, _rowlog
 from ._errors import SerializationError
-from ._format import FormattedArray
-from ._serialization import network_payload
+from ._network import Network
+from ._serialization import restore_network
+from ._state import Checkpoint, key_payload, plain_row, same_key
 
-FORMAT = "difffn.checkpoint"
-FORMAT_VERSION = 1
 KIND = "checkpoint"
 _NAME = re.compile(r"^net_checkpoint__(\d+)__(\d{4}_\d\d_\d\d__\d\d_\d\d_\d\d)\.difffn$")
-_FULL_HASH_BYTES = 1 << 24  # arrays up to this size are hashed whole, larger ones sampled
-_SAMPLE = 1 << 20  # elements hashed of a larger array
 
 
 class CheckpointWarning(UserWarning):
@@ -78,46 +66,83 @@ def file_name(iteration: int, when: float | None = None) -> str:
 class Writer:
     """Writes the checkpoints of one run: when due, atomically, then prunes the old ones.
 
+    The history rows go to the run's log (``_rowlog``): each checkpoint appends the rows since
+    the previous one, then the checkpoint (which records how many rows it covers) is written.
+
     Args:
       options: the run's ``TrainingOptions``.
-      fingerprint: what the run's numbers depend on (see :func:`fingerprint`).
+      fingerprint: what the run's numbers depend on (``_fingerprint.run_fingerprint``).
       run_key: the ``key`` the run was started with.
+      resumed: the checkpoint the run resumed from (None: a new run).
     """
 
-    def __init__(self, options, *, fingerprint: dict[str, str], run_key):
+    def __init__(self, options, *, fingerprint: dict[str, str], run_key, resumed=None):
         self.folder = options.checkpoint_path
         self.keep = options.checkpoint_keep
         self.options = options
         self.fingerprint = fingerprint
         self.run_key = run_key
+        self.iteration = None  # of the newest checkpoint written (or tried) for this run
+        log = _rowlog.file_name(_rowlog.run_id(key_payload(run_key), fingerprint))
+        self.log = Path(self.folder) / log
+        self.logged = (0, 0)  # training and validation rows the log holds for this run
+        self.repaired = False
+        if resumed is not None:
+            self.iteration = resumed.iteration
+            if resumed.history_log is not None and resumed.history_log.resolve() == (
+                self.log.resolve()
+            ):
+                self.logged = (resumed.history["training"], resumed.history["validation"])
 
-    def maybe_save(self, state, unit: str, *, elapsed: float, data_batch_size=None):
-        """Write a checkpoint of ``state`` if one is due; return its path (None if not written).
+    def save_final(self, state, *, elapsed: float, data_batch_size=None, data_position=None):
+        """At the end of training: a checkpoint of the result, unless one of it exists.
+
+        So resuming the folder of a finished run returns its result, not an older checkpoint's
+        continuation.
+        """
+        if self.iteration == state.iteration:
+            return None
+        return self.save(
+            state, elapsed=elapsed, data_batch_size=data_batch_size, data_position=data_position
+        )
+
+    def save(self, state, *, elapsed: float, data_batch_size=None, data_position=None):
+        """Write a checkpoint of ``state``; return its path (None if it could not be written).
 
         A failed write (a full disk, a folder removed or read-only) warns with
         :class:`CheckpointWarning` and returns None; the checkpoints written before are left as
         they are.
         """
-        count = state.iteration if unit == "iteration" else state.epoch
-        if not due(self.options, unit, count):
-            return None
-        payload = state_payload(
-            state,
-            elapsed=elapsed,
-            fingerprint=self.fingerprint,
-            run_key=self.run_key,
-            data_batch_size=data_batch_size,
-        )
+        self.iteration = state.iteration
         path = Path(self.folder) / file_name(state.iteration)
+        rows = (len(state.training_rows), len(state.validation_rows))
         try:
+            if not self.repaired:
+                _rowlog.repair(self.log)
+                self.repaired = True
+            _rowlog.append(
+                self.log,
+                (self.logged[0], [plain_row(r) for r in state.training_rows[self.logged[0] :]]),
+                (self.logged[1], [plain_row(r) for r in state.validation_rows[self.logged[1] :]]),
+            )
+            self.logged = rows
+            payload = state.to_payload(
+                elapsed=elapsed,
+                fingerprint=self.fingerprint,
+                run_key=self.run_key,
+                history={"file": self.log.name, "training": rows[0], "validation": rows[1]},
+                data_batch_size=data_batch_size,
+                data_position=data_position,
+            )
             _container.write(path, KIND, payload)
         except SerializationError as error:  # the disk or the folder, never the payload
             warnings.warn(
                 f"trainnet: the checkpoint of iteration {state.iteration} could not be written "
                 f"({error}) Training goes on; the older checkpoints in {str(self.folder)!r} are "
-                "kept and still valid. Fix: free disk space, or set another checkpoint_path.",
+                "kept and still valid. Fix: free disk space, make the folder writable, or set "
+                "another checkpoint_path.",
                 CheckpointWarning,
-                stacklevel=2,
+                stacklevel=3,
             )
             return None
         prune(self.folder, self.keep, written=path)
@@ -160,152 +185,15 @@ def checkpoints(folder) -> list[Path]:
     return [path for _, path in sorted(found, key=lambda item: item[0], reverse=True)]
 
 
-# -- the payload ------------------------------------------------------------------------------
-
-
-def state_payload(state, *, elapsed, fingerprint, run_key, data_batch_size) -> dict[str, Any]:
-    """The msgpack-ready contents of a checkpoint of a ``TrainingState``."""
-    from . import __version__
-
-    best = None
-    if state.best_objective is not None:
-        best = {
-            "objective": float(state.best_objective),
-            "iteration": int(state.best_iteration),
-            "network": (
-                None
-                if state.best_network is None
-                else {
-                    "learnables": tree_payload(state.best_network[0]),
-                    "others": tree_payload(state.best_network[1]),
-                }
-            ),
-        }
-    return {
-        "format": FORMAT,
-        "format_version": FORMAT_VERSION,
-        "difffn_version": __version__,
-        "written": time.time(),
-        "network": network_payload(_host(state.network)),
-        "optimizer": tree_payload(state.opt_state),
-        "iteration": int(state.iteration),
-        "epoch": int(state.epoch),
-        "batch": int(state.batch),
-        "order": None if state.order is None else np.array(state.order, dtype=np.int32),
-        "key": key_payload(state.key),
-        "run_key": key_payload(run_key),
-        "shuffle_seed": [int(s) for s in state.shuffle_seed],
-        "best": best,
-        "bad_validations": int(state.bad_validations),
-        "training_rows": [_plain_row(r) for r in state.training_rows],
-        "validation_rows": [_plain_row(r) for r in state.validation_rows],
-        "elapsed": float(elapsed),
-        "stop_reason": state.stop_reason,
-        "data_batch_size": None if data_batch_size is None else int(data_batch_size),
-        "fingerprint": dict(fingerprint),
-    }
-
-
-def _host(tree):
-    """Copies on the host: the trainer donates its device buffers to the next step."""
-    return jax.tree.map(lambda x: np.array(jax.device_get(x)), tree)
-
-
-def tree_payload(tree) -> dict[str, Any]:
-    """A pytree of arrays as leaves by path, with shapes and dtypes (host copies)."""
-    leaves = jax.tree_util.tree_flatten_with_path(tree)[0]
-    values = [np.array(jax.device_get(leaf)) for _, leaf in leaves]
-    return {
-        "paths": [jax.tree_util.keystr(path) for path, _ in leaves],
-        "shapes": [list(v.shape) for v in values],
-        "dtypes": [v.dtype.name for v in values],
-        "values": values,
-    }
-
-
-def restore_tree(data: dict[str, Any], template, *, what: str, source: str, fix: str):
-    """The arrays of a :func:`tree_payload` in the structure of ``template`` (checked first)."""
-    expected = jax.tree_util.tree_flatten_with_path(template)[0]
-    paths, shapes, dtypes = data["paths"], data["shapes"], data["dtypes"]
-    for n, (path, leaf) in enumerate(expected):
-        key = jax.tree_util.keystr(path)
-        want = (key, tuple(np.shape(leaf)), np.dtype(leaf.dtype).name)
-        if n >= len(paths):
-            raise SerializationError(
-                f"{source!r}: {what} does not match: the run expects a leaf at {key!r} "
-                f"{want[1]} {want[2]} that the checkpoint lacks. {fix}"
-            )
-        got = (paths[n], tuple(shapes[n]), dtypes[n])
-        if want != got:
-            raise SerializationError(
-                f"{source!r}: {what} does not match at leaf {n + 1}: the run expects {want[0]!r} "
-                f"{want[1]} {want[2]}; the checkpoint has {got[0]!r} {got[1]} {got[2]}. {fix}"
-            )
-    if len(paths) > len(expected):
-        raise SerializationError(
-            f"{source!r}: {what} does not match: the checkpoint has {len(paths)} leaves, the run "
-            f"expects {len(expected)} (extra: {paths[len(expected)]!r}). {fix}"
-        )
-    leaves = [jnp.asarray(v, dtype=d) for v, d in zip(data["values"], dtypes, strict=True)]
-    return jax.tree.unflatten(jax.tree.structure(template), leaves)
-
-
-def key_payload(key) -> dict[str, Any]:
-    """A PRNG key as its data and implementation name (``impl`` None: a raw ``uint32`` key)."""
-    key = jax.device_get(key)
-    if jnp.issubdtype(key.dtype, jax.dtypes.prng_key):
-        return {
-            "data": np.array(jax.random.key_data(key)),
-            "impl": str(jax.random.key_impl(key)),
-        }
-    return {"data": np.array(key), "impl": None}
-
-
-def restore_key(data: dict[str, Any]):
-    """The key of a :func:`key_payload`."""
-    if data["impl"] is None:
-        return jnp.asarray(data["data"])
-    return jax.random.wrap_key_data(jnp.asarray(data["data"]), impl=data["impl"])
-
-
-def same_key(a: dict[str, Any], b: dict[str, Any]) -> bool:
-    return a["impl"] == b["impl"] and np.array_equal(a["data"], b["data"])
-
-
-def _plain(value):
-    if isinstance(value, (bool, str)) or value is None:
-        return value
-    if isinstance(value, numbers.Integral):
-        return int(value)
-    if isinstance(value, numbers.Real):
-        return float(value)
-    array = np.asarray(jax.device_get(value))
-    if array.ndim == 0:
-        return array.item()
-    return array
-
-
-def _plain_row(row: dict) -> dict:
-    return {str(k): _plain(v) for k, v in row.items()}
-
-
-# -- reading ----------------------------------------------------------------------------------
+# -- finding ----------------------------------------------------------------------------------
 
 
 def read(path) -> dict[str, Any]:
     """Read and verify one checkpoint file; returns its payload."""
-    payload = _container.read(path, KIND)
-    if payload.get("format") != FORMAT:
-        raise SerializationError(f"{str(path)!r} does not hold a difffn training checkpoint.")
-    if int(payload.get("format_version", 0)) > FORMAT_VERSION:
-        raise SerializationError(
-            f"{str(path)!r} holds a checkpoint in format version {payload['format_version']}, "
-            f"newer than this difffn reads ({FORMAT_VERSION}). Fix: upgrade difffn."
-        )
-    return payload
+    return Checkpoint.from_payload(_container.read(path, KIND), str(path)).payload
 
 
-def find(resume_from) -> tuple[Path, dict[str, Any]]:
+def find(resume_from) -> Checkpoint:
     """The checkpoint to resume from: a file, or the newest valid checkpoint in a folder.
 
     Raises:
@@ -325,7 +213,7 @@ def find(resume_from) -> tuple[Path, dict[str, Any]]:
             "run."
         )
     if not path.is_dir():
-        return path, read(path)
+        return Checkpoint(str(path), read(path))
     candidates = checkpoints(path)
     if not candidates:
         raise SerializationError(
@@ -347,7 +235,7 @@ def find(resume_from) -> tuple[Path, dict[str, Any]]:
                 CheckpointWarning,
                 stacklevel=3,
             )
-        return candidate, payload
+        return Checkpoint(str(candidate), payload)
     tried = "; ".join(f"{bad.name}: {error}" for bad, error in damaged)
     raise SerializationError(
         f"trainnet: resume_from={str(path)!r}: none of its {len(damaged)} checkpoint(s) is "
@@ -356,111 +244,34 @@ def find(resume_from) -> tuple[Path, dict[str, Any]]:
     )
 
 
-# -- fingerprint --------------------------------------------------------------------------------
-
-# The options that change a run's numbers; resuming requires them unchanged. verbose, plots,
-# output_fcn, execution_environment and the checkpoint options may change.
-FINGERPRINT_OPTIONS = (
-    "solver",
-    "max_epochs",
-    "mini_batch_size",
-    "shuffle",
-    "initial_learn_rate",
-    "learn_rate_schedule",
-    "learn_rate_schedule_settings",
-    "learn_rate_drop_factor",
-    "learn_rate_drop_period",
-    "momentum",
-    "gradient_decay_factor",
-    "squared_gradient_decay_factor",
-    "epsilon",
-    "l2_regularization",
-    "gradient_threshold_method",
-    "gradient_threshold",
-    "validation_frequency",
-    "validation_patience",
-    "objective_metric_name",
-    "resolved_output_network",
-    "metrics",
-)
+# -- resuming ---------------------------------------------------------------------------------
 
 
-def fingerprint(options, *, loss, data: dict[str, str], factors: dict[str, str]) -> dict[str, str]:
-    """What a run's numbers depend on, as ``{name: description}`` strings."""
-    out = {f"option {name}": describe(getattr(options, name)) for name in FINGERPRINT_OPTIONS}
-    out["option validation_data"] = describe_data(options.validation_data, "validation")
-    out["loss"] = describe(loss)
-    out.update(data)
-    out.update(factors)
-    return out
+def resume(
+    checkpoint: Checkpoint, *, net: Network, key, fingerprint: dict[str, str], defaults
+) -> Network:
+    """Check that this call continues the run that wrote ``checkpoint``; its network.
 
+    Checked, in order: the key the run started with, the network's structure (the restored
+    network is returned), and the fingerprint (``defaults``: the option entries a checkpoint
+    written before an option existed is taken to have).
 
-def check_fingerprint(saved: dict[str, str], current: dict[str, str], source: str) -> None:
-    """Raise a clear error naming the first thing that differs between two fingerprints."""
-    for name in list(current) + [n for n in saved if n not in current]:
-        was, now = saved.get(name, "(absent)"), current.get(name, "(absent)")
-        if was != now:
-            raise SerializationError(
-                f"trainnet(resume_from={source!r}): the run that wrote the checkpoint differs "
-                f"in {name}: it had {was}; this call has {now}. Resuming continues "
-                "that run exactly, so the options that change the numbers, the loss, the data "
-                "and the network's factors must be the same. Fix: pass the same ones, or start "
-                "a new run from the checkpoint's network (net = df.load(path, like=net))."
-            )
-
-
-def describe(value) -> str:
-    """A stable description of an option value (callables by their qualified name)."""
-    if isinstance(value, (str, bool, numbers.Number)) or value is None:
-        return repr(value)
-    if isinstance(value, (tuple, list)):
-        return "[" + ", ".join(describe(v) for v in value) + "]"
-    if isinstance(value, dict):
-        items = sorted((str(k), describe(v)) for k, v in value.items())
-        return "{" + ", ".join(f"{k!r}: {v}" for k, v in items) + "}"
-    name = getattr(value, "name", None)
-    if isinstance(name, str):  # a metric object
-        return f"{type(value).__name__}({name!r})"
-    if callable(value):
-        module = getattr(value, "__module__", None) or type(value).__module__
-        qualname = getattr(value, "__qualname__", None) or type(value).__qualname__
-        return f"{module}.{qualname}"
-    return type(value).__qualname__
-
-
-def describe_array(x) -> str:
-    """Shape, dtype and a hash of an array's values (sampled evenly when it is large)."""
-    fmt = ""
-    if isinstance(x, FormattedArray):
-        fmt, x = f" {x.format}", x.data
-    shape, dtype = tuple(np.shape(x)), np.dtype(x.dtype).name
-    size = int(np.prod(shape, dtype=np.int64))
-    if size * np.dtype(dtype).itemsize > _FULL_HASH_BYTES:
-        step = max(1, size // _SAMPLE)
-        sample = (jnp.ravel(x) if isinstance(x, jax.Array) else np.ravel(x))[::step]
-        x = sample
-    data = np.ascontiguousarray(np.asarray(jax.device_get(x)))
-    digest = hashlib.sha256(data.tobytes()).hexdigest()[:16]
-    return f"shape {shape} {dtype}{fmt}, hash {digest}"
-
-
-def describe_data(data, what: str) -> str:
-    """Describe training or validation data: arrays by :func:`describe_array`, else by type."""
-    if data is None:
-        return "None"
-    if (
-        isinstance(data, (tuple, list))
-        and len(data) == 2
-        and all(hasattr(x, "shape") for part in data for x in _group(part))
-    ):
-        return "; ".join(
-            f"{name}[{k}] {describe_array(x)}"
-            for name, part in zip(("X", "T"), data, strict=True)
-            for k, x in enumerate(_group(part))
+    Raises:
+      SerializationError: the first difference, named, with the fix.
+    """
+    source = checkpoint.source
+    if not same_key(checkpoint.run_key, key):
+        raise SerializationError(
+            f"trainnet(resume_from={source!r}): the key differs from the key the run "
+            "that wrote the checkpoint started with. Fix: pass that run's key, or "
+            "leave key out to use the checkpoint's."
         )
-    length = len(data) if hasattr(data, "__len__") else "unknown"
-    return f"an iterable {type(data).__qualname__} of {length} {what} batches"
-
-
-def _group(part) -> tuple:
-    return tuple(part) if isinstance(part, (tuple, list)) else (part,)
+    try:
+        restored = restore_network(checkpoint.network, net, source=source)
+    except SerializationError as error:
+        raise SerializationError(
+            f"trainnet(resume_from={source!r}): {error} Fix: pass the network the run "
+            "started from (the same layers, names and sizes)."
+        ) from None
+    _fingerprint.check(checkpoint.fingerprint, fingerprint, source, defaults=defaults)
+    return restored

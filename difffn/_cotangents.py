@@ -17,7 +17,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax.custom_derivatives import SymbolicZero
 
-from ._errors import BackwardError
+from ._errors import BackwardError, ForwardError
 
 try:  # the internal zero type that JAX's newer custom_vjp hands to rules
     from jax._src.ad_util import Zero as _InternalZero
@@ -38,17 +38,17 @@ class Spec:
     """Shape, dtype and mesh-axis variance of a value, recorded at trace time."""
 
     shape: tuple[int, ...]
-    dtype: np.dtype
+    dtype: Any  # a numpy dtype, or JAX's extended dtype for typed PRNG keys
     vma: frozenset[str]
 
     @classmethod
     def of(cls, x) -> Spec:
         aval = jax.typeof(x)
-        return cls(tuple(aval.shape), np.dtype(aval.dtype), varying_axes(aval))
+        return cls(tuple(aval.shape), aval.dtype, varying_axes(aval))
 
     @property
     def differentiable(self) -> bool:
-        return jnp.issubdtype(self.dtype, jnp.inexact)
+        return bool(jnp.issubdtype(self.dtype, jnp.inexact))
 
     def describe(self) -> str:
         return f"shape {self.shape} and dtype {self.dtype}"
@@ -65,6 +65,42 @@ def varying_axes(value_or_aval) -> frozenset[str]:
     if vma is None:
         vma = getattr(getattr(aval, "mat", None), "varying", frozenset())
     return frozenset(vma)
+
+
+_ARRAY = object()  # marks a memory leaf that travels as a value, not as static structure
+
+
+def split_memory(memory, who: str) -> tuple[Static, tuple]:
+    """A memory value as (static description, array leaves): the arrays become residuals, and
+    any other leaf (a Python ``int`` axis, a string) travels as static structure, unchanged.
+
+    Raises:
+      ForwardError: a leaf is neither an array nor hashable.
+    """
+    leaves, tree = jax.tree_util.tree_flatten_with_path(memory)
+    static, arrays = [], []
+    for path, leaf in leaves:
+        if isinstance(leaf, (jax.Array, np.ndarray, np.generic)):
+            static.append(_ARRAY)
+            arrays.append(jnp.asarray(leaf))
+            continue
+        try:
+            hash(leaf)
+        except TypeError:
+            raise ForwardError(
+                f"{who} returned a memory value{path_text(path)} that is an unhashable "
+                f"{type(leaf).__name__}; memory is a pytree of arrays and hashable Python values "
+                "(int, float, str, ...). Fix: convert it to an array or a tuple."
+            ) from None
+        static.append(leaf)
+    return Static((tree, tuple(static))), tuple(arrays)
+
+
+def join_memory(static: Static, arrays) -> Any:
+    """The memory value :func:`split_memory` took apart."""
+    tree, leaves = static.value
+    it = iter(arrays)
+    return jax.tree.unflatten(tree, [next(it) if v is _ARRAY else v for v in leaves])
 
 
 def is_symbolic_zero(ct) -> bool:
@@ -92,32 +128,37 @@ def sum_to_variance(ct, spec: Spec):
     return ct
 
 
-def check_gradient(grad, spec: Spec, *, who: str, what: str, required: bool):
+def check_gradient(
+    grad, spec: Spec, *, who: str, what: str, required: bool, none_means_zero: bool = False
+):
     """Validate one gradient a user backward returned; return it ready for JAX (or ``None``).
 
     Args:
-      grad: what the user returned (an array, ``None``, or something else).
+      grad: what the user returned (an array, a Python scalar, ``None``, or something else).
       spec: the primal value's shape and dtype.
       who: ``"SReLUFunction.backward"``, for messages.
       what: ``"the gradient of input 'tl' (2 of 5)"``, for messages.
       required: whether JAX needs this gradient (the compute_gradients flag).
+      none_means_zero: ``None`` for a required gradient means zeros (JAX's convention) instead
+        of being an error.
     """
     if not spec.differentiable:
-        if grad is not None:
-            raise BackwardError(
-                f"{who} returned {what}, but that value has integer/boolean dtype "
-                f"{spec.dtype} and cannot be differentiated; expected None. Fix: return None "
-                "for that position."
-            )
-        return None
+        if grad is None or _is_float0(grad):
+            return None
+        raise BackwardError(
+            f"{who} returned {what}, but that value has non-differentiable dtype {spec.dtype} "
+            "(integer, boolean or PRNG key); expected None. Fix: return None for that position."
+        )
     if grad is None:
-        if required:
+        if required and not none_means_zero:
             raise BackwardError(
                 f"{who} returned None for {what}, but compute_gradients is True for it: a JAX "
                 "transformation differentiates this value. Expected an array with "
                 f"{spec.describe()}. Fix: return its gradient (zeros if it truly has none)."
             )
         return None
+    if isinstance(grad, (int, float, complex)) and not isinstance(grad, bool):
+        grad = np.asarray(grad, spec.dtype)  # a Python scalar takes the value's dtype
     if not isinstance(grad, (jax.Array, np.ndarray, np.generic)):
         raise BackwardError(
             f"{who} returned a {type(grad).__name__} as {what}; expected an array with "
@@ -140,6 +181,86 @@ def check_gradient(grad, spec: Spec, *, who: str, what: str, required: bool):
     if not required:
         return None  # checked, but JAX discards it anyway; keeping it would only cost memory
     return sum_to_variance(jnp.asarray(grad), spec)
+
+
+def _is_float0(value) -> bool:
+    return getattr(value, "dtype", None) == jax.dtypes.float0
+
+
+def align_leaves(grad, template, *, who: str, what: str) -> list:
+    """The leaves of ``grad`` lined up with ``template``'s; ``None`` may stand for any subtree.
+
+    ``grad`` must have ``template``'s pytree structure, except that ``None`` may replace a leaf
+    or a whole subtree (no gradient there), as in JAX's ``custom_vjp``.
+
+    Raises:
+      BackwardError: the structures differ (the message shows both).
+    """
+    from ._format import FormattedArray  # a leaf here, never a node to descend into
+
+    def stop(v):
+        return v is None or isinstance(v, FormattedArray)
+
+    def expand(g, sub):
+        count = jax.tree.structure(sub).num_leaves
+        if g is None:
+            return [None] * count
+        if not jax.tree_util.treedef_is_leaf(jax.tree.structure(sub)) or count != 1:
+            raise ValueError
+        return [g.data if isinstance(g, FormattedArray) else g]
+
+    try:
+        pieces = jax.tree.map(lambda g, sub: _Piece(expand(g, sub)), grad, template, is_leaf=stop)
+    except (ValueError, TypeError):
+        expected = structure_text(template)
+        got = structure_text(grad, is_leaf=stop)
+        raise BackwardError(
+            f"{who} returned {what} with structure {got}; expected {expected} (the structure "
+            "of the value it belongs to; None may stand for a leaf or a whole subtree without "
+            "gradient). Fix: return the gradient as the same kind of container, with the same "
+            "keys or fields."
+        ) from None
+    return [leaf for piece in jax.tree.leaves(pieces, is_leaf=_is_piece) for leaf in piece.leaves]
+
+
+class _Piece:
+    __slots__ = ("leaves",)
+
+    def __init__(self, leaves):
+        self.leaves = leaves
+
+
+def _is_piece(v) -> bool:
+    return isinstance(v, _Piece)
+
+
+def structure_text(tree, *, is_leaf=None) -> str:
+    """``Params(w=*, b=*)``, ``{'b': *, 'w': *}``: a pytree's structure, for messages."""
+
+    def render(v) -> str:
+        if v is None:
+            return "None"
+        if is_leaf is not None and is_leaf(v):
+            return "*"
+        if isinstance(v, tuple) and hasattr(v, "_fields"):
+            fields = ", ".join(f"{f}={render(getattr(v, f))}" for f in v._fields)
+            return f"{type(v).__name__}({fields})"
+        if isinstance(v, dict):
+            return "{" + ", ".join(f"{k!r}: {render(x)}" for k, x in v.items()) + "}"
+        if isinstance(v, (tuple, list)):
+            inner = ", ".join(render(x) for x in v) + ("," if len(v) == 1 else "")
+            return f"({inner})" if isinstance(v, tuple) else f"[{inner}]"
+        children, node = jax.tree_util.tree_flatten(v, is_leaf=lambda x: x is not v)
+        if jax.tree_util.treedef_is_leaf(node):
+            return "*"
+        return f"{type(v).__name__}(" + ", ".join(render(c) for c in children) + ")"
+
+    return render(tree)
+
+
+def path_text(path) -> str:
+    """`` at ['w']`` for a leaf inside a pytree; empty for a value that is itself a leaf."""
+    return f" at {jax.tree_util.keystr(path)}" if path else ""
 
 
 def normalize_returns(result, count: int, *, who: str, names: Sequence[str]) -> tuple:

@@ -3,8 +3,9 @@
 MATLAB generates code from a trained network; JAX serializes the compiled computation instead.
 ``df.export(net, *layouts, path)`` traces the network's predict for inputs of the given layouts
 (a ``None`` size, e.g. the batch, becomes a symbolic dimension, so one file serves every batch
-size), exports it with ``jax.export`` together with its first-order VJP (so the loaded model can
-be differentiated with respect to its inputs, custom backwards included) and writes the
+size), exports it with ``jax.export`` together with its VJP up to ``vjp_order`` (default first
+order; so the loaded model can be differentiated with respect to its inputs, custom backwards
+included, that many times in reverse mode) and writes the
 serialized module with a description (input and output names, input layouts and dtypes,
 output formats, the layer names and classes, the difffn and jax versions) to a difffn container
 of kind ``"exported"`` (``_container.py``: msgpack, checksum, atomic write).
@@ -32,11 +33,28 @@ from ._format import FormattedArray, Layout, dims, dlarray, stripdims
 from ._network import Network
 from ._propagate import resolve_layouts
 from ._serialization import _describe, _layout_payload
+from ._version import __version__
 
 FORMAT = "difffn.exported"
 FORMAT_VERSION = 1
 KIND = "exported"
-VJP_ORDER = 1
+
+
+_PLATFORMS = ("cpu", "cuda", "rocm", "tpu")  # jax.export's names
+
+
+def _check_platforms(platforms) -> None:
+    if platforms is None:
+        return
+    if isinstance(platforms, str):
+        platforms = (platforms,)
+    for name in platforms:
+        if name not in _PLATFORMS:
+            hint = " JAX names GPUs 'cuda' (NVIDIA) or 'rocm' (AMD)." if name == "gpu" else ""
+            raise SerializationError(
+                f"df.export: platforms has {name!r}, which is not a platform JAX exports for; "
+                f"they are {list(_PLATFORMS)}.{hint} Fix: e.g. platforms=('cpu', 'cuda')."
+            )
 
 
 def export(
@@ -45,6 +63,7 @@ def export(
     path: str | os.PathLike | None = None,
     dtype=jnp.float32,
     platforms: Sequence[str] | None = None,
+    vjp_order: int = 1,
 ) -> Path:
     """Export a network's compiled predict to a file (MATLAB's code generation, via jax.export).
 
@@ -57,6 +76,9 @@ def export(
       path: the file (instead of the last positional argument).
       dtype: the inputs' dtype (default float32), or one per input.
       platforms: where the file may run, e.g. ``("cpu", "cuda")`` (default: this machine's).
+      vjp_order: how many reverse-mode derivatives the file keeps (``jax.export``'s
+        ``vjp_order``): 1 (default) for ``jax.grad`` of the loaded model, 2 for
+        ``jax.grad(jax.grad(...))``, 0 for none (a smaller file).
 
     Returns:
       The path written (atomically).
@@ -92,6 +114,11 @@ def export(
         layouts = layouts_and_path
     if not isinstance(net, Network):
         raise SerializationError(f"df.export expected a df.Network; got {type_name(net)}.")
+    if not isinstance(vjp_order, int) or isinstance(vjp_order, bool) or vjp_order < 0:
+        raise SerializationError(
+            f"df.export: vjp_order is {vjp_order!r}; expected a non-negative int (how many "
+            "reverse-mode derivatives the file keeps). Fix: vjp_order=1 (default) or 2."
+        )
     if not net.initialized:
         raise SerializationError(
             "df.export: the network is not initialized. Fix: "
@@ -104,6 +131,7 @@ def export(
             "be traced, so jax.export cannot export them. Fix: express value-dependent branches "
             "with jnp.where or jax.lax.cond and drop acceleratable = False."
         )
+    _check_platforms(platforms)
     layouts = _merged_layouts(net, layouts)
     dtypes = list(dtype) if isinstance(dtype, (tuple, list)) else [dtype] * len(layouts)
     output_formats: list[str] = []
@@ -115,16 +143,14 @@ def export(
         return tuple(stripdims(y) for y in outputs)
 
     exported = _export.export_function(predict, *layouts, dtype=dtypes, platforms=platforms)
-    data = _export.serialize(exported, vjp_order=VJP_ORDER)
-    from . import __version__
-
+    data = _export.serialize(exported, vjp_order=vjp_order)
     payload = {
         "format": FORMAT,
         "format_version": FORMAT_VERSION,
         "difffn_version": __version__,
         "jax_version": jax.__version__,
         "exported": data,
-        "vjp_order": VJP_ORDER,
+        "vjp_order": vjp_order,
         "platforms": list(exported.platforms),
         "input_names": list(net.input_names),
         "output_names": list(net.output_names),
@@ -174,6 +200,7 @@ def load_exported(path: str | os.PathLike) -> ExportedNetwork:
         layers=tuple((d["name"], d["class"]) for d in payload["structure"]["layers"]),
         difffn_version=payload.get("difffn_version"),
         source=source,
+        vjp_order=int(payload.get("vjp_order", 1)),
     )
 
 
@@ -184,8 +211,8 @@ class ExportedNetwork:
     with any size where the export's layout said ``None``; it returns the outputs like
     ``Network.predict`` does: one output or a tuple, each a ``df.FormattedArray`` with the
     format the network gave it (plain when it had none; ``df.stripdims`` gives the array).
-    It works under ``jax.jit`` and ``jax.grad``/``jax.vjp`` (first order, through the exported
-    VJP, custom backwards included).
+    It works under ``jax.jit`` and ``jax.grad``/``jax.vjp`` (up to ``vjp_order`` times, through
+    the exported VJP, custom backwards included).
 
     Attributes:
       input_names, output_names: the network's.
@@ -194,6 +221,7 @@ class ExportedNetwork:
       output_formats: the format of each output (``""``: plain).
       layers: ``(name, class)`` of each layer of the exported network (a description only).
       platforms: where it runs (``"cpu"``, ``"cuda"``, ...).
+      vjp_order: how many reverse-mode derivatives the file keeps (1 for older files).
       exported: the ``jax.export.Exported``.
     """
 
@@ -209,6 +237,7 @@ class ExportedNetwork:
         layers,
         difffn_version,
         source,
+        vjp_order=1,
     ):
         self.exported = exported
         self.input_names = input_names
@@ -219,6 +248,7 @@ class ExportedNetwork:
         self.layers = layers
         self.difffn_version = difffn_version
         self.source = source
+        self.vjp_order = vjp_order
 
     @property
     def platforms(self) -> tuple[str, ...]:
@@ -226,16 +256,13 @@ class ExportedNetwork:
 
     def __call__(self, *inputs):
         xs = self._check_inputs(inputs)
-        try:
-            outputs = self.exported.call(*xs)
-        except ValueError as error:
-            if "platform" not in str(error):
-                raise
+        platform = jax.export.default_export_platform()
+        if platform not in self.platforms:
             raise SerializationError(
                 f"{self.source!r} was exported for platforms {list(self.platforms)}; this "
-                f"machine runs {jax.default_backend()!r}. Fix: export with "
-                f"platforms=({jax.default_backend()!r}, ...)."
-            ) from error
+                f"machine runs {platform!r}. Fix: export with platforms=({platform!r}, ...)."
+            )
+        outputs = self.exported.call(*xs)
         outputs = tuple(
             dlarray(y, f) if f else y for y, f in zip(outputs, self.output_formats, strict=True)
         )

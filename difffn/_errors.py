@@ -35,6 +35,10 @@ class ForwardModeError(Error, TypeError):
     """Forward-mode differentiation (``jax.jvp``, ``jax.jacfwd``) of an op that has no ``jvp``."""
 
 
+class HigherOrderError(DifferentiableFunctionError):
+    """The backward of a ``once_differentiable`` function was differentiated (second order)."""
+
+
 class LayerError(Error, TypeError):
     """A :class:`~difffn.Layer` subclass is defined or used incorrectly."""
 
@@ -55,12 +59,16 @@ class SerializationError(Error, ValueError):
     """A file could not be saved or loaded safely."""
 
 
+class OpError(Error, ValueError):
+    """A ``df.ops`` function got an argument it cannot use (a size, a shape, an option)."""
+
+
 class CheckError(Error, ValueError):
     """``check_layer``/``check_function`` was called with arguments it cannot use."""
 
 
 class ONNXImportError(Error, ValueError):
-    """An ONNX model cannot be imported (``df.import_onnx``), or ONNX support is not installed.
+    """An ONNX model cannot be imported (``df.import_onnx``).
 
     One error lists every problem found in the model: each unsupported node with its operator
     type and name, each input size difffn needs but the file leaves open, and how to fix it.
@@ -70,6 +78,10 @@ class ONNXImportError(Error, ValueError):
 class ONNXExportError(Error, ValueError):
     """A network cannot be written as ONNX (``df.export_onnx``): the message names the layer and
     the operation that has no ONNX lowering."""
+
+
+class MissingDependencyError(Error, ImportError):
+    """An optional dependency that a feature needs is not installed (the message says which)."""
 
 
 def type_name(obj: object) -> str:

@@ -10,6 +10,10 @@
   acceleratable layers are compiled (and cached), the others run eagerly in between. This holds
   under ``jax.grad`` too (the segments are jitted functions of JVP tracers), which is how trainnet
   trains such networks.
+
+A network whose sizes were never checked (built from initialized layers, or edited so that the
+layouts could not be propagated) may fail inside a layer with JAX's shape error; ``run`` then
+propagates the layouts to name the layer that does not fit, and raises that instead.
 """
 
 from __future__ import annotations
@@ -20,15 +24,34 @@ from typing import Any
 import jax
 
 from . import _cache
+from ._errors import AccelerationError, Error
 from ._format import FormattedArray
 from ._graph import Graph
-from ._layer import call_layer
+from ._layer_call import call_layer
+from ._propagate import propagate
 
 ACCELERATION = ("auto", "none")
 
 
 def run(net, inputs, key, *, training: bool, wanted, acceleration: str = "auto"):
     """Run ``net`` on prepared inputs; returns (values for ``wanted``, new state per layer)."""
+    try:
+        return _run(net, inputs, key, training=training, wanted=wanted, acceleration=acceleration)
+    except (TypeError, ValueError) as error:
+        layouts = net.input_layouts
+        if (
+            net.recorded_layouts is None
+            and None not in layouts
+            and not isinstance(error, AccelerationError)
+        ):
+            try:
+                propagate(net, list(layouts), None, abstract=True)
+            except Error as found:  # names the layer whose sizes do not fit
+                raise found from None
+        raise
+
+
+def _run(net, inputs, key, *, training: bool, wanted, acceleration: str):
     tracing = isinstance(key, jax.core.Tracer) or any(
         isinstance(x.data if isinstance(x, FormattedArray) else x, jax.core.Tracer) for x in inputs
     )

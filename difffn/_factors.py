@@ -10,13 +10,17 @@ and ``"layer/net_field/inner_layer/param"`` through a network nested in a layer.
 from __future__ import annotations
 
 import dataclasses
+import math
 import numbers
 
 import jax
 
+from ._describe import who
 from ._errors import LayerError, NetworkError
-from ._layer import LEARNABLE, Layer
+from ._fields import LEARNABLE
+from ._layer import Layer
 from ._network import Network
+from ._parameters import walk
 
 LEARN_RATE, L2 = "learn_rate_factor", "l2_factor"
 
@@ -73,7 +77,7 @@ def _learnable_field(layer: Layer, path: str, kind: str) -> tuple[str, str]:
     field, _, rest = path.partition("/") if isinstance(path, str) else (path, "", "")
     if field not in type(layer)._learnable_fields:
         raise LayerError(
-            f"{type(layer).__name__} (layer {layer.name!r}) has no learnable parameter "
+            f"{who(layer)} has no learnable parameter "
             f"{field!r} for {kind}; its learnables are {list(type(layer)._learnable_fields)}."
         )
     return field, rest
@@ -101,12 +105,8 @@ def _set(obj, path, kind, value):
         inner = _nested_network(obj, field, path, kind)
         return obj.replace(**{field: _set(inner, rest, kind, value)})
     value = _check_value(kind, path, value)
-    factors = tuple(f for f in obj.__dict__["_factors"] if f[:2] != (field, kind))
-    new = object.__new__(type(obj))
-    new.__dict__.update(obj.__dict__)
-    new.__dict__["_factors"] = tuple(sorted(factors + ((field, kind, value),)))
-    new.__dict__.pop("_aux", None)  # the factors are static: the cached pytree aux is stale
-    return new
+    factors = tuple(f for f in obj._factors if f[:2] != (field, kind))
+    return obj._copy({}, factors=tuple(sorted(factors + ((field, kind, value),))))
 
 
 def _get(obj, path, kind):
@@ -122,7 +122,7 @@ def _get(obj, path, kind):
 
 
 def _field_factor(layer: Layer, field: str, kind: str) -> float:
-    for name, k, value in layer.__dict__["_factors"]:
+    for name, k, value in layer._factors:
         if (name, k) == (field, kind):
             return value
     for f in dataclasses.fields(layer):
@@ -131,20 +131,18 @@ def _field_factor(layer: Layer, field: str, kind: str) -> float:
     return 1.0
 
 
-def leaf_factors(tree, kind: str, scale: float = 1.0) -> list[float]:
-    """The factor of every leaf of a network or layer, in leaf order (0 for non-learnables)."""
-    if isinstance(tree, Network):
-        return [f for layer in tree.layers for f in leaf_factors(layer, kind, scale)]
-    if isinstance(tree, Layer):
-        factors = []
-        for field in tree.__dict__["_leaf_fields"]:
-            value = getattr(tree, field)
-            learnable = type(tree)._field_kinds[field] == LEARNABLE
-            if isinstance(value, (Network, Layer)):
-                inner_scale = scale * _field_factor(tree, field, kind) if learnable else 0.0
-                factors += leaf_factors(value, kind, inner_scale)
-            else:
-                factor = scale * _field_factor(tree, field, kind) if learnable else 0.0
-                factors += [factor] * len(jax.tree.leaves(value))
-        return factors
-    return [0.0] * len(jax.tree.leaves(tree))
+def leaf_factors(tree, kind: str) -> list[float]:
+    """The factor of every leaf of a network or layer, in leaf order (0 for non-learnables).
+
+    Through a network held in a learnable field, the field's own factor multiplies the inner
+    ones.
+    """
+    if not isinstance(tree, (Network, Layer)):
+        return [0.0] * len(jax.tree.leaves(tree))
+    factors = []
+    for p in walk(tree):
+        factor = 0.0
+        if p.kind == LEARNABLE:
+            factor = math.prod(_field_factor(q.layer, q.field, kind) for q in (*p.owners, p))
+        factors += [factor] * len(p.leaves)
+    return factors

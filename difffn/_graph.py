@@ -7,8 +7,10 @@ input comes from the previous layer's first output unless an explicit connection
 an input layer.
 
 Network inputs are the input layers' inputs; in a network without input layers, they are the
-layer inputs that nothing feeds (named ``"layer/in"``). Network outputs are, by default, the layer
-outputs that feed nothing.
+layer inputs that nothing feeds (named ``"layer/in"``). In a network with input layers, a layer
+input that nothing feeds is *dangling*: the graph records it (a network may be incomplete while it
+is being edited, as MATLAB allows) and ``check_connected`` names every such input when the network
+is initialized or run. Network outputs are, by default, the layer outputs that feed nothing.
 """
 
 from __future__ import annotations
@@ -17,14 +19,15 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from ._errors import NetworkError
-from ._layer import InputLayer, Layer
+from ._input_layer import InputLayer
+from ._layer import Layer
 
 
 @dataclass(frozen=True)
 class Source:
     """Where a layer input comes from: network input ``index``, or layer ``index``'s ``port``."""
 
-    kind: str  # "input" or "layer"
+    kind: str  # "input", "layer", or "dangling" (nothing feeds it; index into Graph.dangling)
     index: int
     port: int = 0
 
@@ -40,6 +43,8 @@ class Graph:
     order: tuple[int, ...]  # topological order of layer indices
     connections: tuple[tuple[str, str], ...]  # every edge, as ("src/out", "dst/in")
     ports: tuple[tuple[tuple[str, ...], tuple[str, ...]], ...]  # per layer: input, output names
+    dangling: tuple[tuple[int, int], ...] = ()  # (layer, layer input) that nothing feeds
+    explicit_outputs: bool = False  # outputs named by the user (else: every unused output)
 
     def index(self, name: str) -> int:
         try:
@@ -52,6 +57,21 @@ class Graph:
     def port(self, spec: str, *, kind: str, what: str) -> tuple[int, int]:
         """``"layer"`` or ``"layer/port"`` to (layer index, port index), validated."""
         return _parse(spec, self.ports, self.names, kind=kind, what=what)
+
+    def port_name(self, i: int, j: int, kind: str) -> str:
+        """``"layer/port"`` of layer ``i``'s input or output ``j``."""
+        return f"{self.names[i]}/{self.ports[i][0 if kind == 'input' else 1][j]}"
+
+    def check_connected(self) -> None:
+        """Raise a ``NetworkError`` naming every dangling input (before initializing or running)."""
+        if self.dangling:
+            ports = [self.port_name(i, j, "input") for i, j in self.dangling]
+            raise NetworkError(
+                f"the network has unconnected (dangling) inputs {ports}; a network with input "
+                "layers must feed every other layer input. Fix: "
+                f"net.connect_layers('source_layer', {ports[0]!r}) for each, or remove those "
+                "layers with net.remove_layers([...])."
+            )
 
 
 def _port_error(what, name, ports, kind):
@@ -127,7 +147,7 @@ def build_graph(
             targets[(cur, 0)] = (prev, 0)
 
     has_input_layers = any(isinstance(layer, InputLayer) for layer in layers)
-    inputs, input_names = [], []
+    inputs, input_names, dangling = [], [], []
     sources: list[tuple[Source, ...]] = []
     for i, layer in enumerate(layers):
         if isinstance(layer, InputLayer):
@@ -140,17 +160,13 @@ def build_graph(
             if (i, j) in targets:
                 s = targets[(i, j)]
                 row.append(Source("layer", s[0], s[1]))
-                continue
-            port = _port_name(layer, names[i], j, "input")
-            if has_input_layers:
-                raise NetworkError(
-                    f"input {port!r} is not connected (dangling). The network has input layers, "
-                    "so every other layer input must be fed. Fix: add a connection "
-                    f"('source_layer', {port!r}), or start a chain with an input layer."
-                )
-            row.append(Source("input", len(inputs)))
-            inputs.append((i, j))
-            input_names.append(port)
+            elif has_input_layers:
+                row.append(Source("dangling", len(dangling)))
+                dangling.append((i, j))
+            else:
+                row.append(Source("input", len(inputs)))
+                inputs.append((i, j))
+                input_names.append(_port_name(layer, names[i], j, "input"))
         sources.append(tuple(row))
 
     order = _topological_order(names, sources)
@@ -197,6 +213,8 @@ def build_graph(
         order=order,
         connections=edges,
         ports=ports,
+        dangling=tuple(dangling),
+        explicit_outputs=outputs is not None,
     )
     return graph
 

@@ -22,7 +22,9 @@ the sum. Note the two squared-error losses:
 
 from __future__ import annotations
 
+import jax
 import jax.numpy as jnp
+import numpy as np
 
 from ._errors import OptionsError
 from ._format import FormattedArray, dims, permute, stripdims
@@ -93,6 +95,51 @@ def _float(y):
     return data if jnp.issubdtype(data.dtype, jnp.floating) else data.astype(jnp.float32)
 
 
+def check_labels(who: str, labels, num_classes: int, *, what: str = "the targets") -> None:
+    """Integer class labels must lie in ``0 .. num_classes - 1`` (checked on the host).
+
+    Out of range, ``take_along_axis`` would read ``-1`` as the last class and a label equal to
+    the number of classes (MATLAB's 1-based labels) as NaN, silently. Traced labels (inside
+    ``jit``) are not checked here: ``trainnet`` and ``testnet`` check their data once, on the
+    host, before anything runs.
+    """
+    if isinstance(labels, jax.core.Tracer):
+        return
+    values = np.asarray(jax.device_get(stripdims(labels)))
+    if values.size == 0:
+        return
+    low, high = int(values.min()), int(values.max())
+    if 0 <= low and high < num_classes:
+        return
+    valid = f"0..{num_classes - 1}"
+    if low >= 1 and high == num_classes:
+        raise OptionsError(
+            f"{who}: {what} are class labels {low}..{high}, but the {num_classes} classes are "
+            f"numbered {valid}: these look like MATLAB's 1-based class indices. Fix: subtract "
+            "one (T - 1)."
+        )
+    bad = low if low < 0 else high
+    meaning = " (a negative label would silently pick a class from the end)" if low < 0 else ""
+    raise OptionsError(
+        f"{who}: {what} hold the class label {bad}, outside {valid} for the {num_classes} "
+        f"classes of the predictions{meaning}. Fix: labels must count the classes from 0; check "
+        "the label encoding, or the number of network outputs."
+    )
+
+
+def check_class_targets(who: str, Y, T, *, what: str = "T") -> None:
+    """When ``T`` holds integer class labels for the predictions ``Y``, check their range."""
+    _, _, c = _layout(Y)
+    shape = jnp.shape(stripdims(Y))
+    t = stripdims(T)
+    dtype = getattr(t, "dtype", None)
+    if dtype is None or not jnp.issubdtype(dtype, jnp.integer):
+        return
+    classes = 2 if c is None or shape[c] == 1 else shape[c]
+    if c is None or jnp.shape(t) != shape or shape[c] == 1:
+        check_labels(who, t, classes, what=what)
+
+
 def _pick_class_log_probability(who: str, y, labels):
     """``log Y`` at the integer label of each observation, shaped like ``labels``."""
     _, _, c = _layout(y)
@@ -109,6 +156,7 @@ def _pick_class_log_probability(who: str, y, labels):
             f"{expected}; got {labels.shape}. Fix: pass class indices 0..{data.shape[c] - 1} "
             "per observation, or one-hot targets of the predictions' shape."
         )
+    check_labels(who, labels, data.shape[c])
     index = jnp.expand_dims(labels.astype(jnp.int32), c)
     return jnp.take_along_axis(_safe_log(data), index, axis=c)
 
@@ -138,12 +186,12 @@ def crossentropy(Y, T, *, normalization: str = "batch-size"):
             f"{who}: normalization must be 'batch-size' or 'none'; got {normalization!r}."
         )
     t = _targets(who, Y, T)
-    if jnp.issubdtype(t.dtype, jnp.integer):
+    if jnp.issubdtype(t.dtype, jnp.integer) and t.shape != jnp.shape(stripdims(Y)):
         total = -jnp.sum(_pick_class_log_probability(who, Y, t))
-    else:
+    else:  # one-hot (integer one-hot too: it has the predictions' shape)
         y = _float(Y)
         _same_shape(who, y, t)
-        total = -jnp.sum(t * _safe_log(y))
+        total = -jnp.sum(t.astype(y.dtype) * _safe_log(y))
     return _normalize(who, total, Y, normalization)
 
 
@@ -168,6 +216,12 @@ def index_crossentropy(Y, T, *, normalization: str = "batch-size"):
         raise OptionsError(
             f"{who}: the targets must be integer class indices; got dtype {t.dtype}. Fix: use "
             "crossentropy for one-hot targets, or pass labels.astype(int)."
+        )
+    if t.shape == jnp.shape(stripdims(Y)):
+        raise OptionsError(
+            f"{who}: the integer targets have the predictions' shape {t.shape}: one-hot, not "
+            "class indices (which have the predictions' shape without the class axis). Fix: "
+            "use crossentropy for one-hot targets, or pass T.argmax(axis=class_axis)."
         )
     return crossentropy(Y, t, normalization=normalization)
 
@@ -276,6 +330,9 @@ LOSSES = {
     "l2loss": l2loss,
     "huber": huber,
 }
+
+
+CLASS_LOSSES = (crossentropy, index_crossentropy)  # losses whose integer targets are labels
 
 
 def canonical(name: str) -> str:

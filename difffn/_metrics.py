@@ -29,7 +29,7 @@ import jax.numpy as jnp
 
 from ._errors import OptionsError
 from ._format import stripdims
-from ._losses import _float, _layout, _observations, _targets, canonical
+from ._losses import _float, _layout, _observations, _targets, canonical, check_labels
 
 _AUC_BINS = 2048
 _AUC_LOGIT_RANGE = 16.0
@@ -47,6 +47,7 @@ class Metric:
     name: str = "metric"
     title: str = "Metric"
     maximize: bool = False
+    class_labels: bool = False  # integer targets are class labels (range-checked on the host)
 
     def init(self, Y):
         """An empty state, from an example prediction (shapes only)."""
@@ -84,17 +85,20 @@ def _class_indices(who: str, Y, T):
     y = _float(Y)
     t = _targets(who, Y, T)
     binary = c is None or y.shape[c] == 1
+    labels = jnp.issubdtype(t.dtype, jnp.integer) and (binary or t.shape != y.shape)
     if binary:
         score = y if c is None else jnp.squeeze(y, c)
         predicted = (score >= 0.5).astype(jnp.int32)
-        if not jnp.issubdtype(t.dtype, jnp.integer):
+        if not labels:
             t = (t >= 0.5).astype(jnp.int32)
         true = t.reshape(score.shape) if t.size == score.size else t
         k = 2
-    else:
+    else:  # integer targets of the predictions' shape are one-hot, like float ones
         predicted = jnp.argmax(y, axis=c)
-        true = t if jnp.issubdtype(t.dtype, jnp.integer) else jnp.argmax(t, axis=c)
+        true = t if labels else jnp.argmax(t, axis=c)
         k = y.shape[c]
+    if labels:
+        check_labels(who, true, k)
     if true.shape != predicted.shape:
         raise OptionsError(
             f"{who}: targets of shape {t.shape} do not match predictions of shape {y.shape}. "
@@ -106,6 +110,8 @@ def _class_indices(who: str, Y, T):
 
 class _Confusion(Metric):
     """Metrics computed from a confusion matrix (rows: true class, columns: predicted)."""
+
+    class_labels = True
 
     def init(self, Y):
         _, _, c = _layout(Y)
@@ -174,6 +180,7 @@ class FScore(_Confusion):
 
 class AUC(Metric):
     name, title, maximize = "auc", "AUC", True
+    class_labels = True
 
     def init(self, Y):
         _, _, c = _layout(Y)
@@ -194,7 +201,8 @@ class AUC(Metric):
             positive = t.reshape(-1, 1).astype(jnp.float32)
         else:
             scores = jnp.moveaxis(y, c, -1).reshape(-1, k)
-            if jnp.issubdtype(t.dtype, jnp.integer):
+            if jnp.issubdtype(t.dtype, jnp.integer) and t.shape != y.shape:
+                check_labels(self.name, t, k)
                 positive = jax.nn.one_hot(t.reshape(-1), k, dtype=jnp.float32)
             else:
                 positive = (jnp.moveaxis(t, c, -1).reshape(-1, k) >= 0.5).astype(jnp.float32)

@@ -6,10 +6,11 @@ whole network once per input signature (shape, format, dtype) and cache the comp
 (bounded, least recently used out); layers with ``acceleratable = False`` run eagerly between
 compiled segments. Inside a user's own ``jax.jit`` / ``jax.grad``, the network simply traces.
 
-Package-internal API (what the floors above use; see docs/architecture.md): ``graph``,
+Package-internal API (what the floors above use): ``graph``,
 ``input_layouts``, ``input_layers``, ``recorded_layouts``, ``compile_cache``, ``output_ports``,
 ``prepare_inputs``, ``run``, ``with_layers`` and ``with_layer_states``. How the graph executes
-lives in ``_execute.py``, how initialization propagates layouts in ``_propagate.py``.
+lives in ``_execute.py``, how initialization propagates layouts in ``_propagate.py``, how the
+graph is edited (``add_layers``, ``connect_layers``, ...) in ``_graph_edit.py``.
 """
 
 from __future__ import annotations
@@ -20,11 +21,13 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 
-from . import _cache, _execute
+from . import _cache, _execute, _graph_edit, _parameters
 from ._errors import AccelerationError, NetworkError
+from ._fields import LEARNABLE, STATE, NetworkBase
 from ._format import FormattedArray, Layout
 from ._graph import Graph, build_graph, flatten_layers, name_layers
-from ._layer import LEARNABLE, STATE, InputLayer, Layer, NetworkBase
+from ._input_layer import InputLayer
+from ._layer import Layer
 from ._propagate import propagate, resolve_layouts
 from ._table import ParameterTable
 
@@ -86,7 +89,7 @@ class Network(NetworkBase):
         flat = name_layers(flat)
         graph = build_graph(flat, chains, tuple(tuple(c) for c in connections), outputs)
         self._set(tuple(flat), graph, layouts=None)
-        if all(isinstance(flat[i], InputLayer) for i, _ in graph.inputs):
+        if not graph.dangling and all(isinstance(flat[i], InputLayer) for i, _ in graph.inputs):
             # Input layers fix every input layout: check that the sizes fit, abstractly.
             propagate(self, [flat[i].input_layout for i, _ in graph.inputs], None, abstract=True)
 
@@ -96,18 +99,25 @@ class Network(NetworkBase):
         self._layouts = layouts
         self._token = _Token((graph, layouts, tuple(jax.tree.structure(lyr) for lyr in layers)))
 
-    def with_layers(self, layers: Sequence[Layer], *, recorded_layouts=_KEEP) -> Network:
-        """The same graph with other layers (and, if given, other recorded layouts).
+    def with_layers(
+        self, layers: Sequence[Layer], *, recorded_layouts=_KEEP, graph: Graph | None = None
+    ) -> Network:
+        """The same graph (or ``graph``, after an edit) with other layers and, if given, layouts.
 
-        When no layer's structure changed (only parameter values did) and the layouts are kept,
-        the new network keeps the structure token, and with it the compiled-trace cache.
+        When no layer's structure changed (only parameter values did) and the graph and layouts
+        are kept, the new network keeps the structure token, and with it the compiled-trace cache.
         """
         layers = tuple(layers)
         new = object.__new__(Network)
+        graph = self._graph if graph is None else graph
         layouts = self._layouts if recorded_layouts is _KEEP else recorded_layouts
-        same = layouts is self._layouts and all(
-            a is b or jax.tree.structure(a) == jax.tree.structure(b)
-            for a, b in zip(layers, self._layers)
+        same = (
+            graph is self._graph
+            and layouts is self._layouts
+            and all(
+                a is b or jax.tree.structure(a) == jax.tree.structure(b)
+                for a, b in zip(layers, self._layers)
+            )
         )
         if same:
             new._layers, new._graph, new._layouts, new._token = (
@@ -117,7 +127,7 @@ class Network(NetworkBase):
                 self._token,
             )
         else:
-            new._set(layers, self._graph, layouts)
+            new._set(layers, graph, layouts)
         return new
 
     # -- pytree ------------------------------------------------------------------------------
@@ -126,8 +136,10 @@ class Network(NetworkBase):
         return self._layers, (self._graph, self._layouts, self._token)
 
     def tree_flatten_with_keys(self):
-        children = tuple((jax.tree_util.GetAttrKey(layer.name), layer) for layer in self._layers)
-        return children, (self._graph, self._layouts, self._token)
+        # Key names come from the static graph, not the children: tree utilities (orbax's
+        # metadata trees, tree.map with is_leaf) put arbitrary values in the layer slots.
+        keys = map(jax.tree_util.GetAttrKey, self._graph.names)
+        return tuple(zip(keys, self._layers)), (self._graph, self._layouts, self._token)
 
     @classmethod
     def tree_unflatten(cls, aux, layers):
@@ -184,38 +196,116 @@ class Network(NetworkBase):
         """The layer called ``name``."""
         return self._layers[self._graph.index(name)]
 
-    def replace_layer(self, name: str, layer: Layer) -> Network:
-        """A network with layer ``name`` replaced (same name, same ports)."""
-        i = self._graph.index(name)
-        old = self._layers[i]
-        if not isinstance(layer, Layer):
-            raise NetworkError(f"replace_layer({name!r}, ...) expected a df.Layer; got {layer!r}.")
-        if (layer.name, layer.input_names, layer.output_names) != (
-            old.name,
-            old.input_names,
-            old.output_names,
-        ):
-            raise NetworkError(
-                f"replace_layer({name!r}, ...): the new layer must keep the name and ports of "
-                f"the old one ({old.name!r}, inputs {old.input_names}, outputs "
-                f"{old.output_names}); got ({layer.name!r}, {layer.input_names}, "
-                f"{layer.output_names})."
-            )
-        layers = list(self._layers)
-        layers[i] = layer
-        return self.with_layers(layers)
+    # -- editing (MATLAB addLayers, connectLayers, ...; each returns a new network) ----------
+
+    def add_layers(self, layers) -> Network:
+        """A network with ``layers`` added, connected in order, not to the existing layers.
+
+        Args:
+          layers: a layer, or a list of layers (a chain: each feeds the next). Unnamed layers
+            get unique names; a given name must not be taken.
+
+        Returns:
+          The new network; connect it with ``connect_layers``. Until every layer input is fed,
+          the network can be edited but not initialized or run.
+
+        Raises:
+          NetworkError: not layers, or a name that is taken.
+
+        Examples:
+          >>> import difffn as df
+          >>> net = df.Network([df.layers.FeatureInput(4, name="in"), df.layers.ReLU(name="r")])
+          >>> net = net.add_layers([df.layers.FullyConnected(2, name="fc"), df.layers.Softmax()])
+          >>> net.connections
+          (('in/out', 'r/in'), ('fc/out', 'softmax_1/in'))
+        """
+        return _graph_edit.add_layers(self, layers)
+
+    def connect_layers(self, source: str, destination: str) -> Network:
+        """A network with an edge from output ``source`` to input ``destination``.
+
+        Args:
+          source: ``"layer"``, or ``"layer/out"`` for a layer with several outputs.
+          destination: ``"layer"``, or ``"layer/in"`` for a layer with several inputs.
+
+        Raises:
+          NetworkError: an unknown layer or port, an input that is already fed, an input layer
+            as the destination, or an edge that would close a cycle (each named).
+
+        Examples:
+          >>> import difffn as df
+          >>> net = df.Network([
+          ...     df.layers.FeatureInput(4, name="in"), df.layers.ReLU(name="relu"),
+          ...     df.layers.Addition(2, name="add"),
+          ... ]).connect_layers("in", "add/in2")
+          >>> net.connections[-1]
+          ('in/out', 'add/in2')
+        """
+        return _graph_edit.connect_layers(self, source, destination)
+
+    def disconnect_layers(self, source: str, destination: str) -> Network:
+        """A network without the edge from output ``source`` to input ``destination``.
+
+        Raises:
+          NetworkError: an unknown layer or port, or no such edge (the message lists the edges
+            into the destination layer).
+        """
+        return _graph_edit.disconnect_layers(self, source, destination)
+
+    def remove_layers(self, names) -> Network:
+        """A network without the layers ``names`` (a name or a list) and their connections.
+
+        The layers that they fed are not reconnected: their inputs are left unconnected.
+
+        Raises:
+          NetworkError: a name that is not a layer of the network, or every layer named.
+        """
+        return _graph_edit.remove_layers(self, names)
+
+    def replace_layer(self, name: str, layers, *, reconnect_by: str = "name") -> Network:
+        """A network with layer ``name`` replaced by a layer or a chain of layers.
+
+        The old layer's inputs feed the first new layer, and the last new layer feeds what the
+        old one fed (MATLAB ``replaceLayer``). The new layers may have other names and ports.
+        A single layer with the same name and ports takes the old one's place (e.g. with
+        new parameter values); the trace cache is kept when its structure is the same too.
+
+        Args:
+          name: the layer to replace.
+          layers: a layer, or a list of layers (a chain).
+          reconnect_by: ``"name"``: each connection keeps its port name (``in2`` of the old
+            layer becomes ``in2`` of the first new one); ``"order"``: its port position.
+
+        Raises:
+          NetworkError: an unknown layer, a name that is taken, or a connection that has no
+            port to go to on the new layers (the message says which).
+
+        Examples:
+          >>> import difffn as df
+          >>> net = df.Network([
+          ...     df.layers.FeatureInput(4, name="in"), df.layers.ReLU(name="relu"),
+          ...     df.layers.FullyConnected(2, name="fc"),
+          ... ])
+          >>> net = net.replace_layer("relu", [df.layers.BatchNorm(name="bn"),
+          ...                                  df.layers.ELU(name="elu")])
+          >>> [layer.name for layer in net.layers]
+          ['in', 'bn', 'elu', 'fc']
+          >>> net.connections
+          (('in/out', 'bn/in'), ('bn/out', 'elu/in'), ('elu/out', 'fc/in'))
+        """
+        return _graph_edit.replace_layer(self, name, layers, reconnect_by=reconnect_by)
 
     # -- parameters ----------------------------------------------------------------------------
 
     @property
     def learnables(self) -> ParameterTable:
         """Table of learnable parameters (layer, parameter, value); nested networks by path."""
-        return ParameterTable(_parameter_rows(self, LEARNABLE))
+        return _parameters.table(self, LEARNABLE)
 
     @property
     def state(self) -> ParameterTable:
         """Table of state parameters (layer, parameter, value)."""
-        return ParameterTable(_parameter_rows(self, STATE))
+        return _parameters.table(self, STATE)
 
     def replace(self, *, learnables=None, state=None) -> Network:
         """A network with some learnable and/or state values replaced.
@@ -224,11 +314,17 @@ class Network(NetworkBase):
           learnables: a ``ParameterTable`` (or mapping ``"layer/parameter"`` → value) with any
             subset of the learnable rows.
           state: the same for state parameters (e.g. the table ``forward`` returns).
+
+        Raises:
+          NetworkError: a layer or parameter that the network does not have.
+          LayerError: a value that does not fit the one it replaces: a learnable of another
+            shape, or of another kind of dtype (floating vs integer; the precision may change);
+            a state of another kind of dtype (its shape may change).
         """
         net = self
         for table, kind in ((learnables, LEARNABLE), (state, STATE)):
             if table is not None:
-                net = _assign(net, table, kind)
+                net = _parameters.assign(net, table, kind)
         return net
 
     def reset_state(self) -> Network:
@@ -268,7 +364,7 @@ class Network(NetworkBase):
 
     # -- running ---------------------------------------------------------------------------------
 
-    def predict(self, *inputs, outputs=None, acceleration="auto", return_state=False):
+    def predict(self, *inputs, outputs=None, acceleration="auto", return_state=False, **named):
         """Outputs of the network at prediction time (MATLAB ``predict``).
 
         Args:
@@ -281,29 +377,40 @@ class Network(NetworkBase):
         Returns:
           One output, or a tuple of outputs; with ``return_state``, ``(outputs, state)``.
         """
+        self._no_named_inputs("predict", named)
         values, states = self.run(
             inputs, None, training=False, outputs=outputs, acceleration=acceleration
         )
         out = values[0] if len(values) == 1 else values
-        return (out, self._state_table(states)) if return_state else out
+        return (out, _parameters.state_table(self, states)) if return_state else out
 
-    def forward(self, *inputs, key=None, outputs=None, acceleration="auto"):
+    def _no_named_inputs(self, method: str, named: dict) -> None:
+        if named:
+            raise NetworkError(
+                f"Network.{method} takes the inputs positionally, in the order of "
+                f"net.input_names {list(self.input_names)}; got keyword argument(s) "
+                f"{sorted(named)}. Fix: net.{method}(*arrays), one array per input, in that "
+                "order."
+            )
+
+    def forward(self, *inputs, key=None, outputs=None, acceleration="auto", **named):
         """Outputs at training time and the updated state (MATLAB ``forward``).
 
         Returns:
           ``(outputs, state)``: one output or a tuple, and a ``ParameterTable`` of the new state
           values (put it back with ``net.replace(state=state)``).
         """
+        self._no_named_inputs("forward", named)
         values, states = self.run(
             inputs, key, training=True, outputs=outputs, acceleration=acceleration
         )
-        return (values[0] if len(values) == 1 else values), self._state_table(states)
+        return (values[0] if len(values) == 1 else values), _parameters.state_table(self, states)
 
     def cache_info(self) -> _cache.CacheInfo:
         """Compiled-trace cache statistics (hits, misses, entries, maxsize) for this structure."""
         return self._token.cache.info()
 
-    # -- the package-internal API (docs/architecture.md) -----------------------------------------
+    # -- the package-internal API (the module docstring lists it) ----------------------------------
 
     @property
     def graph(self) -> Graph:
@@ -369,6 +476,7 @@ class Network(NetworkBase):
             raise NetworkError(
                 f"acceleration={acceleration!r}; expected one of {list(_execute.ACCELERATION)}."
             )
+        self._graph.check_connected()
         if not self.initialized:
             missing = [lyr.name for lyr in self._layers if not lyr.initialized]
             raise NetworkError(
@@ -426,16 +534,6 @@ class Network(NetworkBase):
             prepared.append(x)
         return tuple(prepared)
 
-    def _state_table(self, states) -> ParameterTable:
-        rows = []
-        for layer, values in zip(self._layers, states):
-            for n, v in zip(layer.state_names, values):
-                if isinstance(v, ParameterTable):  # the state of a nested network
-                    rows += [(layer.name, f"{n}/{path}", val) for path, val in v.items()]
-                else:
-                    rows.append((layer.name, n, v))
-        return ParameterTable(rows)
-
     def with_layer_states(self, states: Sequence[Sequence[Any]]) -> Network:
         """A network whose layers hold new state values (one tuple per layer, from ``execute``)."""
         return self.with_layers(
@@ -448,19 +546,21 @@ class Network(NetworkBase):
     # -- display ---------------------------------------------------------------------------------
 
     def summary(self) -> str:
-        """A table of the layers: name, type, input/output layouts, parameter counts."""
-        header = ("#", "name", "type", "inputs", "outputs", "learnables")
+        """A table of the layers: name, type, input/output layouts, learnables, description."""
+        header = ("#", "name", "type", "inputs", "outputs", "learnables", "description")
         rows = []
         total = 0
         for n, i in enumerate(self._graph.order):
             layer = self._layers[i]
-            count = _count(layer, LEARNABLE)
+            count = _parameters.count(layer, LEARNABLE)
             total += count
             ins = outs = "?"
             if self._layouts is not None:
                 ins = ", ".join(_layout_text(lo) for lo in self._layouts[i][0])
                 outs = ", ".join(_layout_text(lo) for lo in self._layouts[i][1])
-            rows.append((str(n + 1), layer.name, layer.type, ins, outs, f"{count:,}"))
+            rows.append(
+                (str(n + 1), layer.name, layer.type, ins, outs, f"{count:,}", layer.description)
+            )
         widths = [max(len(r[c]) for r in [header, *rows]) for c in range(len(header))]
 
         def line(r):
@@ -476,120 +576,13 @@ class Network(NetworkBase):
 
     def __repr__(self):
         state = "initialized" if self.initialized else "not initialized"
+        learnables = _parameters.count(self, LEARNABLE)
         return (
             f"Network({len(self._layers)} layers, inputs={list(self.input_names)}, "
-            f"outputs={list(self.output_names)}, {_count(self, LEARNABLE):,} learnables, {state})"
+            f"outputs={list(self.output_names)}, {learnables:,} learnables, {state})"
         )
-
-
-# -- parameter tables ------------------------------------------------------------------------------
-
-
-def _parameter_rows(net: Network, kind: str, prefix: str = ""):
-    rows = []
-    for layer in net._layers:
-        for field, field_kind in type(layer)._field_kinds.items():
-            value = getattr(layer, field)
-            if isinstance(value, Network):
-                if field_kind == LEARNABLE:
-                    for lay, par, val in _parameter_rows(value, kind):
-                        rows.append((layer.name, f"{field}/{lay}/{par}", val))
-                continue
-            if field_kind == kind:
-                rows.append((layer.name, field, value))
-    return rows
-
-
-def _assign(net: Network, table, kind: str) -> Network:
-    items = table.items() if hasattr(table, "items") else table
-    updates: dict[str, dict[str, Any]] = {}
-    for path, value in items:
-        layer_name, _, parameter = path.partition("/")
-        updates.setdefault(layer_name, {})[parameter] = value
-    layers = list(net._layers)
-    for layer_name, params in updates.items():
-        i = net._graph.index(layer_name)
-        layers[i] = _assign_layer(layers[i], params, kind)
-    return net.with_layers(layers)
-
-
-def _assign_layer(layer: Layer, params: dict[str, Any], kind: str) -> Layer:
-    cls = type(layer)
-    direct, nested = {}, {}
-    for path, value in params.items():
-        field, _, rest = path.partition("/")
-        if field not in cls._field_kinds:
-            raise NetworkError(
-                f"layer {layer.name!r} ({cls.__name__}) has no parameter {path!r}; its "
-                f"{kind} parameters are {list(_kind_fields(layer, kind))}."
-            )
-        if rest:
-            nested.setdefault(field, {})[rest] = value
-        elif cls._field_kinds[field] != kind:
-            raise NetworkError(
-                f"layer {layer.name!r} ({cls.__name__}) parameter {field!r} is not a {kind} "
-                f"parameter; its {kind} parameters are {list(_kind_fields(layer, kind))}."
-            )
-        else:
-            direct[field] = value
-    for field, sub in nested.items():
-        inner = getattr(layer, field)
-        if not isinstance(inner, Network):
-            raise NetworkError(
-                f"layer {layer.name!r}: {field!r} does not hold a network, so '{field}/...' "
-                "paths do not apply."
-            )
-        direct[field] = _assign(inner, sub, kind)
-    new = object.__new__(cls)
-    new.__dict__.update(layer.__dict__)
-    new.__dict__.update(direct)
-    return new
-
-
-def _kind_fields(layer: Layer, kind: str):
-    return [f for f, k in type(layer)._field_kinds.items() if k == kind]
-
-
-def _count(obj, kind: str) -> int:
-    if isinstance(obj, Network):
-        return sum(_count(layer, kind) for layer in obj._layers)
-    total = 0
-    for field, field_kind in type(obj)._field_kinds.items():
-        value = getattr(obj, field)
-        if isinstance(value, Network) and field_kind == LEARNABLE:
-            total += _count(value, kind)
-        elif field_kind == kind and value is not None:
-            total += sum(int(jnp.size(v)) for v in jax.tree.leaves(value))
-    return total
 
 
 def _layout_text(layout: Layout) -> str:
     sizes = ",".join("?" if s is None else str(s) for s in layout.shape)
     return f"{sizes}:{layout.format}"
-
-
-def leaf_kinds(tree) -> list[str]:
-    """The kind (learnable/state/constant) of every leaf of a network or layer, in leaf order."""
-    if isinstance(tree, Network):
-        return [k for layer in tree._layers for k in leaf_kinds(layer)]
-    if isinstance(tree, Layer):
-        kinds = []
-        for field in tree.__dict__["_leaf_fields"]:
-            value = getattr(tree, field)
-            field_kind = type(tree)._field_kinds[field]
-            if isinstance(value, (Network, Layer)):
-                nested = leaf_kinds(value)
-                if field_kind != LEARNABLE:
-                    nested = ["constant"] * len(nested)
-                kinds += nested
-            else:
-                kind = field_kind if field_kind in (LEARNABLE, STATE) else "constant"
-                kinds += [kind] * len(jax.tree.leaves(value))
-        return kinds
-    return ["constant"] * len(jax.tree.leaves(tree))
-
-
-def learnable_mask(tree):
-    """A pytree like ``tree`` with True at learnable leaves (for optax.masked, partitioning)."""
-    kinds = leaf_kinds(tree)
-    return jax.tree.unflatten(jax.tree.structure(tree), [k == LEARNABLE for k in kinds])

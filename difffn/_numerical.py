@@ -12,10 +12,12 @@ reference where it exists.
 probe*, which says *where*). Each element moves in proportion to its scale
 :math:`\tau_i = \max(|p_i|, \mathrm{rms}(\text{leaf}))`, so steps are relative. A probe is
 evaluated at seven points :math:`p + c\,\tau \odot u`, :math:`c \in \{0, \pm s_1, \pm s_2,
-\pm s_3\}`, in one ``jax.vmap``-batched call; several probes share one compiled call. Which probes
-run: three directional probes per segment (all elements of a segment of at most four), the
-elements where the code under test and autodiff disagree most, and, to locate a failure without a
-trusted autodiff reference, coordinate probes (every element of a segment of at most 32).
+\pm s_3\}`, in one ``jax.vmap``-batched call; several probes share a call, and one compiled
+function serves the probes of every segment (a probe perturbs the whole flat vector, zero outside
+its support). Which probes run: three directional probes per segment (all elements of a segment
+of at most four), the elements where the code under test and autodiff disagree most, and, to
+locate a failure without a trusted autodiff reference, coordinate probes (every element of a
+segment of at most 32).
 
 **Precision.** Loss changes are formed element by element,
 :math:`\Delta L = \sum_j \langle \bar y_j, y_j(p + c\,\tau u) - y_j(p) \rangle`, so outputs that
@@ -39,7 +41,6 @@ noise floor.
 
 from __future__ import annotations
 
-import dataclasses
 import functools
 import math
 from collections.abc import Sequence
@@ -74,17 +75,24 @@ COORDINATE, DIRECTION = "coordinate", "direction"
 
 
 class Model(Protocol):
-    """What is differentiated. Hashable (it is a static argument of the compiled evaluators)."""
+    """What is differentiated: everything this module uses of it, and nothing more.
+
+    Hashable (it is a static argument of the compiled evaluators). Calls go one way: this module
+    calls the model; the model never calls back into this module.
+    """
 
     traceable: bool
+    """Whether ``outputs`` and ``gradients`` may be traced (``jax.jit``, ``jax.vmap``); if not,
+    they run eagerly, one point at a time."""
 
     def outputs(self, args: Any, parts: tuple) -> list:
-        """The outputs for the checked values, one flat float64 array per segment (``args``:
-        the fixed arrays, a pytree)."""
+        """The outputs at the point ``parts`` (one flat float64 array per segment); ``args``:
+        the fixed arrays (a pytree)."""
 
     def gradients(self, args: Any, parts: tuple) -> dict:
-        """``{source: gradient, all segments concatenated}``; ``"backward"`` (if any) is the
-        source under test, else ``"autodiff"``."""
+        """``{source: gradient, all segments concatenated}`` at ``parts``; ``"backward"`` (if
+        any) is the source under test, else ``"autodiff"``. A second source serves as a
+        reference."""
 
 
 @dataclass(frozen=True)
@@ -191,23 +199,6 @@ def to_device(parts) -> tuple:
     return tuple(jnp.asarray(np.asarray(p, np.float64)) for p in parts)
 
 
-def model_gradients(model, args, parts: tuple, cotangents) -> dict:
-    """What a model's ``gradients`` reports: its custom backward and/or JAX autodiff.
-
-    ``model`` has ``with_backward``/``with_autodiff`` flags, ``_backward(args, parts)`` and
-    ``outputs(args, parts)``; the autodiff gradient is the VJP of the outputs with
-    ``cotangents``, flattened like the parts.
-    """
-    result = {}
-    if model.with_backward:
-        result["backward"] = model._backward(args, parts)
-    if model.with_autodiff:
-        outs, vjp = jax.vjp(lambda *p: model.outputs(args, p), *parts)
-        cts = [jnp.asarray(c, y.dtype) for c, y in zip(cotangents, outs, strict=True)]
-        result["autodiff"] = jnp.concatenate(vjp(cts))
-    return result
-
-
 def lay_out(keys: Sequence[str], values: Sequence[np.ndarray], scale_leaves=None):
     """Concatenate the checked values (flat float64) into one point with a segment per key.
 
@@ -222,16 +213,6 @@ def lay_out(keys: Sequence[str], values: Sequence[np.ndarray], scale_leaves=None
     base = np.concatenate(values) if len(values) else np.zeros((0,), np.float64)
     scale = element_scale(values if scale_leaves is None else scale_leaves)
     return segments, base, scale, to_device(split(base, segments))
-
-
-def without_autodiff(model, args, parts: tuple, error: Exception):
-    """After JAX autodiff failed as a reference: ``(model, gradients, note)`` with it turned off."""
-    model = dataclasses.replace(model, with_autodiff=False)
-    note = (
-        "JAX autodiff of forward is not available as a reference "
-        f"({type(error).__name__}); only finite differences were used."
-    )
-    return model, compute_gradients(model, args, parts), note
 
 
 def compute_gradients(model: Model, args, parts: tuple) -> dict:
@@ -395,91 +376,73 @@ class _Runner:
                 return
 
     def _evaluate(self, probes, point, grad_stack, attempt):
-        """Raw sums for every probe, evaluated segment by segment."""
-        rows = [None] * len(probes)
-        parts = to_device(split(point, self.order))
-        for index, segment in enumerate(self.order):
-            mine = [i for i, p in enumerate(probes) if p.segment == segment.name]
-            if not mine:
-                continue
-            support, signs = self._sparse([probes[i] for i in mine], segment, attempt)
-            grads = jnp.asarray(grad_stack[:, segment.start : segment.stop])
-            raw = self.evaluate(index, parts, grads, support, signs)
-            for k, i in enumerate(mine):
-                rows[i] = tuple(r[k] for r in raw)
-        return tuple(np.stack([row[k] for row in rows]) for k in range(4))
+        """Raw sums for every probe: one compiled evaluation serves every segment."""
+        support, signs = self._sparse(probes, attempt)
+        raw = self.evaluate(jnp.asarray(point), jnp.asarray(grad_stack), support, signs)
+        return tuple(np.asarray(r) for r in raw)
 
-    def _sparse(self, probes, segment, attempt):
-        """(support, signs) per probe: the segment's elements it perturbs, and their signs.
+    def _sparse(self, probes, attempt):
+        """(support, signs) per probe: the flat vector's elements it perturbs, and their signs.
 
-        The width is fixed per segment (coordinate probes are padded with zero signs), so the
-        compiled evaluator is reused whatever the mix of probes.
+        The width is fixed (shorter probes are padded with zero signs), so the compiled evaluator
+        is reused whatever the mix of probes and segments.
         """
-        width = min(segment.size, DIRECTION_SUPPORT)
+        width = max(min(s.size, DIRECTION_SUPPORT) for s in self.order)
         support = np.zeros((len(probes), width), np.int32)
         signs = np.zeros((len(probes), width), np.float64)
         for row, p in enumerate(probes):
+            segment = self.segments[p.segment]
             if p.kind == COORDINATE:
-                support[row, 0], signs[row, 0] = p.index, 1.0
+                support[row, 0], signs[row, 0] = segment.start + p.index, 1.0
                 continue
+            count = min(segment.size, DIRECTION_SUPPORT)
             rng = np.random.default_rng([*self.seed, segment.start, p.index, attempt])
-            support[row] = rng.choice(segment.size, width, replace=False)
-            signs[row] = rng.choice(np.array([-1.0, 1.0]), size=width)
+            support[row, :count] = segment.start + rng.choice(segment.size, count, replace=False)
+            signs[row, :count] = rng.choice(np.array([-1.0, 1.0]), size=count)
         return support, signs
 
 
 class _Evaluator:
-    """Evaluates chunks of one segment's probes with one compiled function per segment."""
+    """Evaluates chunks of probes with one compiled function for all segments."""
 
     def __init__(self, model, args, cotangents, tau, segments):
         self.model, self.args, self.cotangents = model, args, cotangents
-        self.taus = to_device(split(tau, segments))
+        self.tau = jnp.asarray(np.asarray(tau, np.float64))
+        self.bounds = tuple((s.start, s.stop) for s in segments)
         out_elements = sum(int(np.prod(np.shape(c))) for c in cotangents)
-        self.chunks = []
-        for segment in segments:
-            per_probe = _EVALS_PER_PROBE * (out_elements + segment.size) + 1
-            self.chunks.append(int(min(_MAX_CHUNK, max(1, _CHUNK_ELEMENTS // per_probe))))
+        size = int(self.tau.size)
+        per_probe = _EVALS_PER_PROBE * (out_elements + size) + 1
+        self.chunk = int(min(_MAX_CHUNK, max(1, _CHUNK_ELEMENTS // per_probe)))
 
-    def __call__(self, index, parts, grads, support, signs):
+    def __call__(self, point, grads, support, signs):
         count, width = support.shape
-        tau = self.taus[index]
+        fixed = (self.model, self.bounds, self.args, self.cotangents, self.tau, point, grads)
         if not self.model.traceable:
             rows = [
-                _probe_sums(self.model, index, self.args, self.cotangents, tau, parts, grads, s, g)
+                _probe_sums(*fixed, s, g)
                 for s, g in zip(jnp.asarray(support), jnp.asarray(signs), strict=True)
             ]
             return tuple(np.stack([np.asarray(r[k]) for r in rows]) for k in range(4))
-        chunk = self.chunks[index]  # fixed, so one compilation serves every call
+        chunk = self.chunk  # fixed, so one compilation serves every call
         padded = -(-count // chunk) * chunk
         support = np.concatenate([support, np.zeros((padded - count, width), np.int32)])
         signs = np.concatenate([signs, np.zeros((padded - count, width), np.float64)])
         outs = []
         for start in range(0, padded, chunk):
-            part = _chunk_jit(
-                self.model,
-                index,
-                self.args,
-                self.cotangents,
-                tau,
-                parts,
-                grads,
-                support[start : start + chunk],
-                signs[start : start + chunk],
-            )
+            part = _chunk_jit(*fixed, support[start : start + chunk], signs[start : start + chunk])
             outs.append(part)
         return tuple(np.concatenate([np.asarray(o[k]) for o in outs])[:count] for k in range(4))
 
 
-def _probe_sums(model, index, args, cotangents, tau, parts, grads, support, signs):
+def _probe_sums(model, bounds, args, cotangents, tau, point, grads, support, signs):
     """Loss changes of one probe at the seven points, their scales and noise, and ⟨g, τu⟩."""
     offsets = jnp.asarray([0.0] + [c for s in STEPS for c in (s, -s)], jnp.float64)
     step = signs * tau[support]
-    base = parts[index]
-    w = jnp.zeros(base.shape, jnp.float64).at[support].add(step)
-    values = base[None, :] + offsets[:, None] * w[None, :]
+    w = jnp.zeros(point.shape, jnp.float64).at[support].add(step)
+    values = point[None, :] + offsets[:, None] * w[None, :]
 
     def outputs(value):
-        return model.outputs(args, (*parts[:index], value, *parts[index + 1 :]))
+        return model.outputs(args, tuple(value[start:stop] for start, stop in bounds))
 
     if model.traceable:
         ys = list(jax.vmap(outputs)(values))
@@ -503,10 +466,10 @@ def _probe_sums(model, index, args, cotangents, tau, parts, grads, support, sign
     return d, absd, noise, grads[:, support] @ step
 
 
-@functools.partial(jax.jit, static_argnames=("model", "index"))
-def _chunk_jit(model, index, args, cotangents, tau, parts, grads, support, signs):
+@functools.partial(jax.jit, static_argnames=("model", "bounds"))
+def _chunk_jit(model, bounds, args, cotangents, tau, point, grads, support, signs):
     return jax.vmap(
-        lambda s, g: _probe_sums(model, index, args, cotangents, tau, parts, grads, s, g)
+        lambda s, g: _probe_sums(model, bounds, args, cotangents, tau, point, grads, s, g)
     )(support, signs)
 
 
@@ -565,8 +528,6 @@ def _analyse(probe: ProbeResult, raw, sources, floors, tau_i: float) -> None:
 
 # -- words ----------------------------------------------------------------------------------------
 
-SOURCE_LABELS = {"backward": "the custom backward", "autodiff": "JAX autodiff"}
-
 
 def describe_failure(verdict: GradientVerdict, locate) -> list[str]:
     """Lines saying how wrong the gradient is and where (``locate(i)`` names element ``i``)."""
@@ -575,7 +536,7 @@ def describe_failure(verdict: GradientVerdict, locate) -> list[str]:
     lines = []
     if verdict.reference_ok:
         expected_all = verdict.gradients["autodiff"]
-        lines += _largest_errors(got_all, expected_all, range(got_all.size), locate)
+        lines += largest_errors(got_all, expected_all, range(got_all.size), locate)
         lines.append(
             "  expected values: JAX autodiff of the forward computation, which agrees with "
             "central finite differences at every probe"
@@ -585,7 +546,7 @@ def describe_failure(verdict: GradientVerdict, locate) -> list[str]:
         if coords:
             got = np.array([p.analytic[source] / p.scale for p in coords])
             expected = np.array([p.numerical / p.scale for p in coords])
-            lines += _largest_errors(got, expected, [p.index for p in coords], locate)
+            lines += largest_errors(got, expected, [p.index for p in coords], locate)
             lines.append(
                 f"  expected values: central finite differences in float64 at {len(coords)} of "
                 f"{verdict.segment.size} elements"
@@ -623,7 +584,8 @@ def describe_method(verdict: GradientVerdict) -> str:
     return text
 
 
-def _largest_errors(got, expected, indices, locate) -> list[str]:
+def largest_errors(got, expected, indices, locate) -> list[str]:
+    """The largest absolute and relative errors, where (``locate(indices[k])``), got, expected."""
     got, expected = np.asarray(got, np.float64), np.asarray(expected, np.float64)
     absolute = np.abs(got - expected)
     absolute = np.where(np.isnan(absolute), np.inf, absolute)

@@ -1,28 +1,36 @@
 """``TrainingOptions``: MATLAB's ``trainingOptions``, in snake_case, with MATLAB's defaults.
 
-Options are validated when the object is made: an unknown name or a bad value raises
-``df.OptionsError`` listing the valid names or values. The object is immutable;
-``options.replace(**changes)`` returns a new one. ``repr`` shows only what differs from the
-solver's defaults.
+Every option is one row of :data:`OPTIONS`: its name, its default (per solver where the solvers
+differ), its validator, and what it affects: ``numbers`` (it changes a run's numbers, so a resume
+must not change it: the checkpoint fingerprint is :func:`fingerprint`) and ``step`` (it changes
+the solver, so it is part of the compiled step's cache key: :func:`step_key`). Nothing else lists
+options: the valid names, the unknown-name suggestions, the per-solver defaults, ``repr``,
+``replace``, the fingerprint and the step key all read the table, so adding a row is enough.
 
-Decisions where MATLAB leaves room (documented on the class): ``learn_rate_schedule_settings``
-holds the settings of the named schedules (see :mod:`difffn._schedules`); ``plots_path`` says
-where ``plots="training-progress"`` writes its PNG; solver-specific options given to another
-solver are an error (e.g. ``momentum`` for ``"adam"``).
+Options are validated when the object is made (in table order, so a validator may read the
+options before it): an unknown name or a bad value raises ``df.OptionsError`` listing the valid
+names or values. The object is immutable; ``options.replace(**changes)`` returns a new one.
+``repr`` shows only what differs from the solver's defaults.
+Where MATLAB leaves room, the class documents the decision (schedule settings, ``plots_path``,
+``steps_per_epoch``, ``validation_steps``, optax solvers, solver-specific options as errors).
 """
 
 from __future__ import annotations
 
+import dataclasses
 import difflib
 import math
 import numbers
 import os
 import re
-from collections.abc import Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
+
+import optax
 
 from . import _schedules
 from ._errors import OptionsError
+from ._fingerprint import describe, describe_data, describe_solver
 from ._metrics import Metric, get_metric
 
 SOLVERS = ("sgdm", "adam", "rmsprop")
@@ -33,48 +41,52 @@ PLOTS = ("none", "training-progress")
 ENVIRONMENTS = ("auto", "cpu", "gpu", "multi-device")
 CHECKPOINT_UNITS = ("epoch", "iteration")
 
-_SOLVER_DEFAULTS: dict[str, dict[str, Any]] = {
-    "sgdm": {"initial_learn_rate": 0.01, "momentum": 0.9},
-    "adam": {
-        "initial_learn_rate": 0.001,
-        "gradient_decay_factor": 0.9,
-        "squared_gradient_decay_factor": 0.999,
-        "epsilon": 1e-8,
-    },
-    "rmsprop": {"initial_learn_rate": 0.001, "squared_gradient_decay_factor": 0.9, "epsilon": 1e-8},
-}
-_SOLVER_SPECIFIC = ("momentum", "gradient_decay_factor", "squared_gradient_decay_factor", "epsilon")
+# check(name, value, checked) -> the stored value; ``checked`` holds the options before this one.
+Check = Callable[[str, Any, Mapping[str, Any]], Any]
 
-_COMMON_DEFAULTS: dict[str, Any] = {
-    "max_epochs": 30,
-    "mini_batch_size": 128,
-    "shuffle": "once",
-    "initial_learn_rate": None,
-    "learn_rate_schedule": "none",
-    "learn_rate_schedule_settings": None,
-    "learn_rate_drop_factor": 0.1,
-    "learn_rate_drop_period": 10,
-    "l2_regularization": 1e-4,
-    "gradient_threshold_method": "l2norm",
-    "gradient_threshold": math.inf,
-    "validation_data": None,
-    "validation_frequency": 50,
-    "validation_patience": math.inf,
-    "objective_metric_name": "loss",
-    "output_network": "auto",
-    "metrics": (),
-    "verbose": True,
-    "verbose_frequency": 50,
-    "plots": "none",
-    "plots_path": None,
-    "output_fcn": None,
-    "execution_environment": "auto",
-    "checkpoint_path": None,
-    "checkpoint_frequency": 1,
-    "checkpoint_frequency_unit": "epoch",
-    "checkpoint_keep": 3,
-}
-OPTION_NAMES = tuple(sorted(set(_COMMON_DEFAULTS) | set(_SOLVER_SPECIFIC)))
+
+@dataclasses.dataclass(frozen=True)
+class Option:
+    """One training option.
+
+    Attributes:
+      name: the keyword of ``TrainingOptions``.
+      default: the default value; a dict ``{solver: default}`` where it depends on the solver.
+      check: ``check(name, value, checked) -> value`` validates (raising ``OptionsError``) and
+        returns the value stored; ``checked`` holds the options earlier in the table.
+      numbers: it changes a run's numbers: part of the resume fingerprint.
+      step: it changes the solver transformation: part of the compiled step's cache key.
+      solvers: the solvers it belongs to (None: every solver); it is None for the others, and
+        giving it to another solver is an error.
+      none_is_default: None given means the default (e.g. ``initial_learn_rate=None``).
+      describe: how the fingerprint describes it, from the options (default: its value).
+      show: how ``repr`` shows a given value, from the stored one (default: ``repr`` of it).
+    """
+
+    name: str
+    default: Any
+    check: Check
+    numbers: bool = False
+    step: bool = False
+    solvers: tuple[str, ...] | None = None
+    none_is_default: bool = False
+    describe: Callable[[Any], str] | None = None
+    show: Callable[[Any], str] | None = None
+
+    @property
+    def per_solver(self) -> bool:
+        return isinstance(self.default, dict)
+
+    def default_for(self, solver):
+        if not self.per_solver:
+            return self.default
+        return self.default.get(solver) if isinstance(solver, str) else None
+
+    def applies_to(self, solver) -> bool:
+        return self.solvers is None or (isinstance(solver, str) and solver in self.solvers)
+
+
+# -- validators ---------------------------------------------------------------------------------
 
 
 def _is_int(value) -> bool:
@@ -85,51 +97,112 @@ def _is_real(value) -> bool:
     return isinstance(value, numbers.Real) and not isinstance(value, bool)
 
 
-def _choice(name: str, value, choices: Sequence[str], hint: str = "") -> str:
-    if not isinstance(value, str) or value not in choices:
-        options = ", ".join(repr(c) for c in choices)
+def _choice(choices: Sequence[str], hints: Mapping[str, str] | None = None) -> Check:
+    def check(name, value, checked):
+        if not isinstance(value, str) or value not in choices:
+            listed = ", ".join(repr(c) for c in choices)
+            hint = (hints or {}).get(value, "") if isinstance(value, str) else ""
+            raise OptionsError(
+                f"TrainingOptions: {name} must be one of {listed}; got {value!r}.{hint}"
+            )
+        return value
+
+    return check
+
+
+def _positive_int(*, allow_inf: bool = False, allow_none: bool = False) -> Check:
+    def check(name, value, checked):
+        if allow_inf and _is_real(value) and value == math.inf:
+            return math.inf
+        if allow_none and value is None:
+            return None
+        if not (_is_int(value) and value > 0):
+            more = " or math.inf" if allow_inf else " or None" if allow_none else ""
+            raise OptionsError(
+                f"TrainingOptions: {name} must be a positive int{more}; got {value!r}."
+            )
+        return int(value)
+
+    return check
+
+
+def _real(*, low=None, high=None, low_open=False, high_open=False, inf=False) -> Check:
+    def check(name, value, checked):
+        ok = _is_real(value) and not math.isnan(value)
+        if ok and not inf and math.isinf(value):
+            ok = False
+        if ok and low is not None:
+            ok = value > low if low_open else value >= low
+        if ok and high is not None:
+            ok = value < high if high_open else value <= high
+        if not ok:
+            lo = "" if low is None else ("(" if low_open else "[") + f"{low}"
+            hi = "" if high is None else f"{high}" + (")" if high_open else "]")
+            what = f"a real number in {lo}, {hi}" if lo or hi else "a real number"
+            if low == 0 and low_open and high is None:
+                what = "a positive real number" + (" or math.inf" if inf else "")
+            elif low == 0 and not low_open and high is None:
+                what = "a non-negative real number"
+            raise OptionsError(f"TrainingOptions: {name} must be {what}; got {value!r}.")
+        return float(value)
+
+    return check
+
+
+def _solver(name, value, checked):
+    if isinstance(value, optax.GradientTransformation):
+        return value
+    if not isinstance(value, str) or value not in SOLVERS:
+        listed = ", ".join(repr(c) for c in SOLVERS)
         raise OptionsError(
-            f"TrainingOptions: {name} must be one of {options}; got {value!r}.{hint}"
+            f"TrainingOptions: solver must be one of {listed}, or an optax.GradientTransformation "
+            f"(e.g. optax.inject_hyperparams(optax.lion)(learning_rate=1e-4)); got {value!r}."
         )
     return value
 
 
-def _positive_int(name: str, value, *, allow_inf: bool = False):
-    if allow_inf and _is_real(value) and value == math.inf:
-        return math.inf
-    if not (_is_int(value) and value > 0):
-        more = " or math.inf" if allow_inf else ""
-        raise OptionsError(f"TrainingOptions: {name} must be a positive int{more}; got {value!r}.")
-    return int(value)
+def solver_label(solver) -> str:
+    """How messages and ``repr`` name a solver."""
+    return repr(solver) if isinstance(solver, str) else "<optax transformation>"
 
 
-def _real(name: str, value, *, low=None, high=None, low_open=False, high_open=False, inf=False):
-    ok = _is_real(value) and not math.isnan(value)
-    if ok and not inf and math.isinf(value):
-        ok = False
-    if ok and low is not None:
-        ok = value > low if low_open else value >= low
-    if ok and high is not None:
-        ok = value < high if high_open else value <= high
-    if not ok:
-        lo = "" if low is None else ("(" if low_open else "[") + f"{low}"
-        hi = "" if high is None else f"{high}" + (")" if high_open else "]")
-        what = f"a real number in {lo}, {hi}" if lo or hi else "a real number"
-        if low == 0 and low_open and high is None:
-            what = "a positive real number" + (" or math.inf" if inf else "")
-        elif low == 0 and not low_open and high is None:
-            what = "a non-negative real number"
-        raise OptionsError(f"TrainingOptions: {name} must be {what}; got {value!r}.")
-    return float(value)
+def _learn_rate(name, value, checked):
+    if value is None and not isinstance(checked["solver"], str):
+        return None  # a custom solver's own (its injected learning_rate)
+    return _real(low=0, low_open=True)(name, value, checked)
 
 
-def _snake(name: str) -> str:
-    return re.sub(r"(?<!^)(?=[A-Z])", "_", name).lower()
+def _bool(name, value, checked):
+    if not isinstance(value, bool):
+        raise OptionsError(f"TrainingOptions: {name} must be True or False; got {value!r}.")
+    return value
 
 
-def _check_validation_data(value):
+def _schedule(name, value, checked):
+    _schedules.validate(value, None)
+    return value
+
+
+def _schedule_settings(name, value, checked):
+    _, per_name = _schedules.validate(checked["learn_rate_schedule"], value)
+    return per_name or None
+
+
+def _validation_data(name, value, checked):
     if value is None:
         return None
+    parts = value if isinstance(value, (tuple, list)) else None
+    if hasattr(value, "shape") or (
+        parts is not None
+        and 1 <= len(parts) <= 2
+        and hasattr(parts[0], "shape")
+        and (len(parts) == 1 or parts[1] is None)
+    ):
+        shape = tuple(getattr(value if parts is None else parts[0], "shape", ()))
+        raise OptionsError(
+            "TrainingOptions: validation_data must hold inputs and targets, (X, T); got inputs "
+            f"of shape {shape} without targets. Fix: validation_data=(X_val, T_val)."
+        )
     if isinstance(value, (str, bytes)) or not (
         isinstance(value, (tuple, list)) or hasattr(value, "__iter__")
     ):
@@ -141,7 +214,46 @@ def _check_validation_data(value):
     return value
 
 
-def _check_callables(name: str, value):
+def _metrics(name, value, checked) -> tuple[Metric, ...]:
+    items = value if isinstance(value, (tuple, list)) else (value,)
+    metrics = tuple(get_metric(m, who="TrainingOptions: metrics") for m in items)
+    names = [m.name for m in metrics]
+    if len(set(names)) != len(names):
+        raise OptionsError(f"TrainingOptions: metrics has repeated names {names}.")
+    if "loss" in names:
+        raise OptionsError("TrainingOptions: a metric may not be called 'loss' (the loss is).")
+    return metrics
+
+
+def _objective(name, value, checked):
+    names = ["loss"] + [m.name for m in checked["metrics"]]
+    if value not in names:
+        raise OptionsError(
+            f"TrainingOptions: objective_metric_name must be 'loss' or one of the metrics; "
+            f"got {value!r}. Valid here: {names}. Fix: add it to metrics."
+        )
+    return value
+
+
+def _output_network(name, value, checked):
+    value = _choice(OUTPUT_NETWORK)(name, value, checked)
+    if value == "best-validation" and checked["validation_data"] is None:
+        raise OptionsError(
+            "TrainingOptions: output_network='best-validation' needs validation_data. Fix: "
+            "pass validation_data=(X_val, T_val), or use 'last-iteration'."
+        )
+    return value
+
+
+def _plots_path(name, value, checked):
+    if value is not None and not isinstance(value, (str, os.PathLike)):
+        raise OptionsError(
+            f"TrainingOptions: plots_path must be a file path or None; got {value!r}."
+        )
+    return None if value is None else os.fspath(value)
+
+
+def _callables(name, value, checked):
     if value is None:
         return ()
     items = tuple(value) if isinstance(value, (tuple, list)) else (value,)
@@ -154,27 +266,193 @@ def _check_callables(name: str, value):
     return items
 
 
-def _check_metrics(value) -> tuple[Metric, ...]:
-    items = value if isinstance(value, (tuple, list)) else (value,)
-    metrics = tuple(get_metric(m, who="TrainingOptions: metrics") for m in items)
-    names = [m.name for m in metrics]
-    if len(set(names)) != len(names):
-        raise OptionsError(f"TrainingOptions: metrics has repeated names {names}.")
-    if "loss" in names:
-        raise OptionsError("TrainingOptions: a metric may not be called 'loss' (the loss is).")
-    return metrics
+def _folder(name, value, checked):
+    if value is None:
+        return None
+    if not isinstance(value, (str, os.PathLike)) or not os.path.isdir(value):
+        raise OptionsError(
+            f"TrainingOptions: {name} must be an existing folder; got {value!r}. Fix: create "
+            "it first (os.makedirs(path, exist_ok=True))."
+        )
+    return os.fspath(value)
+
+
+_MULTI = " (MATLAB's 'multi-gpu' and 'parallel' are 'multi-device' here.)"
+_ADAPTIVE = ("adam", "rmsprop")
+
+# -- the table ----------------------------------------------------------------------------------
+
+OPTIONS: tuple[Option, ...] = (
+    Option(
+        "solver",
+        "sgdm",
+        _solver,
+        numbers=True,
+        step=True,
+        describe=lambda options: describe_solver(options.solver),
+    ),
+    Option("max_epochs", 30, _positive_int(), numbers=True),
+    Option("mini_batch_size", 128, _positive_int(), numbers=True),
+    Option("shuffle", "once", _choice(SHUFFLE), numbers=True),
+    Option("steps_per_epoch", None, _positive_int(allow_none=True), numbers=True),
+    Option(
+        "initial_learn_rate",
+        {"sgdm": 0.01, "adam": 0.001, "rmsprop": 0.001},
+        _learn_rate,
+        numbers=True,
+        none_is_default=True,
+    ),
+    Option("learn_rate_drop_factor", 0.1, _real(low=0, high=1), numbers=True),
+    Option("learn_rate_drop_period", 10, _positive_int(), numbers=True),
+    Option("learn_rate_schedule", "none", _schedule, numbers=True),
+    Option("learn_rate_schedule_settings", None, _schedule_settings, numbers=True),
+    Option(
+        "momentum", {"sgdm": 0.9}, _real(low=0, high=1), numbers=True, step=True, solvers=("sgdm",)
+    ),
+    Option(
+        "gradient_decay_factor",
+        {"adam": 0.9},
+        _real(low=0, high=1, high_open=True),
+        numbers=True,
+        step=True,
+        solvers=("adam",),
+    ),
+    Option(
+        "squared_gradient_decay_factor",
+        {"adam": 0.999, "rmsprop": 0.9},
+        _real(low=0, high=1, high_open=True),
+        numbers=True,
+        step=True,
+        solvers=_ADAPTIVE,
+    ),
+    Option(
+        "epsilon",
+        {"adam": 1e-8, "rmsprop": 1e-8},
+        _real(low=0, low_open=True),
+        numbers=True,
+        step=True,
+        solvers=_ADAPTIVE,
+    ),
+    Option("l2_regularization", 1e-4, _real(low=0), numbers=True, step=True),
+    Option(
+        "gradient_threshold_method",
+        "l2norm",
+        _choice(THRESHOLD_METHODS),
+        numbers=True,
+        step=True,
+    ),
+    Option(
+        "gradient_threshold",
+        math.inf,
+        _real(low=0, low_open=True, inf=True),
+        numbers=True,
+        step=True,
+    ),
+    Option(
+        "validation_data",
+        None,
+        _validation_data,
+        numbers=True,
+        describe=lambda options: describe_data(options.validation_data, "validation"),
+        show=lambda value: "<...>",
+    ),
+    Option("validation_frequency", 50, _positive_int(), numbers=True),
+    Option("validation_steps", None, _positive_int(allow_none=True), numbers=True),
+    Option("validation_patience", math.inf, _positive_int(allow_inf=True), numbers=True),
+    Option(
+        "metrics",
+        (),
+        _metrics,
+        numbers=True,
+        show=lambda value: repr([m.name for m in value]),
+    ),
+    Option("objective_metric_name", "loss", _objective, numbers=True),
+    Option(
+        "output_network",
+        "auto",
+        _output_network,
+        numbers=True,
+        describe=lambda options: describe(options.resolved_output_network),
+    ),
+    Option("verbose", True, _bool),
+    Option("verbose_frequency", 50, _positive_int()),
+    Option("plots", "none", _choice(PLOTS)),
+    Option("plots_path", None, _plots_path),
+    Option("output_fcn", None, _callables),
+    Option(
+        "execution_environment",
+        "auto",
+        _choice(ENVIRONMENTS, {"multi-gpu": _MULTI, "parallel": _MULTI, "parallel-auto": _MULTI}),
+    ),
+    Option("checkpoint_path", None, _folder),
+    Option("checkpoint_frequency", 1, _positive_int()),
+    Option("checkpoint_frequency_unit", "epoch", _choice(CHECKPOINT_UNITS)),
+    Option("checkpoint_keep", 3, _positive_int(allow_inf=True)),
+)
+
+
+def _rows() -> dict[str, Option]:
+    # Read at call time (not frozen at import), so the table is the only list of options.
+    return {o.name: o for o in OPTIONS}
+
+
+def option_names() -> tuple[str, ...]:
+    """The keyword options, sorted (``solver`` is the first positional argument)."""
+    return tuple(sorted(name for name in _rows() if name != "solver"))
+
+
+def fingerprint(options: TrainingOptions) -> dict[str, str]:
+    """``{"option <name>": description}`` for every option that changes a run's numbers."""
+    return {
+        f"option {o.name}": (
+            o.describe(options) if o.describe else describe(getattr(options, o.name))
+        )
+        for o in OPTIONS
+        if o.numbers
+    }
+
+
+def fingerprint_defaults(solver) -> dict[str, str]:
+    """The fingerprint entries of the defaults (what a checkpoint lacking an entry had)."""
+    return {
+        f"option {o.name}": describe(o.default_for(solver))
+        for o in OPTIONS
+        if o.numbers and o.describe is None
+    }
+
+
+def step_key(options: TrainingOptions) -> tuple:
+    """The values of every option that changes the solver (the compiled step's cache key)."""
+    return tuple((o.name, getattr(options, o.name)) for o in OPTIONS if o.step)
+
+
+def _snake(name: str) -> str:
+    return re.sub(r"(?<!^)(?=[A-Z])", "_", name).lower()
 
 
 class TrainingOptions:
     """Training options (MATLAB ``trainingOptions``) for ``df.trainnet``.
 
     Args:
-      solver: ``"sgdm"`` (default), ``"adam"`` or ``"rmsprop"``.
+      solver: ``"sgdm"`` (default), ``"adam"`` or ``"rmsprop"``; or any optax transformation
+        (``optax.GradientTransformation``), which then takes the solver's place with the same
+        L2, clipping, learn-rate factors and schedules. trainnet sets its learn rate when it is
+        built with ``optax.inject_hyperparams`` (e.g.
+        ``optax.inject_hyperparams(optax.lion)(learning_rate=1e-4)``); otherwise it keeps its
+        own learn rate (or optax schedule), and ``initial_learn_rate`` and
+        ``learn_rate_schedule`` must be left out.
       max_epochs: passes through the data (30).
       mini_batch_size: observations per iteration (128); the last partial mini-batch of an
         epoch is dropped.
       shuffle: ``"once"`` (default, before training), ``"every-epoch"`` or ``"never"``.
-      initial_learn_rate: 0.01 for sgdm, 0.001 for adam and rmsprop.
+      steps_per_epoch: iterations per epoch for an iterable of batches (Keras'; MATLAB has
+        none). None (default): an epoch is one pass over the iterable. A number: the iterable
+        is read as one stream across epochs, each epoch taking the next this many batches (a
+        re-iterable starts a new pass when it ends), so an endless generator trains with
+        ``max_epochs`` epochs; a one-shot iterator that runs out ends training ("Training data
+        exhausted"). Not for arrays, whose epoch is a pass over the observations.
+      initial_learn_rate: 0.01 for sgdm, 0.001 for adam and rmsprop; for an optax
+        transformation, the learning rate it was built with.
       learn_rate_schedule: ``"none"``, ``"piecewise"``, ``"warmup"``, ``"polynomial"``,
         ``"exponential"``, ``"cosine"``, ``"cyclical"``, a callable, or a sequence of them
         (see :mod:`difffn._schedules`).
@@ -193,6 +471,10 @@ class TrainingOptions:
       gradient_threshold: clipping threshold (``math.inf``: no clipping).
       validation_data: ``(X, T)`` or an iterable of batches.
       validation_frequency: in iterations (50).
+      validation_steps: at most this many validation batches (Keras'); None (default): all of
+        them. The validation data is read once and reused; an iterable without ``len()`` is
+        read to its end, and one that yields more than 1 GiB is stopped with an error asking
+        for ``validation_steps`` (an endless generator needs it).
       validation_patience: validations without improvement before stopping (``math.inf``).
       objective_metric_name: ``"loss"`` or a metric name; what patience and best-validation
         watch.
@@ -236,144 +518,46 @@ class TrainingOptions:
       TrainingOptions: unknown option 'max_epoch' (did you mean 'max_epochs'?)
     """
 
-    def __init__(self, solver: str = "sgdm", **options):
-        solver = _choice("solver", solver, SOLVERS)
-        unknown = [k for k in options if k not in OPTION_NAMES]
+    def __init__(self, solver="sgdm", **options):
+        rows = _rows()
+        solver = rows["solver"].check("solver", solver, {})
+        names = option_names()
+        unknown = [k for k in options if k not in names]
         if unknown:
             name = unknown[0]
-            close = difflib.get_close_matches(_snake(name), OPTION_NAMES, n=1, cutoff=0.6)
+            close = difflib.get_close_matches(_snake(name), names, n=1, cutoff=0.6)
             hint = f" (did you mean {close[0]!r}?)" if close else ""
             raise OptionsError(
                 f"TrainingOptions: unknown option {name!r}{hint}. Valid options: "
-                f"{', '.join(OPTION_NAMES)}."
+                f"{', '.join(names)}."
             )
-        for name in _SOLVER_SPECIFIC:
-            if name in options and name not in _SOLVER_DEFAULTS[solver]:
-                takers = [s for s in SOLVERS if name in _SOLVER_DEFAULTS[s]]
+        for name in options:
+            if not rows[name].applies_to(solver):
+                takers = [s for s in SOLVERS if rows[name].applies_to(s)]
+                own = sorted(o.name for o in OPTIONS if o.solvers and o.applies_to(solver))
+                label = solver_label(solver)
+                more = (
+                    ""
+                    if isinstance(solver, str)
+                    else " Set them when building the optax transformation."
+                )
                 raise OptionsError(
                     f"TrainingOptions: {name} is an option of solver(s) {takers}, not of "
-                    f"{solver!r}. The {solver!r} options are "
-                    f"{sorted(set(_SOLVER_DEFAULTS[solver]) - {'initial_learn_rate'})}."
+                    f"{label}. The {label} options are {own}.{more}"
                 )
-        values = {**_COMMON_DEFAULTS, **_SOLVER_DEFAULTS[solver]}
-        for name in _SOLVER_SPECIFIC:
-            values.setdefault(name, None)
-        if options.get("initial_learn_rate") is None:
-            options.pop("initial_learn_rate", None)
-        values.update(options)
-        checked = self._check(solver, values)
+        options = {k: v for k, v in options.items() if not (v is None and rows[k].none_is_default)}
+        checked: dict[str, Any] = {"solver": solver}
+        for o in OPTIONS:
+            if o.name == "solver":
+                continue
+            if not o.applies_to(solver):
+                checked[o.name] = None
+                continue
+            value = options[o.name] if o.name in options else o.default_for(solver)
+            checked[o.name] = o.check(o.name, value, checked)
         d = self.__dict__
-        d["solver"] = solver
-        d["_given"] = dict(options)
+        d["_given"] = options
         d.update(checked)
-
-    @staticmethod
-    def _check(solver: str, v: dict[str, Any]) -> dict[str, Any]:
-        c: dict[str, Any] = {}
-        c["max_epochs"] = _positive_int("max_epochs", v["max_epochs"])
-        c["mini_batch_size"] = _positive_int("mini_batch_size", v["mini_batch_size"])
-        c["shuffle"] = _choice("shuffle", v["shuffle"], SHUFFLE)
-        c["initial_learn_rate"] = _real(
-            "initial_learn_rate", v["initial_learn_rate"], low=0, low_open=True
-        )
-        c["learn_rate_drop_factor"] = _real(
-            "learn_rate_drop_factor", v["learn_rate_drop_factor"], low=0, high=1
-        )
-        c["learn_rate_drop_period"] = _positive_int(
-            "learn_rate_drop_period", v["learn_rate_drop_period"]
-        )
-        c["learn_rate_schedule"] = v["learn_rate_schedule"]
-        _, per_name = _schedules.validate(
-            v["learn_rate_schedule"], v["learn_rate_schedule_settings"]
-        )
-        c["learn_rate_schedule_settings"] = per_name or None
-        if solver == "sgdm":
-            c["momentum"] = _real("momentum", v["momentum"], low=0, high=1)
-        else:
-            c["momentum"] = None
-        if solver == "adam":
-            c["gradient_decay_factor"] = _real(
-                "gradient_decay_factor", v["gradient_decay_factor"], low=0, high=1, high_open=True
-            )
-        else:
-            c["gradient_decay_factor"] = None
-        if solver in ("adam", "rmsprop"):
-            c["squared_gradient_decay_factor"] = _real(
-                "squared_gradient_decay_factor",
-                v["squared_gradient_decay_factor"],
-                low=0,
-                high=1,
-                high_open=True,
-            )
-            c["epsilon"] = _real("epsilon", v["epsilon"], low=0, low_open=True)
-        else:
-            c["squared_gradient_decay_factor"] = c["epsilon"] = None
-        c["l2_regularization"] = _real("l2_regularization", v["l2_regularization"], low=0)
-        c["gradient_threshold_method"] = _choice(
-            "gradient_threshold_method", v["gradient_threshold_method"], THRESHOLD_METHODS
-        )
-        c["gradient_threshold"] = _real(
-            "gradient_threshold", v["gradient_threshold"], low=0, low_open=True, inf=True
-        )
-        c["validation_data"] = _check_validation_data(v["validation_data"])
-        c["validation_frequency"] = _positive_int("validation_frequency", v["validation_frequency"])
-        c["validation_patience"] = _positive_int(
-            "validation_patience", v["validation_patience"], allow_inf=True
-        )
-        c["metrics"] = _check_metrics(v["metrics"])
-        names = ["loss"] + [m.name for m in c["metrics"]]
-        objective = v["objective_metric_name"]
-        if objective not in names:
-            raise OptionsError(
-                f"TrainingOptions: objective_metric_name must be 'loss' or one of the metrics; "
-                f"got {objective!r}. Valid here: {names}. Fix: add it to metrics."
-            )
-        c["objective_metric_name"] = objective
-        c["output_network"] = _choice("output_network", v["output_network"], OUTPUT_NETWORK)
-        if c["output_network"] == "best-validation" and c["validation_data"] is None:
-            raise OptionsError(
-                "TrainingOptions: output_network='best-validation' needs validation_data. Fix: "
-                "pass validation_data=(X_val, T_val), or use 'last-iteration'."
-            )
-        if not isinstance(v["verbose"], bool):
-            raise OptionsError(
-                f"TrainingOptions: verbose must be True or False; got {v['verbose']!r}."
-            )
-        c["verbose"] = v["verbose"]
-        c["verbose_frequency"] = _positive_int("verbose_frequency", v["verbose_frequency"])
-        c["plots"] = _choice("plots", v["plots"], PLOTS)
-        path = v["plots_path"]
-        if path is not None and not isinstance(path, (str, os.PathLike)):
-            raise OptionsError(
-                f"TrainingOptions: plots_path must be a file path or None; got {path!r}."
-            )
-        c["plots_path"] = None if path is None else os.fspath(path)
-        c["output_fcn"] = _check_callables("output_fcn", v["output_fcn"])
-        c["execution_environment"] = _choice(
-            "execution_environment",
-            v["execution_environment"],
-            ENVIRONMENTS,
-            " (MATLAB's 'multi-gpu' and 'parallel' are 'multi-device' here.)"
-            if v["execution_environment"] in ("multi-gpu", "parallel", "parallel-auto")
-            else "",
-        )
-        checkpoint = v["checkpoint_path"]
-        if checkpoint is not None:
-            if not isinstance(checkpoint, (str, os.PathLike)) or not os.path.isdir(checkpoint):
-                raise OptionsError(
-                    f"TrainingOptions: checkpoint_path must be an existing folder; got "
-                    f"{checkpoint!r}. Fix: create it first (os.makedirs(path, exist_ok=True))."
-                )
-            checkpoint = os.fspath(checkpoint)
-        c["checkpoint_path"] = checkpoint
-        c["checkpoint_frequency"] = _positive_int("checkpoint_frequency", v["checkpoint_frequency"])
-        c["checkpoint_frequency_unit"] = _choice(
-            "checkpoint_frequency_unit", v["checkpoint_frequency_unit"], CHECKPOINT_UNITS
-        )
-        c["checkpoint_keep"] = _positive_int(
-            "checkpoint_keep", v["checkpoint_keep"], allow_inf=True
-        )
-        return c
 
     # -- immutability and display ------------------------------------------------------------
 
@@ -388,8 +572,9 @@ class TrainingOptions:
         solver = changes.pop("solver", self.solver)
         given = dict(self._given)
         if solver != self.solver:
-            for name in _SOLVER_SPECIFIC + ("initial_learn_rate",):
-                given.pop(name, None)
+            for o in OPTIONS:
+                if o.solvers is not None or o.per_solver:
+                    given.pop(o.name, None)
         return TrainingOptions(solver, **{**given, **changes})
 
     @property
@@ -400,20 +585,16 @@ class TrainingOptions:
         return "best-validation" if self.validation_data is not None else "last-iteration"
 
     def __repr__(self):
-        defaults = {**_COMMON_DEFAULTS, **_SOLVER_DEFAULTS[self.solver]}
-        parts = [repr(self.solver)]
-        for name in OPTION_NAMES:
+        rows = _rows()
+        parts = [solver_label(self.solver)]
+        for name in option_names():
             if name not in self._given:
                 continue
-            value = self._given[name]
-            if name in defaults and _same(value, defaults[name]):
+            o, value = rows[name], self._given[name]
+            if _same(value, o.default_for(self.solver)):
                 continue
-            if name == "validation_data":
-                parts.append("validation_data=<...>")
-            elif name == "metrics":
-                parts.append(f"metrics={[m.name for m in self.metrics]}")
-            else:
-                parts.append(f"{name}={value!r}")
+            shown = o.show(getattr(self, name)) if o.show else repr(value)
+            parts.append(f"{name}={shown}")
         return f"TrainingOptions({', '.join(parts)})"
 
 

@@ -13,10 +13,11 @@ import numpy as np
 from . import _batches
 from ._errors import OptionsError
 from ._format import FormattedArray, stripdims
-from ._losses import LOSSES, canonical
+from ._losses import CLASS_LOSSES, LOSSES, canonical, check_class_targets
 from ._losses import _layout as _prediction_layout
 from ._metrics import FunctionMetric, get_metric
 from ._network import Network
+from ._sources import IterableSource, arrays_of
 
 
 def _check_net(who: str, net) -> None:
@@ -63,11 +64,13 @@ def minibatchpredict(net, *X, mini_batch_size: int = 128, outputs=None, accelera
     who = "minibatchpredict"
     _check_net(who, net)
     size = _check_size(who, mini_batch_size)
-    if len(X) != len(net.input_names):
-        raise OptionsError(
-            f"{who}: the network has {len(net.input_names)} input(s) {list(net.input_names)}; "
-            f"got {len(X)} array(s)."
-        )
+    X = arrays_of(
+        who,
+        X[0] if len(X) == 1 and isinstance(X[0], list) else X,
+        "X",
+        len(net.input_names),
+        net.input_names,
+    )
     known = net.input_layouts
     axes = [
         _batches.batch_axis(x, lo.format if lo else None, what=f"{who}: input {k}")
@@ -77,6 +80,11 @@ def minibatchpredict(net, *X, mini_batch_size: int = 128, outputs=None, accelera
     if len(counts) != 1:
         raise OptionsError(f"{who}: the inputs have different numbers of observations {counts}.")
     n = counts.pop()
+    if n == 0:
+        raise OptionsError(
+            f"{who}: the inputs have no observations (X[0] has shape "
+            f"{np.shape(stripdims(X[0]))}, 0 along its batch axis). Fix: pass the data."
+        )
     results = []
     for start in range(0, n, size):
         stop = min(start + size, n)
@@ -139,19 +147,18 @@ def testnet(net, *args, mini_batch_size: int = 128):
     size = _check_size(who, mini_batch_size)
     if len(args) == 3:
         X, T, metrics = args
-        xs = X if isinstance(X, (tuple, list)) else (X,)
+        xs = arrays_of(who, X, "X", len(net.input_names), net.input_names)
+        ts = arrays_of(who, T, "T")
         outputs = minibatchpredict(net, *xs, mini_batch_size=size)
         ys = outputs if isinstance(outputs, tuple) else (outputs,)
-        ts = T if isinstance(T, (tuple, list)) else (T,)
         batches = [(ys, ts)]
     elif len(args) == 2:
         data, metrics = args
         batches = []
-        k = len(net.input_names)
-        for item in data:
-            item = tuple(item)
-            ys = net.predict(*item[:k])
-            batches.append((ys if isinstance(ys, tuple) else (ys,), item[k:]))
+        source = IterableSource(who, data, net, role="test")
+        for xs, ts in source.in_order():
+            ys = net.predict(*xs)
+            batches.append((ys if isinstance(ys, tuple) else (ys,), ts))
         if not batches:
             raise OptionsError(f"{who}: the data iterable is empty.")
     else:
@@ -164,6 +171,9 @@ def testnet(net, *args, mini_batch_size: int = 128):
     results = {}
     for spec in specs:
         metric = _metric_for(spec, who)
+        if metric.class_labels or getattr(metric, "fn", None) in CLASS_LOSSES:
+            for ys, ts in batches:
+                check_class_targets(who, ys[0], ts[0])
         state = None
         for ys, ts in batches:
             if isinstance(metric, FunctionMetric):

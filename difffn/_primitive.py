@@ -6,14 +6,18 @@ machinery under the coming ``custom_vjp3``), which has separate forward- and rev
 
 1. A forward-mode rule is given (a ``DifferentiableFunction`` that defines ``jvp``).
    ``jax.custom_vjp`` has no forward mode, and ``jax.custom_jvp`` derives reverse mode by
-   transposing the jvp rule, so neither can use the user's ``jvp`` in forward mode *and* the
-   user's ``backward`` in reverse mode.
+   transposing the jvp rule, so neither can use the user's ``jvp`` in forward mode (``jax.jvp``,
+   ``jax.linearize``) *and* the user's ``backward`` in reverse mode.
 2. ``JAX_CUSTOM_VJP3=1``. Then ``jax.custom_vjp`` is itself such a primitive, but with
    ``symbolic_zeros=True`` it cannot be linearized through ``jax.checkpoint`` yet. Here that path
    is the forward rule plus a linear op whose transpose is ``bwd``, with the real perturbed
    flags.
 
-``VJPHiPrimitive`` is internal to JAX; difffn uses it only in these two cases.
+``once_differentiable_guard`` is a third, small primitive on the same machinery: the identity,
+whose derivative (reverse or forward) raises, and only when a nonzero derivative actually flows
+through it, like PyTorch's ``once_differentiable``.
+
+``VJPHiPrimitive`` is internal to JAX; difffn uses it only in these cases.
 """
 
 from __future__ import annotations
@@ -32,7 +36,7 @@ else:
     _IMPORT_ERROR = None
 
 from . import _cotangents as ct
-from ._errors import ForwardModeError
+from ._errors import DifferentiableFunctionError, ForwardModeError, HigherOrderError
 
 
 class Primal:
@@ -45,7 +49,16 @@ class Primal:
         self.perturbed = perturbed
 
 
-def custom_vjp(fun, fwd, bwd, *, jvp=None, name: str = "custom_vjp"):
+def custom_vjp(
+    fun,
+    fwd,
+    bwd,
+    *,
+    jvp=None,
+    name: str = "custom_vjp",
+    forward_mode_message=None,
+    error: type[Exception] = DifferentiableFunctionError,
+):
     """A callable computing ``fun(*args)``, differentiated with ``fwd``/``bwd`` (and ``jvp``).
 
     Args:
@@ -55,11 +68,21 @@ def custom_vjp(fun, fwd, bwd, *, jvp=None, name: str = "custom_vjp"):
       bwd: ``bwd(residuals, output_cotangents)``: cotangents may be symbolic zeros (see
         ``_cotangents.is_symbolic_zero``); returns one cotangent (pytree, ``None`` for zero) per
         argument.
-      jvp: optional ``jvp(primals, tangents) -> (outputs, output_tangents)`` for forward mode;
-        tangents may be symbolic zeros.
+      jvp: optional ``jvp(primals, tangents, out_avals) -> output_tangents`` for forward mode
+        (tangents may be symbolic zeros; ``out_avals`` is ``fun``'s output structure of avals);
+        the outputs themselves come from calling the operation again, so an outer derivative of
+        them uses these same rules.
       name: for messages.
+      forward_mode_message: the ``ForwardModeError`` message for ``jax.linearize`` without
+        ``jvp`` on difffn's primitive (default: a generic one naming ``name``).
+      error: the ``df.Error`` class for a user mistake the primitive finds (a closure over a
+        traced value).
     """
     public = None
+    no_jvp = forward_mode_message or (
+        f"{name} defines only a reverse-mode rule and cannot be differentiated in forward mode "
+        "(jax.jvp, jax.jacfwd, jax.linearize, jax.hessian)."
+    )
 
     def call(*args):
         nonlocal public
@@ -69,24 +92,44 @@ def custom_vjp(fun, fwd, bwd, *, jvp=None, name: str = "custom_vjp"):
                 public.defvjp(fwd, bwd, symbolic_zeros=True)
                 public.__name__ = public.__qualname__ = name
             return public(*args)
-        if _IMPORT_ERROR is not None:  # pragma: no cover
-            raise ForwardModeError(
-                f"{name} needs JAX's primitive API (jax._src.hijax), which this JAX version "
-                f"({jax.__version__}) lacks. Fix: install jax>=0.10.2."
-            ) from _IMPORT_ERROR
+        _require_primitives(name)
         in_avals = jax.tree.map(jax.typeof, args)
-        return _CustomVJPPrimitive(fun, fwd, bwd, jvp, in_avals, name)(*args)
+        return _CustomVJPPrimitive(fun, fwd, bwd, jvp, in_avals, name, no_jvp, error)(*args)
 
     call.__name__ = call.__qualname__ = name
     return call
 
 
+def _require_primitives(name: str) -> None:
+    if _IMPORT_ERROR is not None:  # pragma: no cover
+        raise ForwardModeError(
+            f"{name} needs JAX's primitive API (jax._src.hijax), which this JAX version "
+            f"({jax.__version__}) lacks. Fix: install jax>=0.10.2."
+        ) from _IMPORT_ERROR
+
+
+def _nonzero_flags(tree) -> list[bool]:
+    return [not ct.is_symbolic_zero(t) for t in jax.tree.leaves(tree, is_leaf=ct.is_symbolic_zero)]
+
+
 class _CustomVJPPrimitive(VJPHiPrimitive):  # type: ignore[misc,valid-type]
-    def __init__(self, fun, fwd, bwd, jvp, in_avals, name):
+    def __init__(self, fun, fwd, bwd, jvp, in_avals, name, no_jvp, error):
         self.in_avals = tuple(in_avals)
         self._traced = jax.jit(fun).trace(*in_avals)
+        captured = [
+            c for c in getattr(self._traced, "_consts", ()) if isinstance(c, jax.core.Tracer)
+        ]
+        if captured:
+            # JAX's own custom_vjp3 refuses this too: the primitive is traced on its own.
+            raise error(
+                f"{name} closes over a value traced by an enclosing transformation (a "
+                f"{type(captured[0]).__name__} of type {captured[0].aval.str_short()}), which "
+                "difffn's primitive (used for a class that defines jvp, and under "
+                "JAX_CUSTOM_VJP3=1) cannot capture, like JAX's own custom_vjp there. Fix: pass "
+                "that value as an input."
+            )
         self.out_aval = self._traced.out_avals
-        self.params = dict(fun=fun, fwd=fwd, bwd=bwd, jvp_rule=jvp, name=name)
+        self.params = dict(fun=fun, fwd=fwd, bwd=bwd, jvp_rule=jvp, name=name, no_jvp=no_jvp)
         super().__init__()
 
     def expand(self, *args):
@@ -107,20 +150,80 @@ class _CustomVJPPrimitive(VJPHiPrimitive):  # type: ignore[misc,valid-type]
 
     def jvp(self, primals, tangents):
         if self.jvp_rule is not None:
-            return self.jvp_rule(primals, tangents)
+            # The outputs come from the operation itself (as a custom_vjp's fwd calls f), so an
+            # outer derivative of them uses the user's rules too.
+            return self(*primals), self.jvp_rule(primals, tangents, self.out_aval)
         # Reverse mode through jax.checkpoint arrives here: the tangent map is a linear op whose
         # transpose is bwd. Evaluating it (true forward mode) is JAX's own error.
-        nonzero = tuple(
-            not ct.is_symbolic_zero(t)
-            for t in jax.tree.leaves(tangents, is_leaf=ct.is_symbolic_zero)
-        )
-        nzs = jax.tree.unflatten(self.in_tree, list(nonzero))
+        nonzero = _nonzero_flags(tangents)
+        nzs = jax.tree.unflatten(self.in_tree, nonzero)
         outputs, residuals = self.vjp_fwd(nzs, *primals)
         flat_tangents = jax.tree.leaves(tangents, is_leaf=ct.is_symbolic_zero)
-        out_tangents = fake_linear_op(self, list(nonzero), residuals, *flat_tangents)
+        out_tangents = fake_linear_op(self, nonzero, residuals, *flat_tangents)
         return outputs, jax.tree.unflatten(self.out_tree, out_tangents)
+
+    def lin(self, nzs_in, *primals):
+        if self.jvp_rule is None:
+            raise ForwardModeError(self.no_jvp)
+        return self(*primals), primals
+
+    def linearized(self, primals, *tangents):
+        return self.jvp_rule(primals, tangents, self.out_aval)
 
     def batch_dim_rule(self, axis_data, in_dims):
         in_dims_flat = self.in_tree.flatten_up_to(in_dims)
         _, out_dims = batching.batch_jaxpr2(self._traced.jaxpr, axis_data, tuple(in_dims_flat))
         return jax.tree.unflatten(self.out_tree, out_dims)
+
+
+def once_differentiable_guard(values: list, depends_on: list, message: str) -> list:
+    """``values``, unchanged; differentiating them through ``depends_on`` raises.
+
+    ``values`` were computed from ``depends_on`` behind ``jax.lax.stop_gradient`` (so the code
+    that computed them need not be differentiable). A derivative that reaches them — the
+    cotangent of a gradient in reverse mode, a tangent in forward mode — means the computation
+    is being differentiated once more: ``HigherOrderError(message)``. Where no derivative flows
+    (first order, or an unused second-order result), nothing is raised.
+
+    Args:
+      values: arrays (the gradients a once-differentiable backward returned).
+      depends_on: arrays they were computed from (cotangents and residuals).
+      message: the error message.
+    """
+    if not values:
+        return values
+    _require_primitives("once_differentiable")
+    args = (list(values), list(depends_on))
+    in_avals = jax.tree.map(jax.typeof, args)
+    return _Guard(in_avals, message)(*args)
+
+
+class _Guard(VJPHiPrimitive):  # type: ignore[misc,valid-type]
+    def __init__(self, in_avals, message):
+        self.in_avals = tuple(in_avals)
+        self.out_aval = in_avals[0]
+        self.params = dict(message=message)
+        super().__init__()
+
+    def expand(self, values, depends_on):
+        del depends_on
+        return values
+
+    def vjp_fwd(self, nzs_in, values, depends_on):
+        del nzs_in, depends_on
+        return values, None
+
+    def vjp_bwd_retval(self, residuals, cotangents):
+        if any(_nonzero_flags(cotangents)):
+            raise HigherOrderError(self.message)
+        return jax.tree.map(lambda aval: ad_util.Zero(aval.to_ct_aval()), self.in_avals)
+
+    def jvp(self, primals, tangents):
+        if any(_nonzero_flags(tangents)):
+            raise HigherOrderError(self.message)
+        values, _ = primals
+        return values, jax.tree.map(lambda aval: ad_util.Zero(aval.to_tangent_aval()), values)
+
+    def batch_dim_rule(self, axis_data, in_dims):
+        del axis_data
+        return in_dims[0]

@@ -177,3 +177,34 @@ def plot_progress(path: str, training, validation, metric_names, metric_titles, 
     os.makedirs(folder, exist_ok=True)
     figure.savefig(path, dpi=100)
     return os.path.abspath(path)
+
+
+def by_title(row: dict, metrics) -> dict:
+    """A history row keyed by the table's titles (loss, then each metric's title)."""
+    out = {"loss": row.get("loss")}
+    for m in metrics:
+        out[m.title] = row.get(m.name)
+    return out
+
+
+def output_fcn_info(stage: str, state, row, metrics, elapsed: float) -> dict:
+    """What ``output_fcn`` receives: the stage, the iteration's training row and the
+    validation of this iteration (None where there is none)."""
+    info = {
+        "state": stage,
+        "iteration": state.iteration,
+        "epoch": state.epoch,
+        "time_elapsed": elapsed,
+        "learn_rate": row["learn_rate"] if row else None,
+        "training_loss": row["loss"] if row else None,
+        "validation_loss": None,
+    }
+    for m in metrics:
+        info[f"training_{m.name}"] = row.get(m.name) if row else None
+        info[f"validation_{m.name}"] = None
+    last = state.validation_rows[-1] if state.validation_rows else None
+    if last is not None and last["iteration"] == state.iteration:
+        info["validation_loss"] = last["loss"]
+        for m in metrics:
+            info[f"validation_{m.name}"] = last[m.name]
+    return info

@@ -5,7 +5,9 @@ layouts of its inputs, and learns the layouts of its outputs without running rea
 ``jax.eval_shape``; layers that cannot be traced run once on placeholder data). It records every
 layer's input and output layouts in the network (they give ``summary`` its sizes and let a loaded
 network check its inputs). ``abstract=True`` only checks that the sizes fit (used when a network
-is built from input layers).
+is built from input layers); with ``previous`` (after a graph edit) it also records the layouts,
+and the layers that an edit left as they were, on the inputs they had, keep their recorded output
+layouts without being traced again.
 """
 
 from __future__ import annotations
@@ -15,14 +17,18 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 
+from ._describe import raised_at
 from ._errors import Error, NetworkError
 from ._format import FormattedArray, Layout, dims, dlarray
-from ._layer import InputLayer, Layer, call_layer
+from ._input_layer import InputLayer
+from ._layer import Layer
+from ._layer_call import call_layer
 
 
 def resolve_layouts(net, given) -> list[Layout]:
     """One layout per network input, from what the caller gave (layouts or examples) or knows."""
     g = net.graph
+    g.check_connected()
     if given and len(given) != len(g.inputs):
         raise NetworkError(
             f"initialize got {len(given)} layouts/examples; the network has {len(g.inputs)} "
@@ -53,9 +59,16 @@ def _as_layout(value, known: Layout | None, name: str) -> Layout:
     elif hasattr(value, "shape") and known is not None:
         layout = Layout(tuple(value.shape), known.format)
     else:
+        # A tuple of sizes has no format: an error with the exact fix, as for layer.initialize,
+        # rather than a guess.
+        sizes = tuple(value) if isinstance(value, (tuple, list)) else (None, 3)
+        fmt = repr(known.format) if known is not None else "fmt"
         raise NetworkError(
             f"network input {name!r}: expected a df.Layout or a formatted example "
-            f"(df.dlarray(x, fmt)); got {type(value).__name__}."
+            f"(df.dlarray(x, fmt)); got {type(value).__name__}"
+            + (f" {value!r}" if isinstance(value, (tuple, list)) else "")
+            + f". Fix: net.initialize(df.Layout({sizes!r}, {fmt}), key=key), with the input's "
+            "sizes and format."
         )
     if known is not None and (
         layout.format != known.format
@@ -88,8 +101,12 @@ def _output_layout(value, unknown_labels: set[str]) -> Layout:
     return Layout(shape, fmt)
 
 
-def propagate(net, input_layouts, key, *, abstract: bool):
-    """Initialize layers in topological order and record their input/output layouts."""
+def propagate(net, input_layouts, key, *, abstract: bool, previous=None):
+    """Initialize layers in topological order and record their input/output layouts.
+
+    ``previous``: ``{layer name: (layer, (input layouts, output layouts))}`` recorded before an
+    edit; ``abstract`` propagation then returns the network with the layouts recorded.
+    """
     g = net.graph
     layers = list(net.layers)
     dtype = jnp.float32
@@ -102,6 +119,12 @@ def propagate(net, input_layouts, key, *, abstract: bool):
             input_layouts[s.index] if s.kind == "input" else out_layouts[(s.index, s.port)]
             for s in g.sources[i]
         )
+        before = previous.get(layer.name) if previous else None
+        if before is not None and before[0] is layer and before[1][0] == ins:
+            recorded[i] = before[1]
+            for o, lo in enumerate(before[1][1]):
+                out_layouts[(i, o)] = lo
+            continue
         layer_key = jax.random.fold_in(key, i) if key is not None else jax.random.key(0)
         try:
             if abstract and layer.acceleratable:
@@ -138,24 +161,26 @@ def propagate(net, input_layouts, key, *, abstract: bool):
                     *(jax.ShapeDtypeStruct(_concrete(lo), dtype) for lo in ins),
                 )
                 outs = tuple(_output_layout(v, unknown) for v in values)
-        except NetworkError:
-            raise
         except Error as error:
-            raise NetworkError(
-                f"layer {layer.name!r} ({type(layer).__name__}) does not fit its inputs "
-                f"{[str(lo) for lo in ins]}: {error}"
-            ) from error
+            # The layer's own error keeps its type (``except df.LayerError`` catches it); the
+            # network adds where it happened.
+            error.add_note(
+                f"(while the network initialized layer {layers[i].name!r} "
+                f"({type(layers[i]).__name__}) on inputs {[str(lo) for lo in ins]})"
+            )
+            raise
         except (TypeError, ValueError) as error:
+            where = raised_at(error)
             raise NetworkError(
                 f"layer {layers[i].name!r} ({type(layers[i]).__name__}) failed on inputs "
                 f"{[str(lo) for lo in ins]} (a size mismatch?): {type(error).__name__}: "
-                f"{str(error).splitlines()[0]}"
-            ) from error
+                f"{str(error).splitlines()[0]}" + (f" (at {where})" if where else "")
+            ) from None
         for o, lo in enumerate(outs):
             out_layouts[(i, o)] = lo
         recorded[i] = (ins, outs)
         if not abstract:
             layers[i] = layer
-    if abstract:
+    if abstract and previous is None:
         return net
     return net.with_layers(layers, recorded_layouts=tuple(recorded))

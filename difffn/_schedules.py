@@ -24,6 +24,12 @@ iterations, per its ``frequency_unit``), from 0.
 * ``"cyclical"``: triangular, from 1 up to ``max_factor`` (10) during the first ``step_ratio``
   (0.5) of each ``period`` (10), then back down; unit epoch.
 
+The named schedules are built on ``optax.schedules`` where optax has them
+(``exponential_decay`` for piecewise (staircase) and exponential, ``linear_schedule`` for
+warmup, ``polynomial_schedule``, ``cosine_decay_schedule`` within each cosine period) and
+evaluated in float64 over chunks of steps, so the values are MATLAB's; ``"cyclical"`` (optax has
+no repeating triangle) and the restarts of ``"cosine"`` are worked out here.
+
 Every named schedule also takes ``frequency_unit`` (``"epoch"`` or ``"iteration"``) and
 ``num_steps`` (how long it runs inside a sequence; default: to the end, except ``warmup``).
 Settings go in ``learn_rate_schedule_settings``: a dict of settings when one schedule is named,
@@ -36,12 +42,17 @@ A callable is a custom schedule returning the learn rate itself, either MATLAB s
 
 from __future__ import annotations
 
+import functools
 import inspect
 import math
 import numbers
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
+
+import jax
+import numpy as np
+import optax
 
 from ._errors import OptionsError
 
@@ -190,45 +201,83 @@ class _Phase:
     num_steps: float
 
 
-def _factor_function(name: str, s: dict[str, Any]) -> Callable[[float], float]:
+def _vector_factor(name: str, s: dict[str, Any]) -> Callable[[np.ndarray], Any]:
+    """The factor of local steps ``k`` (an integer array), built on ``optax.schedules``."""
     if name == "none":
-        return lambda k: 1.0
+        return lambda k: np.ones(k.shape)
+    if name in ("piecewise", "exponential") and s["drop_factor"] == 0:
+        # optax reads a decay rate of 0 as "no decay"; MATLAB's factor drops to 0 (at once for
+        # exponential, after the first period for piecewise)
+        start = 1.0 if name == "piecewise" else s["initial_factor"]
+        first = s["period"] if name == "piecewise" else 1
+        return lambda k: np.where(k >= first, 0.0, start)
     if name == "piecewise":
-        return lambda k: s["drop_factor"] ** (k // s["period"])
-    if name == "warmup":
-        n = s["num_steps"]
-        return lambda k: (
-            s["initial_factor"] + (s["final_factor"] - s["initial_factor"]) * min(k / n, 1.0)
+        return optax.exponential_decay(
+            1.0, transition_steps=s["period"], decay_rate=s["drop_factor"], staircase=True
         )
+    if name == "warmup":
+        return optax.linear_schedule(s["initial_factor"], s["final_factor"], s["num_steps"])
     if name == "polynomial":
-        n = s["num_steps"]
-        return lambda k: (
-            s["final_factor"]
-            + (s["initial_factor"] - s["final_factor"]) * (max(1.0 - k / n, 0.0) ** s["power"])
+        return optax.polynomial_schedule(
+            s["initial_factor"], s["final_factor"], s["power"], s["num_steps"]
         )
     if name == "exponential":
-        return lambda k: s["initial_factor"] * s["drop_factor"] ** (k / s["period"])
+        return optax.exponential_decay(
+            s["initial_factor"], transition_steps=s["period"], decay_rate=s["drop_factor"]
+        )
     if name == "cosine":
-
-        def cosine(k):
-            period, t = s["period"], float(k)
-            while t >= period:
-                t -= period
-                period *= s["period_growth"]
-            low, high = s["min_factor"], s["max_factor"]
-            return low + (high - low) * (1 + math.cos(math.pi * t / period)) / 2
-
-        return cosine
+        return functools.partial(_cosine, s)
     if name == "cyclical":
-
+        # optax has one-cycle schedules but no repeating triangle: MATLAB's formula, by hand
         def cyclical(k):
-            position = (k % s["period"]) / s["period"]
+            position = np.mod(k, s["period"]) / s["period"]
             up = s["step_ratio"]
-            rise = position / up if position < up else (1 - position) / (1 - up)
+            rise = np.where(position < up, position / up, (1 - position) / (1 - up))
             return 1.0 + (s["max_factor"] - 1.0) * rise
 
         return cyclical
     raise AssertionError(name)
+
+
+def _cosine(s: dict[str, Any], k: np.ndarray) -> np.ndarray:
+    """Cosine decay with warm restarts (SGDR): ``optax.cosine_decay_schedule`` within each
+    period, each period ``period_growth`` times the one before; where each step falls is
+    worked out on the host, since optax's ``sgdr_schedule`` needs every restart listed."""
+    period, start = s["period"], 0.0
+    local, length = np.zeros(k.shape), np.zeros(k.shape)
+    todo = np.ones(k.shape, bool)
+    while todo.any():
+        inside = todo & (k < start + period)
+        local[inside], length[inside] = k[inside] - start, period
+        todo &= ~inside
+        start, period = start + period, period * s["period_growth"]
+    shape = np.empty(k.shape)
+    for value in np.unique(length):
+        at = length == value
+        shape[at] = optax.cosine_decay_schedule(1.0, decay_steps=value)(local[at])
+    return s["min_factor"] + (s["max_factor"] - s["min_factor"]) * shape
+
+
+class _Factor:
+    """``factor(k)`` for one local step, from vectorized evaluations of ``fn`` over chunks of
+    steps (an optax schedule is a jnp function: one call per chunk of 1024 steps, not one per
+    iteration), in float64."""
+
+    _CHUNK = 1024
+
+    def __init__(self, fn):
+        self.fn = fn
+        self.chunks: dict[int, np.ndarray] = {}
+
+    def __call__(self, k) -> float:
+        chunk, i = divmod(int(k), self._CHUNK)
+        values = self.chunks.get(chunk)
+        if values is None:
+            steps = np.arange(chunk * self._CHUNK, (chunk + 1) * self._CHUNK, dtype=np.float64)
+            with jax.enable_x64(True):  # MATLAB's values are doubles; so are these, here only
+                values = np.asarray(jax.device_get(self.fn(steps)), np.float64)
+            self.chunks[chunk] = values
+        return float(values[i])
 
 
 class LearnRateSchedule:
@@ -237,11 +286,11 @@ class LearnRateSchedule:
     A pure function of its arguments, so training can resume at any iteration.
     """
 
-    def __init__(self, options, iterations_per_epoch: int | None):
+    def __init__(self, options, iterations_per_epoch: int | None, *, initial=None):
         parts, per_name = validate(
             options.learn_rate_schedule, options.learn_rate_schedule_settings
         )
-        self.initial = float(options.initial_learn_rate)
+        self.initial = float(options.initial_learn_rate if initial is None else initial)
         self.iterations_per_epoch = iterations_per_epoch
         phases = []
         for part in parts:
@@ -263,7 +312,7 @@ class LearnRateSchedule:
                         s[key] = float(whole)
             phases.append(
                 _Phase(
-                    _factor_function(part, s),
+                    _Factor(_vector_factor(part, s)),
                     None,
                     "",
                     s.get("frequency_unit", "epoch"),
@@ -303,3 +352,22 @@ class LearnRateSchedule:
                 start_epoch += phase.num_steps
                 start_iteration += int(phase.num_steps) * (ipe or 0)
         raise AssertionError("unreachable")
+
+
+def for_run(who: str, options, iterations_per_epoch, injected: float | None):
+    """The learn rate of every iteration of a run. For an optax transformation as the solver,
+    that of its injected learning rate (``injected``); without one it keeps its own, and the
+    learn rate is NaN (unknown here)."""
+    if isinstance(options.solver, str):
+        return LearnRateSchedule(options, iterations_per_epoch)
+    if injected is not None:
+        return LearnRateSchedule(options, iterations_per_epoch, initial=injected)
+    if options.learn_rate_schedule != "none" or options.initial_learn_rate is not None:
+        raise OptionsError(
+            f"{who}: the optax transformation given as solver has no learning_rate that trainnet "
+            "can set, so initial_learn_rate and learn_rate_schedule cannot reach it. Fix: build "
+            "it with optax.inject_hyperparams, e.g. "
+            "optax.inject_hyperparams(optax.lion)(learning_rate=1e-4), or leave both out (it "
+            "keeps its own learn rate, or an optax schedule given to it)."
+        )
+    return lambda iteration, epoch: math.nan

@@ -18,11 +18,13 @@ import jax.numpy as jnp
 import numpy as np
 
 from . import _container
+from ._container import Each, Optional, check_schema
 from ._errors import SerializationError
 from ._factors import _set as _set_factor
 from ._format import Layout
-from ._layer import InputLayer
-from ._network import Network, leaf_kinds
+from ._input_layer import InputLayer
+from ._network import Network
+from ._parameters import leaf_kinds, walk
 
 FORMAT = "difffn.network"
 FORMAT_VERSION = 1
@@ -91,20 +93,48 @@ def network_payload(net: Network) -> dict[str, Any]:
         "structure": _describe(net),
         "parameters": parameters,
         "values": values,
-        "factors": [list(f) for f in _collect_factors(net, "")],
+        "factors": [list(f) for f in _collect_factors(net)],
         "layouts": _layouts_payload(net),
     }
 
 
+_NAMES = [str]
+SCHEMA = {
+    "format": str,
+    "format_version": int,
+    "structure": {
+        "layers": [{"name": str, "class": str, "inputs": _NAMES, "outputs": _NAMES}],
+        "connections": [_NAMES],
+        "input_names": _NAMES,
+        "output_names": _NAMES,
+    },
+    "parameters": [{"path": str, "kind": str, "shape": [int], "dtype": str}],
+    "values": Each(np.ndarray),
+    "factors": [[(str, int, float)]],
+    "layouts": Optional([[[{"shape": [int], "format": str}]]]),
+}
+
+
 def restore_network(payload: dict[str, Any], like: Network, *, source: str) -> Network:
     """Check ``payload`` against ``like`` and build the restored network (or raise)."""
-    if payload.get("format") != FORMAT:
+    if not isinstance(payload, dict) or payload.get("format") != FORMAT:
         raise SerializationError(f"{source!r} does not hold a difffn network.")
-    if int(payload.get("format_version", 0)) > FORMAT_VERSION:
+    check_schema(payload, {"format_version": int}, source=source)
+    if payload["format_version"] > FORMAT_VERSION:
         raise SerializationError(
             f"{source!r} holds a network saved in format version {payload['format_version']}, "
             f"newer than this difffn reads ({FORMAT_VERSION}). Fix: upgrade difffn."
         )
+    check_schema(payload, SCHEMA, source=source)
+    for p in payload["parameters"]:
+        value = payload["values"].get(p["path"])
+        if value is None or tuple(value.shape) != tuple(p["shape"]):
+            held = "no values" if value is None else f"values of shape {tuple(value.shape)}"
+            raise SerializationError(
+                f"{source!r} is malformed: parameter {p['path']!r} is listed with shape "
+                f"{tuple(p['shape'])} but has {held}. Fix: write it again with df.save, or use "
+                "another copy."
+            )
     _check_structure(payload["structure"], _describe(like), source)
     values = payload["values"]
     like = _fill_input_statistics(like, payload)
@@ -225,15 +255,12 @@ def _abstract_initialized(like: Network, layouts_data, source: str) -> Network:
     return jax.eval_shape(lambda: like.initialize(*layouts, key=jax.random.key(0)))
 
 
-def _collect_factors(net: Network, prefix: str):
-    for layer in net.layers:
-        path = f"{prefix}{layer.name}"
-        for field, kind, value in layer.__dict__["_factors"]:
-            yield (path, field, kind, value)
-        for field in type(layer)._learnable_fields:
-            inner = getattr(layer, field)
-            if isinstance(inner, Network):
-                yield from _collect_factors(inner, f"{path}/{field}/")
+def _collect_factors(net: Network):
+    """``(layer path, field, kind, value)`` of every factor set explicitly, nested layers too."""
+    for p in walk(net):
+        for field, kind, value in p.layer._factors:
+            if field == p.field:
+                yield (p.layer_path, field, kind, value)
 
 
 def _layouts_payload(net: Network):

@@ -14,6 +14,7 @@ import jax
 from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
+from ._batches import as_device_array, batch_axis, count
 from ._errors import OptionsError
 from ._format import FormattedArray, dlarray
 
@@ -79,10 +80,22 @@ class Placement:
                 f"{size}. Fix: {what}={suggestion}."
             )
 
+    def put_batch(self, xs, ts, formats):
+        """A batch of inputs and targets on the devices: split along the batch axis over the
+        devices when it divides evenly, else replicated (``formats``: the inputs' formats)."""
+        xs = tuple(as_device_array(x) for x in xs)
+        ts = tuple(as_device_array(t) for t in ts)
+        if self.mesh is None or count(ts[0], batch_axis(ts[0])) % self.count:
+            return self.put(xs), self.put(ts)
+        xs = tuple(
+            jax.device_put(x, self.batch_sharding(x, fmt))
+            for x, fmt in zip(xs, formats, strict=True)
+        )
+        ts = tuple(jax.device_put(t, self.batch_sharding(t, None)) for t in ts)
+        return xs, ts
+
     def batch_sharding(self, x, fmt: str | None):
         """A sharding that splits ``x`` along its batch axis over the mesh."""
-        from ._batches import batch_axis
-
         spec = P(*([None] * batch_axis(x, fmt)), AXIS)
         return NamedSharding(self.mesh, spec)
 

@@ -34,11 +34,13 @@ from typing import Any, NamedTuple
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 import optax
 
 from ._errors import OptionsError
 from ._factors import LEARN_RATE, leaf_factors
-from ._network import Network, learnable_mask
+from ._network import Network
+from ._parameters import learnable_mask
 from ._table import ParameterTable
 
 # -- optax transformations ---------------------------------------------------------------------
@@ -163,12 +165,75 @@ def solver(name: str, options, lr_factors=None) -> optax.GradientTransformationE
     raise OptionsError(f"unknown solver {name!r}")
 
 
+_INJECTED = (optax.InjectHyperparamsState, optax.InjectStatefulHyperparamsState)
+
+
+def _injected(node) -> bool:
+    """A state of ``optax.inject_hyperparams`` whose learning rate is a number (not a schedule
+    of its own, which it would recompute at every step)."""
+    return (
+        isinstance(node, _INJECTED)
+        and "learning_rate" in node.hyperparams
+        and "learning_rate" not in getattr(node, "hyperparams_states", {})
+    )
+
+
+def injected_learn_rate(state) -> float | None:
+    """The learning rate a custom solver was built with by ``optax.inject_hyperparams``, or None
+    when it has none trainnet can set (then it keeps its own learn rate)."""
+    found = [n for n in jax.tree.leaves(state, is_leaf=_injected) if _injected(n)]
+    return float(found[0].hyperparams["learning_rate"]) if found else None
+
+
+def drive_learn_rate(tx, factors=None) -> optax.GradientTransformationExtraArgs:
+    """A user's optax transformation with trainnet's learn rate and learn-rate factors.
+
+    Each ``update`` writes the ``learn_rate`` extra argument into every learning rate that
+    ``optax.inject_hyperparams`` put in its state (so schedules reach it without rebuilding or
+    re-tracing it), then multiplies each leaf's update by its learn-rate factor (the update
+    already holds the learn rate, so this is the factor times the learn rate, as for the
+    built-in solvers).
+    """
+
+    def init(params):
+        return tx.init(params)
+
+    def update(updates, state, params=None, *, learn_rate, **extra):
+        del extra
+
+        def drive(node):
+            if not _injected(node):
+                return node
+            rate = node.hyperparams["learning_rate"]
+            hyperparams = {**node.hyperparams, "learning_rate": jnp.asarray(learn_rate, rate.dtype)}
+            return node._replace(hyperparams=hyperparams)
+
+        state = jax.tree.map(drive, state, is_leaf=_injected)
+        updates, state = tx.update(updates, state, params)
+
+        def scale(u, f):
+            return u if f == 1 else jnp.zeros_like(u) if f == 0 else (u * f).astype(u.dtype)
+
+        scaled = _per_leaf(scale, updates, factors)
+        return scaled, state
+
+    return optax.GradientTransformationExtraArgs(init, update)
+
+
 def training_transform(options, lr_factors, l2_factors) -> optax.GradientTransformationExtraArgs:
-    """L2 regularization, clipping and the solver, as trainnet applies them."""
+    """L2 regularization, clipping and the solver, as trainnet applies them.
+
+    ``options.solver`` is a name, or any optax transformation: it then takes the place of the
+    solver, with the same L2, clipping and learn-rate factors (:func:`drive_learn_rate`).
+    """
+    if isinstance(options.solver, optax.GradientTransformation):
+        chosen = drive_learn_rate(options.solver, lr_factors)
+    else:
+        chosen = solver(options.solver, options, lr_factors)
     return optax.chain(
         add_l2_regularization(options.l2_regularization, l2_factors),
         gradient_clipping(options.gradient_threshold_method, options.gradient_threshold),
-        solver(options.solver, options, lr_factors),
+        chosen,
     )
 
 
@@ -292,8 +357,23 @@ def _sgdm_step(params, grads, velocity, learn_rate, momentum, factors):
     return optax.apply_updates(params, updates), trace.trace
 
 
+def _iteration_from_zero(iteration) -> None:
+    raise OptionsError(
+        f"adamupdate: iteration must be counted from 1 (MATLAB's definition: the bias "
+        f"correction divides by 1 - β^t, which is 0 at t = 0); got {int(np.min(iteration))} "
+        "inside a traced function. Fix: pass iteration = step + 1 for a step count from 0."
+    )
+
+
 @functools.partial(jax.jit, static_argnames=("factors",))
 def _adam_step(params, grads, mu, nu, iteration, learn_rate, b1, b2, eps, factors):
+    # A traced iteration cannot be checked when adamupdate is called; a bad one must not pass
+    # as NaN parameters, so the compiled step itself raises (a host callback, run only then).
+    jax.lax.cond(
+        jnp.any(jnp.asarray(iteration) < 1),
+        lambda: jax.debug.callback(_iteration_from_zero, iteration),
+        lambda: None,
+    )
     tx = optax.chain(optax.scale_by_adam(b1=b1, b2=b2, eps=eps), scale_by_learn_rate(factors))
     count = jnp.asarray(iteration, jnp.int32) - 1
     state = (optax.ScaleByAdamState(count=count, mu=mu, nu=nu), optax.EmptyState())
@@ -386,10 +466,18 @@ def adamupdate(
       Array([0.999], dtype=float32)
     """
     who = "adamupdate"
-    if isinstance(iteration, numbers.Number) and not (
-        isinstance(iteration, numbers.Integral) and iteration >= 1
-    ):
-        raise OptionsError(f"{who}: iteration must be an int counted from 1; got {iteration!r}.")
+    if not isinstance(iteration, jax.core.Tracer):  # traced: checked inside the step
+        value = np.asarray(iteration)
+        if not (
+            value.ndim == 0
+            and (np.issubdtype(value.dtype, np.integer) or isinstance(iteration, numbers.Integral))
+            and not isinstance(iteration, bool)
+            and value >= 1
+        ):
+            raise OptionsError(
+                f"{who}: iteration must be an int counted from 1; got {iteration!r}. Fix: pass "
+                "iteration = step + 1 for a step count from 0."
+            )
     _check_number(who, "learn_rate", learn_rate, low=0)
     _check_decay(who, "gradient_decay_factor", gradient_decay_factor)
     _check_decay(who, "squared_gradient_decay_factor", squared_gradient_decay_factor)

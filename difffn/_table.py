@@ -14,6 +14,7 @@ from typing import Any, NamedTuple
 import jax
 import jax.numpy as jnp
 
+from ._describe import short
 from ._errors import NetworkError
 
 
@@ -156,9 +157,4 @@ def _split(path: str) -> tuple[str, str]:
 
 
 def _describe(value) -> str:
-    if value is None:
-        return "[] (not initialized)"
-    try:
-        return f"{jnp.result_type(value).name}{list(jnp.shape(value))}"
-    except TypeError:
-        return type(value).__name__
+    return "[] (not initialized)" if value is None else short(value)

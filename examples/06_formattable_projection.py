@@ -128,12 +128,12 @@ def show_rank_error() -> None:
         raise AssertionError("a non-formattable layer changed the rank without an error")
 
     # In a network the same check runs when the network is built (the input layer fixes the
-    # sizes), and the error names the layer.
+    # sizes): the layer's own error, with a note from the network saying where.
     try:
         df.Network([df.layers.ImageInput((6, 6, 4), normalization="none", name="input"), plain])
-    except df.NetworkError as error:
-        print(f"\nin a network, df.{type(error).__name__}:\n{indent(error)}")
-        assert isinstance(error.__cause__, df.LayerError)
+    except df.LayerError as error:
+        note = next(n for n in error.__notes__ if "while the network" in n)
+        print(f"\nin a network, df.{type(error).__name__}:\n{indent(error)}\n  {note}")
     else:
         raise AssertionError("a network accepted a non-formattable layer that changes the rank")
 

@@ -1,4 +1,4 @@
-"""Strict settings for the whole suite (see STYLE.md, habit 7).
+"""Strict settings for the whole suite.
 
 - numpy rank promotion raises, so a silent broadcast is a test failure;
 - every warning is an error (exceptions are listed in pyproject.toml);

@@ -75,3 +75,23 @@ class TraceCounter:
             return fn(*args, **kwargs)
 
         return wrapped
+
+
+def unwritable_folder(tmp_path) -> Path:
+    """A folder in which creating a file fails with a real OS error (for any user).
+
+    A folder made read-only, where that stops this user (not root); else ``/sys``, which
+    refuses new files even to root. Skips only when neither refuses.
+    """
+    import pytest
+
+    folder = tmp_path / "read-only"
+    folder.mkdir()
+    folder.chmod(0o555)
+    for candidate in (folder, Path("/sys")):
+        try:
+            (candidate / ".probe").write_bytes(b"")
+        except OSError:
+            return candidate
+        (candidate / ".probe").unlink()
+    pytest.skip("no folder here refuses new files to this user")

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import re
 
+import jax
 import jax.numpy as jnp
 import layers_for_checks as L
 import numpy as np
@@ -19,8 +20,6 @@ def failed(report) -> set[str]:
 
 @pytest.mark.parametrize("seed", range(5))
 def test_srelu_function_written_correctly_passes(seed, key):
-    import jax
-
     inputs = L.srelu_function_inputs(jax.random.fold_in(key, seed))
     report = df.check_function(L.SReLUFunction(), *inputs, key=seed)
     assert report.ok, str(report)
@@ -34,6 +33,7 @@ def test_srelu_function_written_correctly_passes(seed, key):
         "gradients_are_correct[al]",
         "gradients_are_correct[tr]",
         "gradients_are_correct[ar]",
+        "second_order_gradients_are_correct",
         "compute_gradients_is_respected",
         "jit_agrees_with_eager",
         "vmap_agrees_with_eager",
@@ -147,3 +147,225 @@ def test_assert_function_valid(key):
 def test_misuse_is_a_check_error(args, match):
     with pytest.raises(df.CheckError, match=match):
         df.check_function(*args)
+
+
+# -- surrogate gradients --------------------------------------------------------------------------
+
+
+class StraightThroughRound(df.DifferentiableFunction):
+    """round(x) * w, with the gradient of x passed straight through round (not its derivative,
+    which is 0 almost everywhere)."""
+
+    save_inputs_for_backward = True
+
+    def forward(self, x, w):
+        return jnp.round(x) * w
+
+    def backward(self, dy, compute_gradients, x, w):
+        return dy * w, jnp.sum(dy * jnp.round(x))
+
+
+class DeclaredStraightThroughRound(StraightThroughRound):
+    surrogate_gradients = {"x": "straight-through estimator"}
+
+
+STE_INPUTS = (jnp.linspace(-1.3, 2.2, 8), jnp.array(1.5))
+
+
+def test_the_straight_through_estimator_is_jaxs_idiom():
+    x, w = STE_INPUTS
+    idiom = jax.grad(lambda x: jnp.sum((x + jax.lax.stop_gradient(jnp.round(x) - x)) * w))(x)
+    np.testing.assert_allclose(jax.grad(lambda x: StraightThroughRound()(x, w).sum())(x), idiom)
+
+
+def test_an_undeclared_surrogate_gradient_fails_and_says_how_to_declare_it():
+    report = df.check_function(StraightThroughRound(), *STE_INPUTS)
+    assert failed(report) == {"gradients_are_correct[x]"}, str(report)
+    diagnostic = report["gradients_are_correct[x]"].diagnostic
+    assert "surrogate_gradients = {'x': 'the reason'}" in diagnostic
+    assert report["gradients_are_correct[w]"].status == "Passed"
+
+
+def test_a_declared_surrogate_gradient_is_skipped_with_its_reason_and_the_rest_runs():
+    report = df.check_function(DeclaredStraightThroughRound(), *STE_INPUTS)
+    assert report.ok, str(report)
+    result = report["gradients_are_correct[x]"]
+    assert result.status == "Skipped"
+    assert result.diagnostic == (
+        "declared a surrogate gradient: straight-through estimator (surrogate_gradients)"
+    )
+    undeclared = df.check_function(StraightThroughRound(), *STE_INPUTS)
+    assert [r.name for r in report.results] == [r.name for r in undeclared.results]
+    assert {r.name for r in report.results if r.status == "Skipped"} == {"gradients_are_correct[x]"}
+
+
+class MisnamedSurrogate(StraightThroughRound):
+    surrogate_gradients = {"y": "straight-through estimator"}
+
+
+class SurrogateNotADict(StraightThroughRound):
+    surrogate_gradients = ("x",)
+
+
+@pytest.mark.parametrize(
+    ("cls", "match"),
+    [
+        (
+            MisnamedSurrogate,
+            r"MisnamedSurrogate.surrogate_gradients names 'y', which is not an input or "
+            r"learnable of MisnamedSurrogate; its inputs \['x', 'w'\]\. Fix: .*\{'x': ",
+        ),
+        (SurrogateNotADict, r"surrogate_gradients is a tuple; expected a dict mapping"),
+    ],
+    ids=["unknown-name", "not-a-dict"],
+)
+def test_a_bad_surrogate_declaration_is_a_check_error(cls, match):
+    with pytest.raises(df.CheckError, match=match):
+        df.check_function(cls(), *STE_INPUTS)
+
+
+# -- second order ---------------------------------------------------------------------------------
+
+
+class ScaledSquare(df.DifferentiableFunction):
+    save_inputs_for_backward = True
+
+    def forward(self, x, w):
+        return x**2 * w
+
+    def backward(self, dy, compute_gradients, x, w):
+        return 2 * x * w * dy, jnp.sum(x**2 * dy)
+
+
+class ScaledSquareStopGradient(ScaledSquare):
+    """Right first derivatives; the second derivative through x is silently 0."""
+
+    def backward(self, dy, compute_gradients, x, w):
+        return 2 * jax.lax.stop_gradient(x) * w * dy, jnp.sum(x**2 * dy)
+
+
+class FirstOrderOnly(ScaledSquareStopGradient):
+    once_differentiable = True
+
+
+SQUARE_INPUTS = (jnp.linspace(-1.0, 2.0, 6), jnp.array(1.5))
+
+
+def test_the_stop_gradient_backward_has_a_wrong_second_derivative_in_jax_too(x64):
+    # What the test catches is real: JAX's own custom_vjp with the same rule.
+    @jax.custom_vjp
+    def f(x):
+        return x**2
+
+    f.defvjp(lambda x: (x**2, x), lambda x, dy: (2 * jax.lax.stop_gradient(x) * dy,))
+    assert float(jax.grad(jax.grad(f))(1.5)) == 0.0
+    assert float(jax.grad(jax.grad(lambda x: x**2))(1.5)) == 2.0
+
+
+def test_a_differentiable_backward_passes_the_second_order_test():
+    report = df.check_function(ScaledSquare(), *SQUARE_INPUTS)
+    assert report.ok, str(report)
+    result = report["second_order_gradients_are_correct"]
+    assert result.status == "Passed"
+    assert "agrees with finite differences of the gradient for input 'x', input 'w'" in (
+        result.diagnostic
+    )
+
+
+def test_a_stop_gradient_in_backward_fails_the_second_order_test_naming_the_input():
+    report = df.check_function(ScaledSquareStopGradient(), *SQUARE_INPUTS)
+    assert failed(report) == {"second_order_gradients_are_correct"}, str(report)
+    diagnostic = report["second_order_gradients_are_correct"].diagnostic
+    assert "wrong with respect to input 'x' (the largest error)" in diagnostic
+    assert re.search(r"largest absolute error \S+ at \(\d,\): got \S+, expected", diagnostic)
+    assert "jax.lax.stop_gradient" in diagnostic and "once_differentiable = True" in diagnostic
+
+
+def test_once_differentiable_skips_the_second_order_test_with_the_reason():
+    report = df.check_function(FirstOrderOnly(), *SQUARE_INPUTS)
+    result = report["second_order_gradients_are_correct"]
+    assert result.status == "Skipped"
+    assert "FirstOrderOnly sets once_differentiable = True" in result.diagnostic
+    assert report.ok, str(report)
+
+
+class HostCosine(df.DifferentiableFunction):
+    """sin, with a backward that computes cos on the host: right, but not differentiable."""
+
+    save_inputs_for_backward = True
+
+    def forward(self, x):
+        return jnp.sin(x)
+
+    def backward(self, dy, compute_gradients, x):
+        like = jax.ShapeDtypeStruct(x.shape, x.dtype)
+        return dy * jax.pure_callback(np.cos, like, x, vmap_method="sequential")
+
+
+def test_a_backward_jax_cannot_differentiate_fails_the_second_order_test():
+    report = df.check_function(HostCosine(), jnp.linspace(-1.0, 1.0, 5))
+    assert failed(report) == {"second_order_gradients_are_correct"}, str(report)
+    diagnostic = report["second_order_gradients_are_correct"].diagnostic
+    assert diagnostic.startswith("JAX cannot differentiate the gradient from HostCosine.backward:")
+    assert "once_differentiable = True" in diagnostic
+
+
+# -- the vmap test stays in the examples' domain --------------------------------------------------
+
+
+class Sqrt(df.DifferentiableFunction):
+    save_outputs_for_backward = True
+
+    def forward(self, x):
+        return jnp.sqrt(x)
+
+    def backward(self, dy, compute_gradients, y):
+        return dy / (2 * y)
+
+
+def test_the_vmap_test_keeps_positive_examples_positive():
+    report = df.check_function(Sqrt(), jnp.linspace(0.05, 2.0, 9))
+    assert report.ok, str(report)
+    assert report["vmap_agrees_with_eager"].status == "Passed"
+
+
+def test_nan_where_both_give_nan_is_agreement():
+    report = df.check_function(Sqrt(), jnp.array([-1.0, 0.5, 2.0]))
+    assert report["vmap_agrees_with_eager"].status == "Passed", str(report)
+    assert report["jit_agrees_with_eager"].status == "Passed", str(report)
+
+
+# -- mixed precision ------------------------------------------------------------------------------
+
+
+class Float32Tanh(df.DifferentiableFunction):
+    """Computes in float32 whatever the input's dtype (mixed precision); returns that dtype."""
+
+    save_inputs_for_backward = True
+
+    def forward(self, x):
+        return jnp.tanh(x.astype(jnp.float32)).astype(x.dtype)
+
+    def backward(self, dy, compute_gradients, x):
+        return dy * (1 - jnp.tanh(x) ** 2)
+
+
+class Float32TanhWrong(Float32Tanh):
+    def backward(self, dy, compute_gradients, x):
+        return 1.05 * dy * (1 - jnp.tanh(x) ** 2)
+
+
+def test_a_float32_forward_is_checked_against_autodiff_at_float32_tolerance():
+    report = df.check_function(Float32Tanh(), jnp.linspace(-2.0, 2.0, 9))
+    assert report.ok, str(report)
+    diagnostic = report["gradients_are_correct[x]"].diagnostic
+    assert "forward computes in float32 inside" in diagnostic
+    assert "compared with JAX autodiff of forward at float32 tolerance" in diagnostic
+
+
+def test_a_wrong_backward_of_a_float32_forward_fails():
+    report = df.check_function(Float32TanhWrong(), jnp.linspace(-2.0, 2.0, 9))
+    assert failed(report) == {"gradients_are_correct[x]"}, str(report)
+    diagnostic = report["gradients_are_correct[x]"].diagnostic
+    assert "from Float32TanhWrong.backward disagrees with JAX autodiff of forward" in diagnostic
+    assert re.search(r"largest relative error 0\.04\d* at \(\d,\)", diagnostic), diagnostic

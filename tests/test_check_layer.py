@@ -306,3 +306,178 @@ def test_misuse_is_a_check_error(args, match):
 def test_a_bad_key_is_a_check_error():
     with pytest.raises(df.CheckError, match="expected a jax.random key or an int seed"):
         df.check_layer(L.SReLULayer(), IMAGES, key="zero")
+
+
+# -- surrogate gradients --------------------------------------------------------------------------
+
+
+class GradientReversal(df.Layer):
+    """Identity forward; backward reverses the gradient (domain-adversarial training)."""
+
+    def predict(self, x):
+        return x
+
+    def backward(self, x, y, dLdY, memory):
+        return -dLdY
+
+
+class DeclaredGradientReversal(GradientReversal):
+    surrogate_gradients = {"in": "gradient reversal"}
+
+
+def test_gradient_reversal_fails_undeclared_and_names_the_declaration():
+    report = df.check_layer(GradientReversal(), IMAGES)
+    assert failed(report) == {"gradients_are_correct[in]"}, str(report)
+    assert (
+        "surrogate_gradients = {'in': 'the reason'}"
+        in report["gradients_are_correct[in]"].diagnostic
+    )
+
+
+def test_declared_gradient_reversal_is_skipped_with_its_reason_and_the_rest_runs():
+    report = df.check_layer(DeclaredGradientReversal(), IMAGES)
+    assert report.ok, str(report)
+    result = report["gradients_are_correct[in]"]
+    assert (result.status, result.diagnostic) == (
+        "Skipped",
+        "declared a surrogate gradient: gradient reversal (surrogate_gradients)",
+    )
+    undeclared = df.check_layer(GradientReversal(), IMAGES)
+    assert [r.name for r in report.results] == [r.name for r in undeclared.results]
+    assert report["second_order_gradients_are_correct"].status == "Passed"
+
+
+class QuantizedScale(df.Layer):
+    """x * round(4 w) / 4 per channel; w's gradient passes straight through the rounding."""
+
+    surrogate_gradients = {"w": "straight-through estimator"}
+    w: jax.Array | None = df.learnable(
+        default_factory=lambda: jnp.array([0.3, 1.1, 2.6]).reshape(1, 1, 1, 3)
+    )
+
+    def predict(self, x):
+        return x * (jnp.round(4 * self.w) / 4)
+
+    def backward(self, x, y, dLdY, memory):
+        return dLdY * (jnp.round(4 * self.w) / 4), L.broadcast_sum(dLdY * x, self.w)
+
+
+def test_a_declared_surrogate_learnable_is_skipped_and_the_input_still_checked():
+    report = df.check_layer(QuantizedScale(), IMAGES)
+    assert report.ok, str(report)
+    assert report["gradients_are_correct[w]"].status == "Skipped"
+    assert "straight-through estimator" in report["gradients_are_correct[w]"].diagnostic
+    assert report["gradients_are_correct[in]"].status == "Passed"
+
+
+class MisnamedSurrogate(QuantizedScale):
+    surrogate_gradients = {"out": "straight-through estimator"}
+
+
+def test_a_surrogate_that_is_no_input_or_learnable_is_a_check_error():
+    with pytest.raises(
+        df.CheckError,
+        match=r"check_layer: MisnamedSurrogate.surrogate_gradients names 'out', which is not an "
+        r"input or learnable of MisnamedSurrogate; its inputs \['in'\] and learnables \['w'\]",
+    ):
+        df.check_layer(MisnamedSurrogate(), IMAGES)
+
+
+# -- second order ---------------------------------------------------------------------------------
+
+
+class PReLUStopGradient(L.PReLULayer):
+    """Right first derivatives, but alpha is cut out of dLdX's derivative."""
+
+    def backward(self, x, y, dy, memory):
+        dx = dy * jnp.where(x > 0, 1.0, jax.lax.stop_gradient(self.alpha))
+        return dx, L.broadcast_sum(dy * jnp.minimum(x, 0), self.alpha)
+
+
+class PReLUFirstOrderOnly(PReLUStopGradient):
+    once_differentiable = True
+
+
+def test_a_stop_gradient_in_backward_fails_the_second_order_test_naming_the_learnable():
+    report = df.check_layer(PReLUStopGradient(), IMAGES)
+    assert failed(report) == {"second_order_gradients_are_correct"}, str(report)
+    diagnostic = report["second_order_gradients_are_correct"].diagnostic
+    assert "wrong with respect to learnable 'alpha' (the largest error)" in diagnostic
+    assert re.search(r"largest absolute error \S+ at \(0, 0, 0, \d\): got 0, expected", diagnostic)
+    assert df.check_layer(L.PReLULayer(), IMAGES)["second_order_gradients_are_correct"].status == (
+        "Passed"
+    )
+
+
+def test_once_differentiable_layers_skip_the_second_order_test():
+    report = df.check_layer(PReLUFirstOrderOnly(), IMAGES)
+    assert report.ok, str(report)
+    result = report["second_order_gradients_are_correct"]
+    assert result.status == "Skipped"
+    assert "once_differentiable = True" in result.diagnostic
+
+
+class SquareStopGradient(df.DifferentiableFunction):
+    save_inputs_for_backward = True
+
+    def forward(self, x):
+        return x**2
+
+    def backward(self, dy, compute_gradients, x):
+        return 2 * jax.lax.stop_gradient(x) * dy
+
+
+class UsesSquareStopGradient(df.Layer):
+    """No backward of its own: autodiff goes through a function with a first-order backward."""
+
+    def predict(self, x):
+        return SquareStopGradient()(x)
+
+
+def test_the_second_order_test_runs_through_autodiff_layers_too():
+    report = df.check_layer(UsesSquareStopGradient(), IMAGES)
+    assert failed(report) == {"second_order_gradients_are_correct"}, str(report)
+    diagnostic = report["second_order_gradients_are_correct"].diagnostic
+    assert "wrong with respect to input 'in'" in diagnostic
+    assert "JAX autodiff of forward" in diagnostic
+
+
+# -- NaN is not batch mixing ----------------------------------------------------------------------
+
+
+class Log(df.Layer):
+    def predict(self, x):
+        return jnp.log(x)
+
+
+def test_a_layer_producing_nan_is_not_blamed_for_mixing_observations():
+    report = df.check_layer(Log(), IMAGES)
+    assert failed(report) == set(), str(report)
+    result = report["multiple_observations_are_consistent"]
+    assert result.status == "Incomplete"
+    assert re.search(
+        r"predict produced non-finite values for the example data \(standard normal values\): "
+        r"output 'out' has NaN at \(B=\d, S=\d, S=\d, C=\d\) \(\d+ of 432 values\) in a batch of 4",
+        result.diagnostic,
+    ), result.diagnostic
+    assert "mix" not in result.diagnostic
+
+
+# -- mixed precision ------------------------------------------------------------------------------
+
+
+class Float32PReLU(L.PReLULayer):
+    """Computes in float32 whatever the data's dtype (mixed precision); returns that dtype."""
+
+    def predict(self, x):
+        x32, alpha32 = x.astype(jnp.float32), self.alpha.astype(jnp.float32)
+        return (jnp.maximum(x32, 0) + alpha32 * jnp.minimum(x32, 0)).astype(x.dtype)
+
+
+def test_a_float32_forward_is_checked_against_autodiff_not_left_incomplete():
+    report = df.check_layer(Float32PReLU(), IMAGES)
+    assert report.ok, str(report)
+    for name in ("in", "alpha"):
+        diagnostic = report[f"gradients_are_correct[{name}]"].diagnostic
+        assert "forward computes in float32 inside" in diagnostic
+        assert "compared with JAX autodiff of forward at float32 tolerance" in diagnostic

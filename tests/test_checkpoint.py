@@ -10,16 +10,17 @@ import signal
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import checkpoint_run as run
 import jax
 import numpy as np
 import pytest
-from helpers import ROOT, assert_tree_allclose
+from helpers import ROOT, assert_tree_allclose, unwritable_folder
 from training_layers import classification_data, classifier_net
 
 import difffn as df
-from difffn import _checkpoint
+from difffn import _checkpoint, _container
 
 
 @pytest.fixture(scope="module")
@@ -78,7 +79,7 @@ def test_checkpoints_follow_frequency_and_unit_and_keep_the_newest(tmp_path):
     )
     payload = _checkpoint.read(by_iteration / names(by_iteration)[0])
     assert (payload["iteration"], payload["epoch"], payload["batch"]) == (12, 3, 4)
-    assert len(payload["training_rows"]) == 12
+    assert payload["history"]["training"] == 12  # rows in the run's history log
     # a checkpoint's network loads with df.load
     loaded = df.load(by_iteration / names(by_iteration)[0], like=classifier_net())
     assert_tree_allclose(loaded.learnables, net.learnables, rtol=0, atol=0)
@@ -162,6 +163,34 @@ def test_iterable_data_resumes_at_the_same_batch(tmp_path):
 def test_a_run_that_ended_returns_its_result(tmp_path, uninterrupted):
     run.train(tmp_path)
     assert_same_run(run.train(resume_from=tmp_path), uninterrupted)
+
+
+@pytest.mark.parametrize("pause", [19, 22], ids=["first-of-the-last-epoch", "in-the-last-epoch"])
+def test_resuming_inside_the_last_epoch_trains_it_to_the_end(tmp_path, uninterrupted, pause):
+    run.train(tmp_path, output_fcn=pause_at(pause))
+    assert _checkpoint.read(tmp_path / names(tmp_path)[0])["epoch"] == 4  # the last epoch
+    result = run.train(resume_from=tmp_path)
+    assert len(result[1].training_history) == run.ITERATIONS
+    assert_same_run(result, uninterrupted)  # learnables and BatchNorm statistics bit for bit
+
+
+def test_resuming_a_one_epoch_run(tmp_path):
+    reference = run.train(max_epochs=1)
+    run.train(tmp_path, max_epochs=1, output_fcn=pause_at(3))
+    result = run.train(resume_from=tmp_path, max_epochs=1)
+    assert len(result[1].training_history) == 6
+    assert_same_run(result, reference)
+
+
+def test_resuming_a_finished_run_returns_its_result_without_training(tmp_path, uninterrupted):
+    run.train(tmp_path, checkpoint_frequency=5)  # checkpoints at 5, 10, 15, 20, and the end
+    assert iterations(tmp_path) == [15, 20, 24]
+    assert _checkpoint.read(tmp_path / names(tmp_path)[0])["stop_reason"] == "Max epochs completed"
+    trained = []
+    result = run.train(resume_from=tmp_path, output_fcn=lambda info: trained.append(info["state"]))
+    assert "iteration" not in trained
+    assert_same_run(result, uninterrupted)
+    assert iterations(tmp_path) == [15, 20, 24]  # nothing new written
 
 
 def test_sigkill_mid_run_then_resume_from_the_folder(tmp_path, uninterrupted):
@@ -351,7 +380,8 @@ def test_a_full_disk_warns_keeps_the_older_checkpoints_and_training_goes_on(
     assert "checkpoint of iteration 6 could not" in str(warned[0].message)
     assert_same_run(result, uninterrupted)  # training was not lost
     assert iterations(tmp_path) == [3, 4, 5]
-    assert sorted(os.listdir(tmp_path)) == sorted(names(tmp_path))  # no temporary files left
+    log = history_log(tmp_path).name
+    assert sorted(os.listdir(tmp_path)) == sorted([*names(tmp_path), log])  # no temporary files
     for name in names(tmp_path):
         _checkpoint.read(tmp_path / name)
     assert_same_run(run.train(resume_from=tmp_path), uninterrupted)
@@ -370,3 +400,106 @@ def test_a_checkpoint_folder_removed_mid_run_warns_and_training_goes_on(tmp_path
         result = run.train(folder, output_fcn=remove_the_folder)
     assert len(warned) == run.ITERATIONS - 19
     assert_same_run(result, uninterrupted)
+
+
+@pytest.mark.parametrize("where", ["read-only", "proc"])
+def test_a_folder_that_refuses_files_warns_and_training_goes_on(tmp_path, uninterrupted, where):
+    folder = unwritable_folder(tmp_path) if where == "read-only" else Path("/proc")
+    with pytest.warns(
+        df.CheckpointWarning,
+        match=r"checkpoint of iteration \d+ could not be written \(could not write .*: cannot "
+        r"create a file in .*Training goes on.*Fix: free disk space, make the folder writable",
+    ) as warned:
+        result = run.train(folder)
+    assert len(warned) == run.ITERATIONS  # one per checkpoint; none for the result (the last)
+    assert_same_run(result, uninterrupted)
+
+
+def test_a_stream_of_batches_resumes_at_its_position(tmp_path):
+    """steps_per_epoch: the stream goes on across epochs; a resume skips what was read."""
+    X, T = classification_data(70)
+    batches = [(X[i : i + 16], T[i : i + 16]) for i in range(0, 70, 16)]  # the last has 6
+
+    def endless():
+        while True:
+            yield from batches
+
+    options = df.TrainingOptions(max_epochs=3, steps_per_epoch=3, verbose=False)
+    reference = df.trainnet(endless(), classifier_net(), "crossentropy", options)
+    paused = options.replace(
+        checkpoint_path=tmp_path, checkpoint_frequency_unit="iteration", output_fcn=pause_at(5)
+    )
+    df.trainnet(endless(), classifier_net(), "crossentropy", paused)
+    assert _checkpoint.read(tmp_path / names(tmp_path)[0])["data_position"] == 6  # a 6 dropped
+    resumed = df.trainnet(
+        endless(), classifier_net(), "crossentropy", options, resume_from=tmp_path
+    )
+    assert len(resumed[1].training_history) == 9
+    assert_same_run(resumed, reference)
+
+
+@pytest.mark.parametrize(
+    "change, message",
+    [
+        (lambda p: p.pop("optimizer"), r"the payload lacks 'optimizer'"),
+        (lambda p: p.update(iteration="5"), r"\['iteration'\] should be int, not str"),
+        (lambda p: p["optimizer"]["values"].pop(), r"lists \d+ paths, \d+ shapes, \d+ dtypes and"),
+        (lambda p: p["network"].pop("values"), r"the payload lacks 'values'"),
+    ],
+    ids=["no-optimizer", "iteration-type", "optimizer-values", "network-values"],
+)
+def test_a_well_checksummed_malformed_checkpoint_is_a_named_error(
+    paused, tmp_path, change, message
+):
+    path = tmp_path / names(paused)[0]
+    shutil.copy(paused / names(paused)[0], path)
+    payload = _container.read(path, "checkpoint")
+    change(payload)
+    _container.write(path, "checkpoint", payload)  # a good checksum over a bad payload
+    with pytest.raises(df.SerializationError, match=rf"is malformed: .*{message}.*Fix:"):
+        run.train(resume_from=path)
+
+
+# -- the history log (issue 12 item 11) -----------------------------------------------------------
+
+
+def history_log(folder):
+    (log,) = folder.glob("net_history__*.difffnlog")
+    return log
+
+
+def test_checkpoints_do_not_grow_with_the_history(tmp_path, uninterrupted):
+    result = run.train(tmp_path, checkpoint_keep=math.inf)
+    sizes = {int(p.name.split("__")[1]): p.stat().st_size for p in tmp_path.glob("net_checkpoint*")}
+    assert sorted(sizes) == list(range(1, run.ITERATIONS + 1))
+    assert max(sizes.values()) - min(sizes.values()) < 200  # 24 rows would add kilobytes
+    assert_same_run(run.train(resume_from=tmp_path), uninterrupted)
+    assert_same_run(result, uninterrupted)
+    # the log holds each row once per checkpoint that added it: linear in the run
+    log = history_log(tmp_path).stat().st_size
+    assert log < 200 * (run.ITERATIONS + 6)
+
+
+def test_a_lost_history_log_warns_and_training_goes_on_exactly(tmp_path, uninterrupted):
+    run.train(tmp_path, output_fcn=pause_at(10))
+    history_log(tmp_path).unlink()
+    with pytest.warns(
+        df.CheckpointWarning,
+        match=r"the history log .* cannot be read .*; the history returned lacks the rest\. The "
+        r"training state is whole, so training goes on exactly",
+    ):
+        net, info = run.train(resume_from=tmp_path)
+    ref_net, ref_info = uninterrupted
+    assert_tree_allclose(net.learnables, ref_net.learnables, rtol=0, atol=0)
+    assert_tree_allclose(net.state, ref_net.state, rtol=0, atol=0)
+    np.testing.assert_array_equal(info.training_history["iteration"], np.arange(11, 25))
+
+
+def test_a_torn_history_log_is_repaired_and_stays_readable(tmp_path, uninterrupted):
+    """A process killed while appending leaves a torn record: it is cut before the next append."""
+    run.train(tmp_path, output_fcn=pause_at(10))
+    log = history_log(tmp_path)
+    with open(log, "ab") as file:
+        file.write(b"\x40\x00\x00\x00\x00\x00\x00\x00half a record")
+    run.train(tmp_path, resume_from=tmp_path, output_fcn=pause_at(16))  # appends after the tear
+    assert_same_run(run.train(resume_from=tmp_path), uninterrupted)

@@ -227,6 +227,23 @@ def test_call_errors(cnn):
     )
 
 
+def test_a_model_exported_for_another_platform_says_so(tmp_path, key):
+    net = df.Network(
+        [df.layers.FeatureInput(3, normalization="none", name="in"), df.layers.ReLU(name="r")]
+    ).initialize(key=key)
+    path = df.export(
+        net, df.Layout((None, 3), "BC"), path=tmp_path / "tpu.difffn", platforms=("tpu",)
+    )
+    model = df.load_exported(path)
+    here = jax.export.default_export_platform()
+    with pytest.raises(
+        df.SerializationError,
+        match=rf"was exported for platforms \['tpu'\]; this machine runs '{here}'\. Fix: export "
+        rf"with platforms=\('{here}', \.\.\.\)",
+    ):
+        model(jnp.ones((2, 3)))
+
+
 class Eager(df.Layer):
     acceleratable = False
 
@@ -257,6 +274,11 @@ class Eager(df.Layer):
                 p,
             ),
             r"layer\(s\) \['e'\] set acceleratable = False",
+        ),
+        (
+            lambda net, p: df.export(net, p, platforms=("gpu",)),
+            r"platforms has 'gpu', which is not a platform JAX exports for; they are \['cpu', "
+            r"'cuda', 'rocm', 'tpu'\]\. JAX names GPUs 'cuda' \(NVIDIA\) or 'rocm' \(AMD\)",
         ),
     ],
 )
@@ -290,3 +312,41 @@ def test_damaged_and_foreign_files(cnn, tmp_path):
 def test_the_file_holds_no_pickle(cnn):
     blob = cnn[1].read_bytes()
     assert b"\x80\x04\x95" not in blob and b"\x80\x05\x95" not in blob
+
+
+def test_vjp_order_two_gives_second_derivatives(tmp_path, key):
+    net = df.Network(
+        [
+            df.layers.FeatureInput(3, name="in"),
+            df.layers.FullyConnected(4, name="fc"),
+            df.layers.ELU(name="elu"),
+            df.layers.FullyConnected(1, name="out"),
+        ]
+    ).initialize(key=key)
+    model = df.load_exported(df.export(net, tmp_path / "second.difffn", vjp_order=2))
+    assert model.vjp_order == 2
+    x = jax.random.normal(jax.random.key(3), (2, 3))
+
+    def second_order(predict):
+        def loss(x):
+            return jnp.sum(df.stripdims(predict(x)) ** 2)
+
+        return jax.grad(lambda x: jnp.sum(jnp.tanh(jax.grad(loss)(x))))(x)
+
+    np.testing.assert_allclose(second_order(model), second_order(net.predict), rtol=1e-4, atol=1e-6)
+    first = df.load_exported(df.export(net, tmp_path / "first.difffn"))
+    assert first.vjp_order == 1
+    with pytest.raises(ValueError, match="No VJP is available"):
+        second_order(first)  # jax.export's own message: the file has no second-order VJP
+    with pytest.raises(df.SerializationError, match=r"vjp_order is -1; expected a non-negative"):
+        df.export(net, tmp_path / "bad.difffn", vjp_order=-1)
+
+
+def test_a_file_from_before_vjp_order_still_loads(cnn, tmp_path):
+    from difffn import _container
+
+    _, path = cnn
+    payload = _container.read(path, "exported")
+    del payload["vjp_order"]
+    _container.write(tmp_path / "old.difffn", "exported", payload)
+    assert df.load_exported(tmp_path / "old.difffn").vjp_order == 1

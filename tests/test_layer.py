@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import re
 
 import jax
 import jax.numpy as jnp
@@ -11,7 +12,7 @@ import pytest
 from helpers import assert_tree_allclose
 
 import difffn as df
-from difffn._layer import call_layer
+from difffn._layer_call import call_layer
 
 # --------------------------------------------------------------------------------------------
 # Layers used in these tests
@@ -45,7 +46,7 @@ def prelu_reference(alpha, x):
 
 
 class WeightedAddition(df.Layer):
-    """Several inputs, one learnable weight per input (seed 004's multi-input example)."""
+    """Several inputs, one learnable weight per input (MATLAB's weighted addition example)."""
 
     weights: jax.Array | None = df.learnable(default=None)
 
@@ -227,6 +228,30 @@ def test_hand_written_init_sets_defaults_and_missing_fields_are_errors():
         NoDefault()
 
 
+def test_constructor_arguments_are_checked_before_the_call():
+    with pytest.raises(
+        df.LayerError,
+        match=r"PReLU\(\.\.\.\) could not be constructed: got an unexpected keyword argument "
+        r"'beta'\. Its fields are: name, .*, alpha\.",
+    ):
+        PReLU(beta=1.0)
+    with pytest.raises(df.LayerError, match=r"WeightedAddition\(\.\.\.\) could not be constructed"):
+        WeightedAddition()
+
+    class Strict(df.Layer):
+        def __init__(self, size):
+            self.size = int(size)  # a TypeError raised here is the user's own, and stays one
+
+        size: int = 1
+
+        def predict(self, x):
+            return x
+
+    with pytest.raises(TypeError, match=r"int\(\) argument must be") as caught:
+        Strict(None)
+    assert not isinstance(caught.value, df.Error)
+
+
 # --------------------------------------------------------------------------------------------
 # base properties
 
@@ -273,6 +298,49 @@ def test_initialize_fills_only_empty_parameters_and_is_idempotent(key):
     again = layer.initialize(df.Layout((None, 3, 3, 4), "BSSC"), key=jax.random.key(99))
     assert again.alpha is layer.alpha
     assert layer.initialized and not PReLU().initialized
+
+
+def test_calling_an_uninitialized_layer_says_to_initialize(key):
+    class Scale(df.Layer):  # no custom backward: the raw error used to come from `x * None`
+        w: jax.Array | None = df.learnable(default=None)
+
+        def predict(self, x):
+            return x * self.w
+
+    for layer in (Scale(name="s"), PReLU(name="p")):
+        name = type(layer).__name__
+        with pytest.raises(
+            df.LayerError,
+            match=rf"{name} \(layer '{layer.name}'\): parameter\(s\) \['(w|alpha)'\] are None, so "
+            r"the layer cannot run\. Fix: call layer\.initialize\(layout, key=key\)",
+        ):
+            layer(jnp.ones((1, 1, 1, 2)))
+
+
+def test_initialize_takes_layouts_or_formatted_examples_not_tuples(key):
+    with pytest.raises(
+        df.LayerError,
+        match=r"PReLU \(layer 'p'\)\.initialize takes a df\.Layout .*; layout 1 is a tuple \(None, "
+        r"3, 3, 4\)\. Fix: layer\.initialize\(df\.Layout\(\(None, 3\), 'BC'\), key=key\)",
+    ):
+        PReLU(name="p").initialize((None, 3, 3, 4), key=key)
+    example = df.dlarray(image(key), "BSSC")  # MATLAB's initialize also takes an example dlarray
+    assert PReLU().initialize(example, key=key).alpha.shape == (1, 1, 1, 4)
+
+
+def test_an_exception_in_initialize_names_the_layer_and_keeps_the_cause(key):
+    class Fragile(PReLU):
+        def initialize(self, layout, *, key):
+            return self.replace(alpha=jnp.ones(layout.shape[7]))
+
+    with pytest.raises(
+        df.LayerError,
+        match=r"Fragile\.initialize \(layer 'f'\) raised IndexError: tuple index out of range \(at "
+        r"test_layer\.py:\d+, in initialize\), given the layouts \[\"Layout\(\(None, 3, 3, 4\), "
+        r"'BSSC'\)\"\]",
+    ) as caught:
+        init(Fragile(name="f"))
+    assert isinstance(caught.value.__cause__, IndexError)
 
 
 @pytest.mark.parametrize("jit", [False, True], ids=["eager", "jit"])
@@ -484,8 +552,11 @@ def test_python_control_flow_under_jit_names_the_layer_and_fixes(key):
     with pytest.raises(
         df.AccelerationError,
         match=r"Branchy\.predict \(layer 'b'\) uses Python control flow.*jnp\.where.*jax\.lax\.cond.*acceleratable = False",
-    ):
+    ) as caught:
         jax.jit(lambda x: Branchy(name="b")(x))(jnp.ones(2))
+    # the user's line is named; JAX's own exception is not chained on
+    assert re.search(r"\(at test_layer\.py:\d+, in predict\)", str(caught.value))
+    assert caught.value.__cause__ is None and caught.value.__suppress_context__
 
 
 def test_python_control_flow_works_eagerly_and_under_eager_grad():

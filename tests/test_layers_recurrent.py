@@ -1,4 +1,5 @@
-"""Tests of difffn/layers/_recurrent.py: LSTM against a hand-written loop over time."""
+"""Tests of difffn/layers/_recurrent.py and _gru.py: LSTM against a hand-written loop over time,
+GRU and BiLSTM against flax.nnx's cells."""
 
 from __future__ import annotations
 
@@ -215,3 +216,197 @@ def test_format_and_size_errors(key):
         ready(jnp.ones((2, C)))
     with pytest.raises(df.LayerError, match=r"the input has 5 channels but input_weights"):
         ready(jnp.ones((2, 3, 5)))
+
+
+# -- GRU and BiLSTM (and what the recurrent layers share) ----------------------------------------
+
+
+def _nnx_lstm_cell(w, r, b):
+    """flax.nnx's LSTMCell with MATLAB's gate blocks (input, forget, candidate, output) copied in."""
+    from flax import nnx
+
+    cell = nnx.LSTMCell(w.shape[0], r.shape[0], rngs=nnx.Rngs(0))
+    n = r.shape[0]
+    pairs = zip((cell.ii, cell.if_, cell.ig, cell.io), (cell.hi, cell.hf, cell.hg, cell.ho))
+    for k, (dense_i, dense_h) in enumerate(pairs):
+        dense_i.kernel[...] = w[:, k * n : (k + 1) * n]
+        dense_h.kernel[...] = r[:, k * n : (k + 1) * n]
+        dense_h.bias[...] = b[k * n : (k + 1) * n]
+    return cell
+
+
+def _gru(key, **options):
+    layer = L.GRU(
+        H,
+        input_weights=_randn((C, 3 * H), seed=1) / 2,
+        recurrent_weights=_randn((H, 3 * H), seed=2) / 2,
+        bias=_randn((3 * H,), seed=3),
+        hidden_state=_randn((2, H), seed=4),
+        **options,
+    )
+    return layer.initialize(df.Layout((None, None, C), "BTC"), key=key)
+
+
+def _bilstm(key, **options):
+    layer = L.BiLSTM(
+        H,
+        input_weights=_randn((C, 8 * H), seed=1) / 2,
+        recurrent_weights=_randn((H, 8 * H), seed=2) / 2,
+        bias=_randn((8 * H,), seed=3),
+        hidden_state=_randn((2, 2 * H), seed=4),
+        cell_state=_randn((2, 2 * H), seed=5),
+        **options,
+    )
+    return layer.initialize(df.Layout((None, None, C), "BTC"), key=key)
+
+
+def test_gru_matches_nnx_gru_cell(key):
+    from flax import nnx
+
+    layer = _gru(key)
+    cell = nnx.GRUCell(C, H, rngs=nnx.Rngs(0))
+    cell.dense_i.kernel[...] = layer.input_weights
+    cell.dense_i.bias[...] = layer.bias
+    cell.dense_h.kernel[...] = layer.recurrent_weights
+    x = _randn((2, 6, C), seed=6)
+    h_ref, y_ref = nnx.RNN(cell, return_carry=True)(x, initial_carry=layer.hidden_state)
+    y, h = layer(df.dlarray(x, "BTC"))
+    assert (y.format, y.shape, h.shape) == ("BTC", (2, 6, H), (2, H))
+    assert_tree_allclose((y.data, h), (y_ref, h_ref), rtol=1e-5, atol=1e-6)
+    last, h_last = layer.replace(output_mode="last")(df.dlarray(x, "BTC"))
+    assert (last.format, last.shape) == ("BC", (2, H))
+    assert_tree_allclose((last.data, h_last), (h_ref, h_ref), rtol=1e-5, atol=1e-6)
+
+
+def test_gru_reset_gate_modes_use_df_ops_gru(key):
+    x = df.dlarray(_randn((2, 5, C), seed=7), "TBC")
+    for mode, blocks in (("before-multiplication", 3), ("recurrent-bias-after-multiplication", 6)):
+        layer = L.GRU(H, reset_gate_mode=mode).initialize(
+            df.Layout((None, None, C), "TBC"), key=key
+        )
+        assert layer.bias.shape == (blocks * H,)
+        layer = layer.replace(bias=_randn((blocks * H,), seed=8))
+        y, h = layer(x)
+        expected = df.ops.gru(
+            x, layer.hidden_state, layer.input_weights, layer.recurrent_weights, layer.bias,
+            reset_gate_mode=mode,
+        )  # fmt: skip
+        assert_tree_allclose((y.data, h), (expected[0].data, expected[1]), rtol=1e-6)
+    with pytest.raises(df.LayerError, match=r"bias must be an array of shape \(24\)"):
+        _gru(key).replace(reset_gate_mode="recurrent-bias-after-multiplication")
+
+
+def test_bilstm_matches_nnx_bidirectional(key):
+    from flax import nnx
+
+    layer = _bilstm(key)
+    w, r, b = layer.input_weights, layer.recurrent_weights, layer.bias
+    fw, bw = slice(0, 4 * H), slice(4 * H, 8 * H)
+    bidirectional = nnx.Bidirectional(
+        nnx.RNN(_nnx_lstm_cell(w[:, fw], r[:, fw], b[fw])),
+        nnx.RNN(_nnx_lstm_cell(w[:, bw], r[:, bw], b[bw])),
+    )
+    h0, c0 = layer.hidden_state, layer.cell_state
+    x = _randn((2, 6, C), seed=9)
+    ((c_f, h_f), (c_b, h_b)), y_ref = bidirectional(
+        x,
+        initial_carry=((c0[:, :H], h0[:, :H]), (c0[:, H:], h0[:, H:])),
+        return_carry=True,
+    )
+    y, h, c = layer(df.dlarray(x, "BTC"))
+    assert (y.format, y.shape, h.shape, c.shape) == ("BTC", (2, 6, 2 * H), (2, 2 * H), (2, 2 * H))
+    expected_h, expected_c = jnp.concatenate([h_f, h_b], -1), jnp.concatenate([c_f, c_b], -1)
+    assert_tree_allclose((y.data, h, c), (y_ref, expected_h, expected_c), rtol=1e-5, atol=1e-6)
+    last = layer.replace(output_mode="last")(df.dlarray(x, "BTC"))[0]
+    np.testing.assert_allclose(last.data, expected_h, rtol=1e-5, atol=1e-6)
+    # the backward half of the last output is the backward LSTM after the whole sequence
+    np.testing.assert_allclose(last.data[:, H:], y_ref[:, 0, H:], rtol=1e-5, atol=1e-6)
+
+
+def test_bilstm_initialization_and_reset(key):
+    layer = L.BiLSTM(H).initialize(df.Layout((None, None, C), "BTC"), key=key)
+    assert layer.input_weights.shape == (C, 8 * H)
+    assert layer.recurrent_weights.shape == (H, 8 * H)
+    forget = np.zeros((2, 4, H))
+    forget[:, 1] = 1
+    np.testing.assert_array_equal(layer.bias, forget.ravel())
+    assert layer.hidden_state.shape == layer.cell_state.shape == (1, 2 * H)
+    _, h, c = layer(jnp.ones((3, 4, C)))
+    reset = layer.replace(hidden_state=h, cell_state=c).reset_state()
+    assert reset.hidden_state.shape == (1, 2 * H)
+    np.testing.assert_array_equal(reset.cell_state, 0)
+
+
+@pytest.mark.parametrize(
+    ("make", "layout"),
+    [
+        (lambda: L.LSTM(3), df.Layout((None, 4, 2), "BTC")),
+        (lambda: L.GRU(3, reset_gate_mode="before-multiplication"), df.Layout((None, 4, 2), "TBC")),
+        (lambda: L.BiLSTM(3, output_mode="last"), df.Layout((None, 4, 2), "BTC")),
+    ],
+    ids=["LSTM", "GRU", "BiLSTM"],
+)
+def test_check_layer_passes(make, layout):
+    report = df.check_layer(make(), layout)
+    assert report.ok, str(report)
+
+
+def test_factor_options_set_the_learnables_factors(key):
+    layer = L.GRU(H, input_weights_learn_rate_factor=2, bias_l2_factor=0.5, name="gru")
+    assert df.get_learn_rate_factor(layer, "input_weights") == 2.0
+    assert df.get_learn_rate_factor(layer, "recurrent_weights") == 1.0
+    assert df.get_l2_factor(layer, "bias") == 0.5
+    assert df.get_l2_factor(L.BiLSTM(H), "bias") == 0.0  # MATLAB's BiasL2Factor default
+    initialized = layer.initialize(df.Layout((None, None, C), "BTC"), key=key)
+    assert df.get_learn_rate_factor(initialized, "input_weights") == 2.0
+    changed = initialized.replace(input_weights_learn_rate_factor=1.0)
+    assert df.get_learn_rate_factor(changed, "input_weights") == 1.0
+    with pytest.raises(df.LayerError, match=r"GRU \(layer 'gru'\): bias_l2_factor must be a non"):
+        layer.replace(bias_l2_factor=-1)
+
+
+@pytest.mark.parametrize("make", [_gru, _bilstm], ids=["GRU", "BiLSTM"])
+def test_gradients_float64_match_finite_differences(x64, key, make):
+    from jax.test_util import check_grads
+
+    layer = jax.tree.map(lambda a: a.astype(jnp.float64), make(key))
+    x = _randn((2, 3, C), seed=10, dtype=jnp.float64)
+
+    def loss(x, w, r, b):
+        (y, *_), _ = call_layer(
+            layer.replace(input_weights=w, recurrent_weights=r, bias=b), (x,), training=True
+        )
+        return jnp.sum(jnp.sin(y))
+
+    args = (x, layer.input_weights, layer.recurrent_weights, layer.bias)
+    check_grads(jax.jit(loss), args, order=1, modes=("rev",), eps=1e-6, atol=1e-7, rtol=1e-6)
+
+
+@pytest.mark.parametrize(
+    ("make", "match"),
+    [
+        (lambda: L.GRU(0), r"GRU \(layer ''\): num_hidden_units must be a positive int"),
+        (lambda: L.GRU(2, reset_gate_mode="after"), r"reset_gate_mode must be one of"),
+        (lambda: L.GRU(2, bias_initializer="unit-forget-gate"), "bias_initializer must be one"),
+        (lambda: L.GRU(2, input_weights=jnp.ones((3, 8))), r"input_weights must be .*\(any, 6\)"),
+        (lambda: L.BiLSTM(2, recurrent_weights=jnp.ones((2, 8))), r"shape \(2, 16\)"),
+        (lambda: L.BiLSTM(2, hidden_state=jnp.ones(2)), r"hidden_state must be an array of shape "
+                                                         r"\(4,\), \(1, 4\) or \(batch, 4\)"),
+        (lambda: L.BiLSTM(2, output_mode="all"), r"output_mode must be one of"),
+    ],
+)  # fmt: skip
+def test_gru_and_bilstm_bad_arguments(make, match):
+    with pytest.raises(df.LayerError, match=match):
+        make()
+
+
+def test_gru_and_bilstm_format_errors(key):
+    for layer in (L.GRU(H, name="g"), L.BiLSTM(H, name="g")):
+        name = type(layer).__name__
+        with pytest.raises(df.FormatError, match=rf"{name} \(layer 'g'\)\.initialize.*'BSSC'"):
+            layer.initialize(df.Layout((None, 2, 2, 3), "BSSC"), key=key)
+        ready = layer.initialize(df.Layout((None, None, C), "BTC"), key=key)
+        with pytest.raises(df.FormatError, match=r"takes sequence data.*got format 'BCU'"):
+            ready(df.dlarray(jnp.ones((1, C, 2)), "BCU"))
+        with pytest.raises(df.LayerError, match=r"the input has 5 channels but input_weights"):
+            ready(jnp.ones((2, 3, 5)))

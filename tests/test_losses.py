@@ -124,3 +124,43 @@ def test_losses_are_differentiable_and_jit():
 def test_bad_arguments_are_clear_errors(call, match):
     with pytest.raises(df.OptionsError, match=match):
         call()
+
+
+# -- class labels are range-checked; integer one-hot is one-hot (issue 12 items 3, 10) ------------
+
+
+@pytest.mark.parametrize(
+    "labels, match",
+    [
+        (
+            [1, 3],
+            r"are class labels 1\.\.3, but the 3 classes are numbered 0\.\.2: these look like MATLAB's 1-based",
+        ),
+        (
+            [0, -1],
+            r"hold the class label -1, outside 0\.\.2 .*a negative label would silently pick",
+        ),
+        ([0, 7], r"hold the class label 7, outside 0\.\.2 for the 3 classes"),
+    ],
+)
+@pytest.mark.parametrize("loss", [df.losses.crossentropy, df.losses.index_crossentropy])
+def test_class_labels_out_of_range_are_named(loss, labels, match):
+    with pytest.raises(df.OptionsError, match=match):
+        loss(Y, jnp.array(labels))
+
+
+def test_traced_labels_are_not_checked_but_concrete_ones_are_once():
+    # under jit the check cannot read the values; trainnet and testnet check their data first
+    value = jax.jit(df.losses.crossentropy)(Y, jnp.array([0, 2]))
+    assert float(value) == pytest.approx(float(df.losses.crossentropy(Y, jnp.array([0, 2]))))
+
+
+def test_integer_one_hot_targets_are_one_hot():
+    one_hot = jax.nn.one_hot(jnp.array([0, 2]), 3)
+    a = df.losses.crossentropy(Y, one_hot)
+    b = df.losses.crossentropy(Y, one_hot.astype(jnp.int32))
+    assert float(a) == float(b)
+    with pytest.raises(
+        df.OptionsError, match=r"have the predictions' shape \(2, 3\): one-hot, not class indices"
+    ):
+        df.losses.index_crossentropy(Y, one_hot.astype(jnp.int32))

@@ -119,3 +119,16 @@ def test_custom_metric_class_and_callable():
 def test_unknown_metric_lists_the_names():
     with pytest.raises(df.OptionsError, match="accuracy.*precision.*rmse"):
         df.TrainingOptions(metrics="acuracy")
+
+
+def test_class_labels_out_of_range_are_named_and_integer_one_hot_is_one_hot():
+    with pytest.raises(
+        df.OptionsError, match=r"accuracy: the targets are class labels 1\.\.3.*1-based"
+    ):
+        df.metrics.accuracy(SCORES, jnp.array([1, 2, 3, 3, 1, 1]))
+    with pytest.raises(df.OptionsError, match=r"auc: the targets hold the class label -1"):
+        df.metrics.auc(SCORES, jnp.array([0, 1, 2, 2, 0, -1]))
+    true = jnp.array([0, 1, 2, 2, 0, 0])
+    one_hot = jax.nn.one_hot(true, 3)
+    for metric in (df.metrics.accuracy, df.metrics.fscore, df.metrics.auc):
+        assert float(metric(SCORES, one_hot.astype(jnp.int32))) == float(metric(SCORES, true))

@@ -180,11 +180,6 @@ def test_outputs_selection(net, x):
             r"cycle through 'a' <- 'b' <- 'a'",
         ),
         (
-            [Features(name="in"), Add(name="add")],
-            {},
-            r"input 'add/in2' is not connected \(dangling\)",
-        ),
-        (
             [Tanh(name="a")],
             {"connections": [("zz", "a")]},
             r"no layer named 'zz'; the layers are \['a'\]",
@@ -212,6 +207,17 @@ def test_outputs_selection(net, x):
 def test_construction_errors(layers, kwargs, message):
     with pytest.raises(df.NetworkError, match=message):
         df.Network(layers, **kwargs)
+
+
+def test_dangling_inputs_are_named_when_the_network_is_initialized_or_run(key, x):
+    # As MATLAB's dlnetwork: an incomplete network can be built (and edited), not used.
+    n = df.Network([Features(name="in"), Add(name="add"), Add(name="add2")])
+    message = r"unconnected \(dangling\) inputs \['add/in2', 'add2/in2'\].*connect_layers"
+    with pytest.raises(df.NetworkError, match=message):
+        n.initialize(key=key)
+    ready = df.Network([Features(name="in"), Tanh(name="t")]).initialize(key=key)
+    with pytest.raises(df.NetworkError, match=message):
+        df.Network([*ready.layers, Add(name="add"), Add(name="add2")]).predict(x)
 
 
 def test_a_port_fed_twice_is_an_error():
@@ -328,9 +334,82 @@ def test_replace_learnables_from_a_table(net, x):
         net.replace(learnables={"nope/w": jnp.ones(2)})
 
 
+def test_replace_checks_each_value_against_the_one_it_replaces(net, x):
+    # a wrong-shaped bias used to broadcast silently into predict
+    with pytest.raises(
+        df.LayerError,
+        match=r"Dense \(layer 'fc1'\): the new value of learnable 'b' is float32\[1\]; expected "
+        r"float32\[4\], like its current value\. Fix: assign a value of shape \(4,\) and dtype "
+        r"float32",
+    ):
+        net.replace(learnables={"fc1/b": jnp.zeros(1)})
+    # an integer learnable used to fail later, in jax.grad ("grad requires real-valued")
+    with pytest.raises(
+        df.LayerError,
+        match=r"Dense \(layer 'fc2'\): the new value of learnable 'w' is int32\[4, 2\]; expected "
+        r"float32\[4, 2\]",
+    ):
+        net.replace(learnables={"fc2/w": jnp.ones((4, 2), jnp.int32)})
+    # the same kind of dtype at another precision is a legitimate change (a float64 check)
+    with jax.enable_x64(True):
+        w = net.learnables["fc1/w"].astype(jnp.float64)
+        assert net.replace(learnables={"fc1/w": w}).learnables["fc1/w"].dtype == jnp.float64
+    # values are coerced as by Layer.replace: a NumPy array becomes a jax.Array
+    b = net.replace(learnables={"fc1/b": np.ones(4, np.float32)}).learnables["fc1/b"]
+    assert isinstance(b, jax.Array)
+
+
+def test_replace_state_checks_the_dtype_kind_but_not_the_shape(key, x):
+    net = df.Network([Features(name="in"), RunningMean(name="rm")]).initialize(key=key)
+    with pytest.raises(
+        df.LayerError,
+        match=r"RunningMean \(layer 'rm'\): the new value of state 'mean' is bool\[3\]; expected "
+        r"float32",
+    ):
+        net.replace(state={"rm/mean": jnp.ones(3, bool)})
+    # a state may change shape (an LSTM's state takes the batch size of the data it saw)
+    wider = net.replace(state={"rm/mean": jnp.ones((1, 3))})
+    assert wider.state["rm/mean"].shape == (1, 3)
+
+
+def test_initialize_with_a_tuple_names_the_fix(key):
+    net = df.Network([Tanh(name="t")])
+    with pytest.raises(
+        df.NetworkError,
+        match=r"network input 't/in': expected a df\.Layout or a formatted example .*got tuple "
+        r"\(None, 3\)\. Fix: net\.initialize\(df\.Layout\(\(None, 3\), fmt\), key=key\)",
+    ):
+        net.initialize((None, 3), key=key)
+
+
+def test_a_layer_error_while_the_network_initializes_keeps_its_type(key):
+    class BadInit(df.Layer):
+        w: jax.Array | None = df.learnable(default=None)
+
+        def initialize(self, layout, *, key):
+            return self.replace(w=jnp.ones(layout.shape[3]))  # an IndexError for "BC" data
+
+        def predict(self, x):
+            return x * self.w
+
+    with pytest.raises(
+        df.LayerError,
+        match=r"BadInit\.initialize \(layer 'bad'\) raised IndexError: tuple index out of range "
+        r"\(at test_network\.py:\d+, in initialize\)",
+    ) as caught:
+        df.Network([Features(name="in"), BadInit(name="bad")])  # sizes are checked when built
+    assert isinstance(caught.value.__cause__, IndexError)  # the user's traceback stays available
+    notes = "\n".join(caught.value.__notes__)
+    assert "while the network initialized layer 'bad' (BadInit)" in notes
+
+
 def test_summary_and_repr(net):
     text = net.summary()
     assert "fc1" in text and "?,3:BC" in text and "?,4:BC" in text
+    assert text.splitlines()[0].split()[-1] == "description"
+    described = net.replace_layer("act", Tanh(name="act", description="hyperbolic tangent"))
+    assert "act   Tanh" in described.summary()
+    assert described.summary().splitlines()[4].endswith("hyperbolic tangent")
     assert "26 learnable parameters" in text
     assert (
         repr(net) == "Network(4 layers, inputs=['in'], outputs=['fc2'], 26 learnables, initialized)"
@@ -413,7 +492,7 @@ def test_networks_pass_through_jit_vmap_and_tree_map(net, x):
 
 def test_network_learnable_mask_and_factors(net):
     from difffn._factors import leaf_factors
-    from difffn._network import learnable_mask
+    from difffn._parameters import learnable_mask
 
     assert jax.tree.leaves(learnable_mask(net)) == [True] * 4
     net = df.set_learn_rate_factor(net, "fc1/w", 0.0)
@@ -465,8 +544,12 @@ def test_nested_stateful_network_must_return_its_state(key, x):
             return self.net.predict(x)
 
     inner = df.Network([RunningMean(name="rm")]).initialize(df.Layout((None, 3), "BC"), key=key)
+    # caught when built; the layer's own error keeps its type, the network adds a note
     with pytest.raises(
-        df.NetworkError,
+        df.ForwardError,
         match=r"Forgetful\.predict \(layer 'blk'\) returned a single array; expected 2.*\['net'\].*self\.net\.forward",
-    ):
-        df.Network([Features(name="in"), Forgetful(net=inner, name="blk")])  # caught when built
+    ) as caught:
+        df.Network([Features(name="in"), Forgetful(net=inner, name="blk")])
+    assert "while the network initialized layer 'blk' (Forgetful)" in "\n".join(
+        caught.value.__notes__
+    )

@@ -15,7 +15,7 @@ import onnxruntime as ort
 import pytest
 from helpers import run_python
 from onnx import TensorProto, helper, numpy_helper
-from onnx_models import cnn, encoder_block, lstm, model
+from onnx_models import cnn, encoder_block, model
 
 import difffn as df
 from difffn._onnx._layers import NodeFunction, ONNXOperator
@@ -143,68 +143,6 @@ def test_transformer_gradients_match_finite_differences(x64):
         np.testing.assert_allclose(analytic, numeric, rtol=1e-6)
 
 
-@pytest.mark.parametrize("last", [False, True])
-def test_lstm_maps_to_difffn_lstm_with_gates_reordered(last):
-    m = lstm(last=last)
-    net = df.import_onnx(m)
-    kinds = op_types(net)
-    assert kinds[:2] == ["SequenceInput", "LSTM"] and "FullyConnected" in kinds
-    assert net.layers[1].output_mode == ("last" if last else "sequence")
-    x = np.random.default_rng(2).standard_normal((6, 3, 3)).astype(np.float32)  # T, N, C
-    (want,) = ort_run(m, X=x)
-    got = net.predict(x.transpose(1, 0, 2)).data  # difffn takes BTC
-    want = want if last else want.transpose(1, 0, 2)
-    np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
-
-
-@pytest.mark.parametrize(
-    "attributes",
-    [{"direction": "bidirectional"}, {"direction": "reverse"}, {"input_forget": 1}],
-    ids=["bidirectional", "reverse", "input_forget"],
-)
-def test_other_lstms_run_as_onnx_operators(attributes):
-    rng = np.random.default_rng(0)
-    directions = 2 if attributes.get("direction") == "bidirectional" else 1
-    w = numpy_helper.from_array(rng.standard_normal((directions, 16, 3)).astype(np.float32), "W")
-    r = numpy_helper.from_array(rng.standard_normal((directions, 16, 4)).astype(np.float32), "R")
-    m = model(
-        [helper.make_node("LSTM", ["X", "W", "R"], ["Y"], hidden_size=4, **attributes)],
-        [helper.make_tensor_value_info("X", TensorProto.FLOAT, [5, "N", 3])],
-        [helper.make_tensor_value_info("Y", TensorProto.FLOAT, [5, directions, "N", 4])],
-        [w, r],
-        opset=14,
-    )
-    net = df.import_onnx(m)
-    assert "fn:LSTM" in op_types(net)
-    x = rng.standard_normal((5, 2, 3)).astype(np.float32)
-    (want,) = ort_run(m, X=x)
-    got = net.predict(x.transpose(1, 0, 2))
-    assert got.format == "BTUC"  # ONNX's (T, directions, N, H) stored batch first
-    np.testing.assert_allclose(got.data.transpose(1, 2, 0, 3), want, rtol=1e-5, atol=1e-6)
-
-
-def test_gru_runs_as_an_onnx_operator():
-    rng = np.random.default_rng(0)
-    inits = [
-        numpy_helper.from_array(rng.standard_normal((1, 12, 3)).astype(np.float32), "W"),
-        numpy_helper.from_array(rng.standard_normal((1, 12, 4)).astype(np.float32), "R"),
-        numpy_helper.from_array(rng.standard_normal((1, 24)).astype(np.float32), "B"),
-    ]
-    m = model(
-        [helper.make_node("GRU", ["X", "W", "R", "B"], ["", "Y_h"], hidden_size=4,
-                          linear_before_reset=1)],
-        [helper.make_tensor_value_info("X", TensorProto.FLOAT, [5, "N", 3])],
-        [helper.make_tensor_value_info("Y_h", TensorProto.FLOAT, [1, "N", 4])],
-        inits,
-        opset=14,
-    )  # fmt: skip
-    net = df.import_onnx(m)
-    x = rng.standard_normal((5, 2, 3)).astype(np.float32)
-    (want,) = ort_run(m, X=x)
-    got = net.predict(x.transpose(1, 0, 2))
-    np.testing.assert_allclose(got.data.transpose(1, 0, 2), want, rtol=1e-5, atol=1e-6)
-
-
 def test_pytorch_style_flatten_with_shape_computation_keeps_the_batch_variable():
     # x.view(x.size(0), -1) after a convolution: Shape -> Gather -> Unsqueeze -> Concat ->
     # Reshape, evaluated while tracing; the Reshape of channels-last data keeps ONNX's order
@@ -277,22 +215,6 @@ def test_input_formats_and_shapes_can_be_given():
         df.import_onnx(m, input_formats={"x": "BCX"}, input_shapes={"x": (None, 3, 16)})
     with pytest.raises(df.ONNXImportError, match=r"name \['z'\], which are not inputs"):
         df.import_onnx(m, input_shapes={"z": (1,)})
-
-
-def test_integer_token_ids_feed_a_gather_embedding():
-    table = np.random.default_rng(0).standard_normal((10, 4)).astype(np.float32)
-    m = model(
-        [helper.make_node("Gather", ["embedding", "ids"], ["y"], axis=0, name="embed")],
-        [helper.make_tensor_value_info("ids", TensorProto.INT64, ["N", 6])],
-        [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["N", 6, 4])],
-        [numpy_helper.from_array(table, "embedding")],
-    )
-    net = df.import_onnx(m)
-    assert list(net.layer("embed").params) == ["embedding"]  # trainable, as the ONNX name
-    ids = np.array([[1, 2, 3, 4, 5, 9], [0, 0, 1, 1, 2, -1]], np.int32)
-    got = net.predict(ids)
-    assert got.format == "BTC"
-    np.testing.assert_array_equal(got.data, table[ids])
 
 
 # -- bad input ---------------------------------------------------------------------------------
@@ -420,7 +342,7 @@ def test_without_onnx_the_error_says_which_extra_to_install():
         "import sys; sys.modules['onnx'] = None\n"
         "import difffn as df\n"
         "try:\n    df.import_onnx('model.onnx')\n"
-        "except df.ONNXImportError as error:\n    print(error)\n"
+        "except df.MissingDependencyError as error:\n    print(error)\n"
     )
     result = run_python(code)
     assert "needs the onnx package, which is not installed" in result.stdout

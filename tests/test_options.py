@@ -5,8 +5,11 @@ from __future__ import annotations
 import math
 
 import pytest
+from helpers import ROOT
+from training_layers import regression_data, regression_net
 
 import difffn as df
+from difffn import _options
 
 
 def test_sgdm_defaults_are_matlab_defaults():
@@ -142,3 +145,69 @@ def test_checkpoint_path_must_exist(tmp_path):
 def test_objective_metric_may_be_a_listed_metric():
     o = df.TrainingOptions(metrics=["accuracy", "fscore"], objective_metric_name="fscore")
     assert [m.name for m in o.metrics] == ["accuracy", "fscore"]
+
+
+# -- the options table ----------------------------------------------------------------------------
+
+
+def test_every_option_of_the_table_is_documented():
+    docs = (ROOT / "docs" / "training.md").read_text()
+    for name in _options.option_names():
+        assert name in df.TrainingOptions.__doc__, name
+        assert f"`{name}" in docs, name
+
+
+def test_the_fingerprint_and_the_step_key_come_from_the_table():
+    o = df.TrainingOptions("adam", max_epochs=3, gradient_threshold=2.0, verbose=False)
+    fingerprint = _options.fingerprint(o)
+    assert fingerprint["option max_epochs"] == "3"
+    assert fingerprint["option squared_gradient_decay_factor"] == "0.999"
+    assert fingerprint["option momentum"] == "None"  # an sgdm option: None for adam
+    assert fingerprint["option output_network"] == "'last-iteration'"  # "auto", resolved
+    assert "option verbose" not in fingerprint and "option checkpoint_path" not in fingerprint
+    assert set(fingerprint) == {f"option {r.name}" for r in _options.OPTIONS if r.numbers}
+    key = dict(_options.step_key(o))
+    assert key["solver"] == "adam" and key["gradient_threshold"] == 2.0
+    assert "max_epochs" not in key and "initial_learn_rate" not in key  # learn rate: a step input
+
+
+def test_adding_an_option_to_the_table_is_enough(monkeypatch, tmp_path):
+    """A new row: validated, defaulted, shown, replaced, fingerprinted, in the step key."""
+    X, T = regression_data(32)
+    before, after = tmp_path / "before", tmp_path / "after"
+    before.mkdir()
+    after.mkdir()
+    base = df.TrainingOptions(max_epochs=2, mini_batch_size=16, verbose=False)
+    df.trainnet(X, T, regression_net(), "mse", base.replace(checkpoint_path=before))
+
+    row = _options.Option("ema_decay", 0.0, _options._real(low=0, high=1), numbers=True, step=True)
+    monkeypatch.setattr(_options, "OPTIONS", (*_options.OPTIONS, row))
+    base = base.replace()  # options made with the new table
+    o = df.TrainingOptions(ema_decay=0.5, verbose=False)
+    assert (o.ema_decay, df.TrainingOptions().ema_decay) == (0.5, 0.0)
+    assert repr(o) == "TrainingOptions('sgdm', ema_decay=0.5, verbose=False)"
+    assert o.replace(max_epochs=2).ema_decay == 0.5
+    assert o.replace(solver="adam").ema_decay == 0.5
+    with pytest.raises(df.OptionsError, match=r"'ema_dacay' \(did you mean 'ema_decay'\?\)"):
+        df.TrainingOptions(ema_dacay=0.5)
+    with pytest.raises(df.OptionsError, match=r"ema_decay must be a real number in \[0, 1\]"):
+        df.TrainingOptions(ema_decay=2)
+    assert _options.fingerprint(o)["option ema_decay"] == "0.5"
+    assert ("ema_decay", 0.5) in _options.step_key(o)
+    assert ("ema_decay", 0.0) in _options.step_key(o.replace(ema_decay=0.0))
+
+    # through trainnet: a resume with another value is refused, naming the option
+    options = base.replace(ema_decay=0.5, checkpoint_path=after)
+    df.trainnet(X, T, regression_net(), "mse", options)
+    with pytest.raises(
+        df.SerializationError, match=r"differs in option ema_decay: it had 0.5; this call has 0.25"
+    ):
+        df.trainnet(
+            X, T, regression_net(), "mse", options.replace(ema_decay=0.25), resume_from=after
+        )
+    # a checkpoint written before the option existed lacks it, and counts as having the default
+    df.trainnet(X, T, regression_net(), "mse", base, resume_from=before)
+    with pytest.raises(
+        df.SerializationError, match=r"differs in option ema_decay: it had 0.0; this call has 0.5"
+    ):
+        df.trainnet(X, T, regression_net(), "mse", base.replace(ema_decay=0.5), resume_from=before)

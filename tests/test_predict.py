@@ -114,3 +114,62 @@ def test_minibatchpredict_matches_jit_of_predict(net):
     np.testing.assert_allclose(
         df.minibatchpredict(net, X, mini_batch_size=8).data, expected, rtol=1e-6
     )
+
+
+# -- data mistakes (issue 12 items 3, 7, 8, 10) ---------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "call, match",
+    [
+        (
+            lambda net, X, T: df.testnet(net, X, T + 1, "accuracy"),
+            r"testnet: .*class labels 1\.\.3.*MATLAB's 1-based class indices\. Fix: subtract one",
+        ),
+        (
+            lambda net, X, T: df.testnet(net, X, np.where(T == 0, -1, T), ["crossentropy"]),
+            r"class label -1, outside 0\.\.2",
+        ),
+        (
+            lambda net, X, T: df.testnet(net, [(X[:8], T[:8] + 3)], "accuracy"),
+            r"class label 5, outside 0\.\.2",
+        ),
+        (
+            lambda net, X, T: df.testnet(net, list(X), T, "accuracy"),
+            r"X is a list of 32 arrays of shape \(4,\).*np\.stack\(X\)",
+        ),
+        (
+            lambda net, X, T: df.minibatchpredict(net, X * 1j),
+            r"minibatchpredict: X is complex .*would drop the imaginary part",
+        ),
+        (lambda net, X, T: df.minibatchpredict(net, X[:0]), r"the inputs have no observations"),
+        (lambda net, X, T: df.testnet(net, X[:0], T[:0], "accuracy"), r"no observations"),
+        (lambda net, X, T: df.minibatchpredict(net, X.astype(str)), r"not numbers"),
+    ],
+    ids=[
+        "1-based",
+        "negative",
+        "iterable",
+        "per-observation",
+        "complex",
+        "empty",
+        "empty-test",
+        "strings",
+    ],
+)
+def test_data_mistakes_are_named(net, call, match):
+    X, T = classification_data(32)
+    with pytest.raises(df.OptionsError, match=match):
+        call(net, X, T)
+
+
+def test_keyword_inputs_to_predict_and_forward_are_named(net):
+    X, _ = classification_data(8)
+    with pytest.raises(
+        df.NetworkError,
+        match=r"Network\.predict takes the inputs positionally, in the order of net\.input_names "
+        r"\['in'\]; got keyword argument\(s\) \['x'\]\. Fix: net\.predict\(\*arrays\)",
+    ):
+        net.predict(x=X)
+    with pytest.raises(df.NetworkError, match=r"Network\.forward takes the inputs positionally"):
+        net.forward(X, inputs=X)

@@ -10,12 +10,13 @@ from helpers import ROOT
 
 import difffn as df
 
-# The names of the API contract (API.md), which users and outside test suites rely on.
+# The names of the public API contract, which users and outside test suites rely on.
 CONTRACT = [
     "BackwardError",
     "CheckReport",
     "DifferentiableFunction",
     "Error",
+    "HigherOrderError",
     "FormattedArray",
     "Layer",
     "Layout",
@@ -67,6 +68,12 @@ LAYERS = [
     "Concatenation",
     "LSTM",
     "FunctionLayer",
+    "GRU",
+    "BiLSTM",
+    "Embedding",
+    "SelfAttention",
+    "PositionEmbedding",
+    "SinusoidalPositionEncoding",
 ]
 
 

@@ -135,3 +135,38 @@ def test_mixed_units_need_the_epoch_length():
     with pytest.raises(df.OptionsError, match="mixes epoch and iteration units"):
         LearnRateSchedule(o, None)
     assert len(rates(o, 3, 9)) == 9
+
+
+# -- built on optax.schedules, with MATLAB's values (issue 14 item 3) -----------------------------
+
+
+def test_named_schedules_equal_the_float64_formulas_and_optax():
+    import jax
+    import optax
+
+    o = df.TrainingOptions(
+        learn_rate_schedule="cosine",
+        learn_rate_schedule_settings={"period": 7, "period_growth": 1.5, "min_factor": 0.1},
+    )
+    values = rates(o, 1, 30)
+    expected, period, t = [], 7.0, 0.0
+    for _ in range(30):
+        if t >= period:
+            t, period = t - period, period * 1.5
+        expected.append(0.01 * (0.1 + 0.9 * (1 + math.cos(math.pi * t / period)) / 2))
+        t += 1
+    assert values == pytest.approx(expected, rel=1e-12)  # float64, as MATLAB computes
+    o = df.TrainingOptions(
+        learn_rate_schedule="exponential",
+        learn_rate_schedule_settings={"drop_factor": 0.7, "period": 3},
+    )
+    with jax.enable_x64(True):
+        reference = optax.exponential_decay(0.01, transition_steps=3, decay_rate=0.7)
+        assert rates(o, 1, 9) == pytest.approx([float(reference(k)) for k in range(9)], rel=1e-12)
+
+
+def test_a_drop_factor_of_zero_drops_to_zero():
+    o = df.TrainingOptions(
+        learn_rate_schedule="piecewise", learn_rate_drop_factor=0.0, learn_rate_drop_period=2
+    )
+    assert rates(o, 1, 4) == [0.01, 0.01, 0.0, 0.0]

@@ -3,13 +3,15 @@
 from __future__ import annotations
 
 import os
+import stat
 import struct
+import tracemalloc
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from helpers import assert_tree_allclose
+from helpers import assert_tree_allclose, unwritable_folder
 from test_network import Dense, Features, RunningMean, Tanh, mlp
 
 import difffn as df
@@ -231,3 +233,87 @@ def test_input_statistics_computed_by_trainnet_load_into_a_fresh_network(tmp_pat
             getattr(loaded.layer("in"), name), getattr(trained.layer("in"), name)
         )
     np.testing.assert_array_equal(loaded.predict(X).data, trained.predict(X).data)
+
+
+# -- folders that refuse files, file modes, foreign files (issue 12 items 2, 9, 11) ---------------
+
+
+def test_saving_into_a_read_only_folder_is_a_named_error(net, tmp_path):
+    folder = unwritable_folder(tmp_path)
+    with pytest.raises(
+        df.SerializationError,
+        match=r"could not write .*: cannot create a file in .*\(Permission denied\)\. The "
+        r"previous file, if any, is unchanged\. Fix: write to a folder you can write to",
+    ):
+        df.save(folder / "net.difffn", net)
+    with pytest.raises(df.SerializationError, match=r"cannot create a file in '/proc'"):
+        df.save("/proc/net.difffn", net)
+
+
+@pytest.mark.parametrize("umask, mode", [(0o022, 0o644), (0o077, 0o600), (0o002, 0o664)])
+def test_files_follow_the_umask_like_ordinary_files(net, tmp_path, umask, mode):
+    previous = os.umask(umask)
+    try:
+        path = df.save(tmp_path / "net.difffn", net)
+        (tmp_path / "ordinary").write_bytes(b"")
+    finally:
+        os.umask(previous)
+    assert stat.S_IMODE(path.stat().st_mode) == mode
+    assert stat.S_IMODE((tmp_path / "ordinary").stat().st_mode) == mode
+
+
+@pytest.mark.parametrize("header", [b"PK\x03\x04", b"difffn"], ids=["foreign", "claimed-length"])
+def test_a_large_file_is_refused_from_its_header_without_reading_it(net, tmp_path, header):
+    path = tmp_path / "big.difffn"
+    if header == b"difffn":  # a real header whose length disagrees with the file's size
+        header = df.save(tmp_path / "net.difffn", net).read_bytes()[: _container._HEADER.size]
+    with open(path, "wb") as file:
+        file.write(header)
+        file.truncate(1 << 30)  # 1 GiB, sparse: nothing is stored on the disk
+    tracemalloc.start()
+    try:
+        with pytest.raises(
+            df.SerializationError, match=r"is not a difffn file|is truncated or has trailing"
+        ):
+            df.load(path, like=structure())
+        _, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    assert peak < 1 << 20  # the payload was never read
+
+
+def _rewrite(path, kind, change):
+    payload = _container.read(path, kind)
+    change(payload)
+    _container.write(path, kind, payload)  # a good checksum over a bad payload
+
+
+@pytest.mark.parametrize(
+    "change, message",
+    [
+        (lambda p: p.pop("structure"), r"the payload lacks 'structure'"),
+        (
+            lambda p: p["parameters"][0].pop("dtype"),
+            r"the payload\['parameters'\]\[0\] lacks 'dtype'",
+        ),
+        (
+            lambda p: p["parameters"][0].update(shape="3"),
+            r"the payload\['parameters'\]\[0\]\['shape'\] should be list, not str",
+        ),
+        (
+            lambda p: p["values"].clear(),
+            r"parameter '.*' is listed with shape .* but has no values",
+        ),
+        (
+            lambda p: p["values"].update({k: v[:1] for k, v in p["values"].items()}),
+            r"is listed with shape \(\d+, \d+\) but has values of shape \(1, \d+\)",
+        ),
+        (lambda p: p.update(format_version="1"), r"\['format_version'\] should be int, not str"),
+    ],
+    ids=["no-structure", "no-dtype", "shape-type", "no-values", "value-shape", "version-type"],
+)
+def test_a_well_checksummed_malformed_file_is_a_named_error(net, tmp_path, change, message):
+    path = df.save(tmp_path / "net.difffn", net)
+    _rewrite(path, "network", change)
+    with pytest.raises(df.SerializationError, match=rf"is malformed: .*{message}.*Fix:"):
+        df.load(path, like=structure())

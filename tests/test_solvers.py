@@ -9,6 +9,7 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 import numpy as np
+import optax
 import pytest
 from helpers import assert_tree_allclose
 from training_layers import regression_data, regression_net
@@ -93,6 +94,28 @@ def test_helpers_work_inside_jit_and_with_a_traced_iteration():
     params, m, s = step(PARAMS, GRADS[0], zeros, zeros, 1)
     expected = df.adamupdate(PARAMS, GRADS[0], None, None, 1, 0.01)
     assert_tree_allclose((params, m, s), expected)
+
+
+@pytest.mark.parametrize("iteration", [0, np.int32(0), jnp.array(0), 1.0, -2, True])
+def test_adamupdate_iteration_counts_from_one(iteration):
+    with pytest.raises(df.OptionsError, match=r"iteration must be an int counted from 1; got"):
+        df.adamupdate(PARAMS, GRADS[0], None, None, iteration)
+
+
+def test_a_traced_iteration_zero_raises_instead_of_returning_nan():
+    """Under jit the value is unknown when adamupdate is called: the compiled step raises."""
+
+    @jax.jit
+    def step(params, g, t):
+        return df.adamupdate(params, g, None, None, t, 0.01)
+
+    jax.block_until_ready(step(PARAMS, GRADS[0], 1))  # a good one runs as before
+    with pytest.raises(
+        jax.errors.JaxRuntimeError,
+        match=r"adamupdate: iteration must be counted from 1 \(MATLAB's definition.*got 0 inside "
+        r"a traced function\. Fix: pass iteration = step \+ 1",
+    ):
+        jax.block_until_ready(step(PARAMS, GRADS[0], 0))
 
 
 # -- networks and tables --------------------------------------------------------------------------
@@ -292,3 +315,177 @@ def test_sgdm_velocity_in_trainnet_matches_the_formula_over_iterations(problem):
         table, vel = df.sgdmupdate(table, g, vel, lr, 0.9)
         current = net.replace(learnables=table)
     assert_tree_allclose(trained.learnables, table, rtol=1e-5, atol=1e-6)
+
+
+# -- any optax transformation as the solver (issue 14 item 3) ------------------------------------
+
+
+def optax_reference(net, X, T, tx, *, epochs, batch, learn_rate=None, l2=0.0, factors=None):
+    """A hand-written optax loop over the same mini-batches (in order): the reference.
+
+    ``learn_rate(iteration, epoch)`` is written into the injected learning rate each step;
+    ``l2`` is added to the gradients (coupled); ``factors`` scale each parameter's update.
+    """
+    params = dict(net.learnables.items())
+
+    def loss(params, x, t):
+        table = df.ParameterTable([(*k.split("/"), v) for k, v in params.items()])
+        return df.losses.mse(net.replace(learnables=table).predict(x), t)
+
+    state = tx.init(params)
+    iteration = 0
+    for epoch in range(1, epochs + 1):
+        for start in range(0, len(X) - batch + 1, batch):
+            iteration += 1
+            g = jax.grad(loss)(params, X[start : start + batch], T[start : start + batch])
+            g = {k: g[k] + l2 * params[k] for k in g}
+            if learn_rate is not None:
+                state.hyperparams["learning_rate"] = jnp.asarray(learn_rate(iteration, epoch))
+            updates, state = tx.update(g, state, params)
+            updates = {k: u * (factors or {}).get(k, 1.0) for k, u in updates.items()}
+            params = optax.apply_updates(params, updates)
+    return params
+
+
+def test_adamw_with_global_norm_clipping_equals_a_hand_written_optax_loop(problem):
+    net, X, T = problem
+    options = df.TrainingOptions(
+        optax.adamw(0.02, weight_decay=0.1),
+        max_epochs=3,
+        mini_batch_size=8,
+        shuffle="never",
+        l2_regularization=0,
+        gradient_threshold_method="global-l2norm",
+        gradient_threshold=1.0,
+        verbose=False,
+    )
+    trained, info = df.trainnet(X, T, net, "mse", options)
+    expected = optax_reference(
+        net,
+        X,
+        T,
+        optax.chain(optax.clip_by_global_norm(1.0), optax.adamw(0.02, weight_decay=0.1)),
+        epochs=3,
+        batch=8,
+    )
+    for path, value in expected.items():
+        np.testing.assert_allclose(trained.learnables[path], value, rtol=2e-5, atol=1e-6)
+    assert np.all(np.isnan(info.training_history["learn_rate"]))  # its own, fixed inside it
+
+
+def test_an_injected_lion_gets_the_schedule_l2_and_factors(problem):
+    net, X, T = problem
+    net = df.set_learn_rate_factor(net, "fc/bias", 0.5)
+    lion = optax.inject_hyperparams(optax.lion)(learning_rate=0.01, b1=0.8)
+    options = df.TrainingOptions(
+        lion,
+        max_epochs=3,
+        mini_batch_size=8,
+        shuffle="never",
+        l2_regularization=0.01,
+        learn_rate_schedule="piecewise",
+        learn_rate_drop_period=1,
+        learn_rate_drop_factor=0.5,
+        verbose=False,
+    )
+    assert options.initial_learn_rate is None  # the transformation's own: 0.01
+    trained, info = df.trainnet(X, T, net, "mse", options)
+    rate = lambda iteration, epoch: 0.01 * 0.5 ** (epoch - 1)  # noqa: E731
+    np.testing.assert_allclose(
+        info.training_history["learn_rate"], [0.01] * 4 + [0.005] * 4 + [0.0025] * 4
+    )
+    expected = optax_reference(
+        net,
+        X,
+        T,
+        optax.inject_hyperparams(optax.lion)(learning_rate=0.01, b1=0.8),
+        epochs=3,
+        batch=8,
+        learn_rate=rate,
+        l2=0.01,
+        factors={"fc/bias": 0.5},
+    )
+    for path, value in expected.items():
+        np.testing.assert_allclose(trained.learnables[path], value, rtol=2e-5, atol=1e-6)
+
+
+def test_an_optax_schedule_as_learn_rate_schedule(problem):
+    net, X, T = problem
+    schedule = optax.cosine_decay_schedule(0.05, decay_steps=8)
+    options = df.TrainingOptions(
+        max_epochs=2, mini_batch_size=8, learn_rate_schedule=schedule, verbose=False
+    )
+    _, info = df.trainnet(X, T, net, "mse", options)
+    np.testing.assert_allclose(
+        info.training_history["learn_rate"], [float(schedule(count)) for count in range(8)]
+    )
+
+
+def test_custom_solver_options_and_errors(problem):
+    net, X, T = problem
+    tx = optax.lion(1e-3)
+    assert (
+        repr(df.TrainingOptions(tx, max_epochs=2))
+        == "TrainingOptions(<optax transformation>, max_epochs=2)"
+    )
+    with pytest.raises(
+        df.OptionsError,
+        match=r"momentum is an option of solver\(s\) \['sgdm'\], not of <optax transformation>.*Set them when building",
+    ):
+        df.TrainingOptions(tx, momentum=0.5)
+    with pytest.raises(
+        df.OptionsError,
+        match=r"solver must be one of 'sgdm', 'adam', 'rmsprop', or an optax\.GradientTransformation",
+    ):
+        df.TrainingOptions(optax.lion)  # the factory, not a transformation
+    with pytest.raises(
+        df.OptionsError,
+        match=r"the optax transformation given as solver has no learning_rate that trainnet can "
+        r"set.*Fix: build it with optax\.inject_hyperparams",
+    ):
+        df.trainnet(
+            X,
+            T,
+            net,
+            "mse",
+            df.TrainingOptions(
+                tx, mini_batch_size=8, learn_rate_schedule="piecewise", verbose=False
+            ),
+        )
+
+
+def test_a_custom_solver_resumes_exactly_and_its_settings_are_checked(problem, tmp_path):
+    net, X, T = problem
+
+    def options(rate=0.01, **changes):
+        solver = optax.inject_hyperparams(optax.adamw)(learning_rate=rate, weight_decay=0.05)
+        return df.TrainingOptions(
+            solver,
+            max_epochs=3,
+            mini_batch_size=8,
+            learn_rate_schedule="piecewise",
+            learn_rate_drop_period=1,
+            verbose=False,
+            **changes,
+        )
+
+    reference, _ = df.trainnet(X, T, net, "mse", options())
+    df.trainnet(
+        X,
+        T,
+        net,
+        "mse",
+        options(
+            checkpoint_path=tmp_path,
+            checkpoint_frequency_unit="iteration",
+            output_fcn=lambda info: info["iteration"] >= 6,
+        ),
+    )
+    resumed, info = df.trainnet(X, T, net, "mse", options(), resume_from=tmp_path)  # a new object
+    assert len(info.training_history) == 12
+    assert_tree_allclose(resumed.learnables, reference.learnables, rtol=0, atol=0)
+    with pytest.raises(
+        df.SerializationError,
+        match=r"differs in option solver: it had optax transformation .*0\.01.*; this call has .*0\.02",
+    ):
+        df.trainnet(X, T, net, "mse", options(rate=0.02), resume_from=tmp_path)

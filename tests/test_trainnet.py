@@ -45,6 +45,17 @@ def test_regression_converges_and_returns_a_trained_network(key):
         np.testing.assert_array_equal(v, before[k])
 
 
+def test_a_list_of_layers_trains_like_the_network_built_from_it():
+    # MATLAB's trainnet takes a layer array as well as a dlnetwork.
+    X, T = regression_data(32)
+    opts = quiet(max_epochs=1, mini_batch_size=32)
+    layers = list(regression_net().layers)
+    from_list, _ = df.trainnet(X, T, layers, "mse", opts, key=jax.random.key(1))
+    from_net, _ = df.trainnet(X, T, df.Network(layers), "mse", opts, key=jax.random.key(1))
+    assert isinstance(from_list, df.Network) and from_list.connections == from_net.connections
+    assert_tree_allclose(from_list.learnables, from_net.learnables)
+
+
 def test_history_columns_and_values():
     X, T = classification_data(64)
     opts = quiet(max_epochs=2, mini_batch_size=16, metrics=["accuracy", "fscore"])
@@ -467,6 +478,35 @@ def test_nan_loss_stops_training():
     assert len(info.training_history) == 1
 
 
+def test_a_nan_loss_is_found_at_its_iteration_and_training_stops_there():
+    """Found within the step (not at the next log row): the history ends at the NaN iteration
+    and the network is the one after it, as if training had stopped there."""
+    X, T = regression_data(320)
+    poison = np.zeros((320, 1), np.float32)
+    poison[96:112] = 1  # the seventh of 20 mini-batches (shuffle never): iteration 7
+    targets = np.concatenate([T, poison], axis=1)
+
+    def loss(y, t):
+        nan = jax.lax.stop_gradient(jnp.where(jnp.any(t[:, 1] > 0), jnp.nan, 0.0))
+        return df.losses.mse(y, t[:, :1]) + jnp.where(df.stripdims(y)[0, 0] > 1e9, 0.0, nan)
+
+    options = quiet(max_epochs=1, mini_batch_size=16, shuffle="never", verbose_frequency=50)
+    nets, infos = [], []
+    for poisoned in (True, False):  # the second: the first 7 iterations, stopped by output_fcn
+        data = (X, targets) if poisoned else (X, np.concatenate([T, 0 * poison], axis=1))
+        stop = None if poisoned else (lambda info: info["iteration"] >= 7)
+        net, info = df.trainnet(*data, regression_net(), loss, options.replace(output_fcn=stop))
+        nets.append(net)
+        infos.append(info)
+    info = infos[0]
+    assert info.stop_reason == "Training loss is NaN"
+    assert info.output_network_iteration == 7 and len(info.training_history) == 7
+    assert np.isnan(info.training_history["loss"][-1])
+    assert np.all(np.isfinite(info.training_history["loss"][:-1]))
+    # the network after iteration 7 (its update used a finite gradient), bit for bit
+    assert_tree_allclose(nets[0].learnables, nets[1].learnables, rtol=0, atol=0)
+
+
 def test_checkpoints_are_written_at_the_chosen_frequency(tmp_path):
     X, T = regression_data(64)
     opts = quiet(
@@ -477,10 +517,11 @@ def test_checkpoints_are_written_at_the_chosen_frequency(tmp_path):
         checkpoint_frequency_unit="iteration",
     )
     trained, _ = df.trainnet(X, T, regression_net(), "mse", opts)
-    files = sorted(os.listdir(tmp_path), key=lambda f: int(f.split("__")[1]))
-    assert [f.split("__")[1] for f in files] == ["3", "6"]
+    files = [f for f in os.listdir(tmp_path) if f.startswith("net_checkpoint__")]
+    files = sorted(files, key=lambda f: int(f.split("__")[1]))
+    assert [f.split("__")[1] for f in files] == ["3", "6", "8"]  # 8: the result, at the end
     assert all(f.startswith("net_checkpoint__") and f.endswith(".difffn") for f in files)
-    payload = _checkpoint.read(tmp_path / files[-1])
+    payload = _checkpoint.read(tmp_path / files[-2])
     assert (payload["iteration"], payload["epoch"]) == (6, 2)
     saved = df.load(tmp_path / files[-1], like=regression_net())
     assert saved.learnables["fc/weights"].shape == trained.learnables["fc/weights"].shape
@@ -557,3 +598,207 @@ def test_recurrent_state_does_not_leak_across_mini_batches():
     assert not np.allclose(trained.state["bn/trained_mean"], 0.0)  # BatchNorm statistics moved
     accuracy = df.testnet(trained, x[:10], t[:10], "accuracy")  # another batch size works
     assert np.isfinite(float(np.asarray(accuracy).ravel()[0]))
+
+
+# -- data mistakes are named before anything runs (issue 12 items 3, 8, 9, 10) -------------------
+
+
+def endless(batches):
+    """An endless generator of batches (cycling), like a data stream."""
+    while True:
+        yield from batches
+
+
+def labels_data(n=64):
+    X, T = classification_data(n)
+    return X, T
+
+
+MISTAKES = [
+    (
+        "matlab-labels",
+        lambda X, T, net, o: df.trainnet(X, T + 1, net, "crossentropy", o),
+        r"T are class labels 1\.\.3, but the 3 classes are numbered 0\.\.2: these look like "
+        r"MATLAB's 1-based class indices\. Fix: subtract one \(T - 1\)",
+    ),
+    (
+        "negative-label",
+        lambda X, T, net, o: df.trainnet(X, np.where(T == 0, -1, T), net, "crossentropy", o),
+        r"T hold the class label -1, outside 0\.\.2 for the 3 classes of the predictions \(a "
+        r"negative label would silently pick a class from the end\)",
+    ),
+    (
+        "validation-labels",
+        lambda X, T, net, o: df.trainnet(
+            X, T, net, "crossentropy", o.replace(validation_data=(X, T + 1))
+        ),
+        r"validation_data T are class labels 1\.\.3",
+    ),
+    (
+        "batch-labels",
+        lambda X, T, net, o: df.trainnet([(X[:16], T[:16] + 5)], net, "crossentropy", o),
+        r"the targets of a data batch hold the class label 7, outside 0\.\.2",
+    ),
+    (
+        "metric-labels",
+        lambda X, T, net, o: df.trainnet(X, T + 1, net, "mse", o.replace(metrics="accuracy")),
+        r"MATLAB's 1-based class indices",
+    ),
+    (
+        "empty",
+        lambda X, T, net, o: df.trainnet(X[:0], T[:0], net, "crossentropy", o),
+        r"the training data has no observations \(X\[0\] has shape \(0, 4\), 0 along its batch",
+    ),
+    (
+        "empty-validation",
+        lambda X, T, net, o: df.trainnet(
+            X, T, net, "crossentropy", o.replace(validation_data=(X[:0], T[:0]))
+        ),
+        r"the validation data has no observations",
+    ),
+    (
+        "empty-iterable",
+        lambda X, T, net, o: df.trainnet([], net.initialize(key=jax.random.key(0)), "mse", o),
+        r"the training data yielded no batch in epoch 1",
+    ),
+    (
+        "empty-batch",
+        lambda X, T, net, o: df.trainnet([(X[:0], T[:0])], net, "crossentropy", o),
+        r"a batch of the data has no observations",
+    ),
+    (
+        "strings",
+        lambda X, T, net, o: df.trainnet(X.astype(str), T, net, "crossentropy", o),
+        r"X has dtype <U\d+, which is not numbers \(strings or Python objects\?\)",
+    ),
+    (
+        "ragged",
+        lambda X, T, net, o: df.trainnet([[1.0, 2.0], [3.0]], T, net, "crossentropy", o),
+        r"X is a list of list, not an array\. Fix: np\.asarray\(X, dtype=np\.float32\) \(a "
+        r"ragged list",
+    ),
+    (
+        "complex",
+        lambda X, T, net, o: df.trainnet(X * (1 + 1j), T, net, "crossentropy", o),
+        r"X is complex \(complex\d+\); the network computes in real numbers and would drop the "
+        r"imaginary part",
+    ),
+    (
+        "int-key",
+        lambda X, T, net, o: df.trainnet(X, T, net, "crossentropy", o, key=0),
+        r"key must be a jax\.random key; got int 0\. Fix: key=jax\.random\.key\(0\)",
+    ),
+    (
+        "options-forgotten",
+        lambda X, T, net, o: df.trainnet(X, T, net, "crossentropy"),
+        r"trainnet\(X, T, net, loss\) is missing the options \(got ndarray, ndarray, Network, "
+        r"str\)\. Fix: trainnet\(X, T, net, loss, df\.TrainingOptions\(\.\.\.\)\)",
+    ),
+    (
+        "options-forgotten-iterable",
+        lambda X, T, net, o: df.trainnet([(X, T)], net, "crossentropy"),
+        r"trainnet\(data, net, loss\) is missing the options",
+    ),
+    (
+        "per-observation-list",
+        lambda X, T, net, o: df.trainnet(list(X), T, net, "crossentropy", o),
+        r"X is a list of 64 arrays of shape \(4,\), read as 64 network inputs; the network has "
+        r"1 input\(s\) \['in'\]\. If each array is one observation, stack them: X = np\.stack\(X\)",
+    ),
+    (
+        "validation-without-targets",
+        lambda X, T, net, o: o.replace(validation_data=X),
+        r"validation_data must hold inputs and targets, \(X, T\); got inputs of shape \(64, 4\) "
+        r"without targets\. Fix: validation_data=\(X_val, T_val\)",
+    ),
+    (
+        "validation-batches-without-targets",
+        lambda X, T, net, o: df.trainnet(
+            X, T, net, "crossentropy", o.replace(validation_data=[X[:16], X[16:32], X[32:]])
+        ),
+        r"each batch of the validation_data iterable must be a tuple \(inputs\.\.\., "
+        r"targets\.\.\.\); got one array of shape \(16, 4\): inputs without targets\?",
+    ),
+    (
+        "steps-with-arrays",
+        lambda X, T, net, o: df.trainnet(X, T, net, "crossentropy", o.replace(steps_per_epoch=2)),
+        r"steps_per_epoch=2 applies to an iterable of batches",
+    ),
+    (
+        "endless-one-shot",
+        lambda X, T, net, o: df.trainnet(endless([(X, T)]), net, "crossentropy", o),
+        r"is a one-shot iterator.*or steps_per_epoch=N to read it as one stream",
+    ),
+]
+
+
+@pytest.mark.parametrize("call, match", [m[1:] for m in MISTAKES], ids=[m[0] for m in MISTAKES])
+def test_data_mistakes_are_named_before_training(call, match):
+    X, T = labels_data()
+    with pytest.raises(df.OptionsError, match=match):
+        call(X, T, classifier_net(), quiet(max_epochs=2, mini_batch_size=16))
+
+
+def test_integer_one_hot_targets_train_like_float_one_hot(key):
+    X, T = classification_data(64)
+    net = classifier_net().initialize(key=key)
+    opts = quiet(max_epochs=2, mini_batch_size=16, metrics="accuracy")
+    one_hot = np.eye(3, dtype=np.float32)[T]
+    a, info_a = df.trainnet(X, one_hot, net, "crossentropy", opts)
+    b, info_b = df.trainnet(X, one_hot.astype(np.int32), net, "crossentropy", opts)
+    assert_tree_allclose(b.learnables, a.learnables, rtol=0, atol=0)
+    np.testing.assert_array_equal(
+        info_b.training_history["accuracy"], info_a.training_history["accuracy"]
+    )
+
+
+def test_an_endless_validation_generator_needs_validation_steps(monkeypatch):
+    from difffn import _sources
+
+    X, T = classification_data(64)
+    batches = [(X[i : i + 16], T[i : i + 16]) for i in range(0, 64, 16)]
+    monkeypatch.setattr(_sources, "UNSIZED_VALIDATION_BYTES", 1 << 16)  # stands for 1 GiB
+    opts = quiet(max_epochs=1, mini_batch_size=16, validation_data=endless(batches))
+    with pytest.raises(
+        df.OptionsError,
+        match=r"validation_data is an iterable without len\(\) that has yielded \d+ batches .* "
+        r"and goes on.*Fix: validation_steps=N",
+    ):
+        df.trainnet(X, T, classifier_net(), "crossentropy", opts)
+    # validation_steps bounds it: the same numbers as the finite list of those batches
+    bounded = opts.replace(validation_data=endless(batches), validation_steps=4)
+    _, a = df.trainnet(X, T, classifier_net(), "crossentropy", bounded)
+    _, b = df.trainnet(
+        X, T, classifier_net(), "crossentropy", opts.replace(validation_data=batches)
+    )
+    np.testing.assert_array_equal(a.validation_history["loss"], b.validation_history["loss"])
+    # on arrays, it keeps the first mini-batches
+    first = opts.replace(validation_data=(X, T), validation_steps=1)
+    _, c = df.trainnet(X, T, classifier_net(), "crossentropy", first)
+    _, d = df.trainnet(
+        X, T, classifier_net(), "crossentropy", opts.replace(validation_data=(X[:16], T[:16]))
+    )
+    np.testing.assert_array_equal(c.validation_history["loss"], d.validation_history["loss"])
+
+
+def test_steps_per_epoch_reads_an_endless_generator_as_a_stream():
+    X, T = classification_data(64)
+    batches = [(X[i : i + 16], T[i : i + 16]) for i in range(0, 64, 16)]
+    opts = quiet(max_epochs=3)
+    net_list, info_list = df.trainnet(batches, classifier_net(), "crossentropy", opts)
+    net_stream, info = df.trainnet(
+        endless(batches), classifier_net(), "crossentropy", opts.replace(steps_per_epoch=4)
+    )
+    assert info.stop_reason == "Max epochs completed" and len(info.training_history) == 12
+    np.testing.assert_array_equal(info.training_history["epoch"], np.repeat([1, 2, 3], 4))
+    assert_tree_allclose(net_stream.learnables, net_list.learnables, rtol=0, atol=0)
+    # a stream read two epochs of three batches: the list restarts when it ends
+    _, info = df.trainnet(
+        batches, classifier_net(), "crossentropy", opts.replace(steps_per_epoch=3)
+    )
+    assert len(info.training_history) == 9
+    # a one-shot iterator that ends stops training
+    _, info = df.trainnet(
+        iter(batches * 2), classifier_net(), "crossentropy", opts.replace(steps_per_epoch=3)
+    )
+    assert info.stop_reason == "Training data exhausted" and len(info.training_history) == 8

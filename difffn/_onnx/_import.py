@@ -113,7 +113,8 @@ def import_onnx(
       An initialized ``df.Network``.
 
     Raises:
-      ONNXImportError: onnx is not installed; the file is not ONNX, is truncated, fails
+      MissingDependencyError: onnx is not installed (``pip install difffn[onnx]``).
+      ONNXImportError: the file is not ONNX, is truncated, fails
         ``onnx.checker``, has an opset older than 9, misses external data; an input size that
         difffn needs is symbolic; or nodes cannot be imported (all listed in one error).
 
@@ -217,14 +218,23 @@ class Importer:
                 value = self._in_onnx_order(info.name, value)
             outputs.append("/".join(value.port))
             output_labels[info.name] = value.labels
-        try:
-            # each layer a chain of its own: every input is wired by a connection
-            net = Network([[layer] for layer in self.layers], connections=self.connections,
-                          outputs=outputs)  # fmt: skip
-        except NetworkError:
-            # The graph does not run at another batch size (it ties the first axis of an input
-            # to other sizes): take the inputs as they are, without input layers.
-            layers = list(self.layers)
+        # A network of input layers is traced when it is built, and one input layer needs all
+        # inputs entered by input layers. A placeholder cannot run, and an input of another
+        # kind (integers, a rank without an input layer) is not one: such a network takes its
+        # inputs as they are (MATLAB returns a network with placeholders uninitialized).
+        if not any(isinstance(layer, (Placeholder, ONNXInput)) for layer in self.layers):
+            try:
+                return ImportResult(self._network(outputs), input_labels, output_labels)
+            except NetworkError:
+                pass  # the graph ties the first axis of an input to other sizes: see below
+        return ImportResult(self._network(outputs, entries=True), input_labels, output_labels)
+
+    def _network(self, outputs, *, entries=False) -> Network:
+        """The network, its inputs entered by input layers or, with ``entries``, by
+        ``ONNXInput`` layers, which check the data's sizes but are not traced when the network
+        is built."""
+        layers = list(self.layers)
+        if entries:
             for index, labels, shape in self.entries:
                 perm = _labels.storage_perm(labels)
                 layers[index] = ONNXInput(
@@ -232,9 +242,9 @@ class Importer:
                     _labels.storage_format(labels),
                     name=layers[index].name,
                 )
-            net = Network([[layer] for layer in layers], connections=self.connections,
-                          outputs=outputs)  # fmt: skip
-        return ImportResult(net, input_labels, output_labels)
+        # each layer a chain of its own: every input is wired by a connection
+        return Network([[layer] for layer in layers], connections=self.connections,
+                       outputs=outputs)  # fmt: skip
 
     def _in_onnx_order(self, name: str, value: Runtime) -> Runtime:
         """A network output flattened channels-last, put back in ONNX's feature order."""

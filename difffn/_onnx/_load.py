@@ -16,7 +16,7 @@ from typing import Any
 
 import numpy as np
 
-from .._errors import ONNXImportError
+from .._errors import MissingDependencyError, ONNXImportError
 from ._ops import FrozenArray, Unsupported, np_dtype
 
 MIN_OPSET = 9
@@ -28,7 +28,7 @@ def onnx_module(what: str = "df.import_onnx"):
     try:
         import onnx
     except ImportError:
-        raise ONNXImportError(
+        raise MissingDependencyError(
             f"{what} needs the onnx package, which is not installed. Fix: {INSTALL} (the onnx "
             "extra: onnx and onnxruntime)."
         ) from None

@@ -1,7 +1,7 @@
 """Argument and format checks shared by the built-in layers.
 
 Every message names the layer (class and ``name``), the argument, what was expected and what was
-got, and how to fix it (STYLE.md, habit 5).
+got, and how to fix it (as every difffn error does; see ``difffn/_errors.py``).
 """
 
 from __future__ import annotations
@@ -14,13 +14,9 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from .._describe import who
 from .._errors import FormatError, LayerError
 from .._format import FormattedArray, Layout, dlarray
-
-
-def who(layer) -> str:
-    """``"Conv2D (layer 'conv1')"``: how messages name a layer."""
-    return f"{type(layer).__name__} (layer {layer.name!r})"
 
 
 def bad_argument(layer, argument: str, expected: str, got: Any, fix: str) -> LayerError:

@@ -9,7 +9,8 @@ import jax
 import jax.numpy as jnp
 
 from .._errors import LayerError
-from .._layer import Layer, learnable
+from .._fields import learnable
+from .._layer import Layer
 from . import _initializers as init
 from ._checks import (
     array_or_none,

@@ -10,7 +10,8 @@ import jax
 import jax.numpy as jnp
 
 from .._errors import FormatError, LayerError
-from .._layer import Layer, learnable, state
+from .._fields import learnable, state
+from .._layer import Layer
 from . import _initializers as init
 from ._checks import (
     array_or_none,
@@ -59,7 +60,7 @@ class BatchNorm(Layer):
     Examples:
       >>> import jax, jax.numpy as jnp
       >>> import difffn as df
-      >>> from difffn._layer import call_layer
+      >>> from difffn._layer_call import call_layer
       >>> layer = df.layers.BatchNorm()
       >>> layer = layer.initialize(df.Layout((None, 2), "BC"), key=jax.random.key(0))
       >>> layer.trained_mean, layer.trained_variance

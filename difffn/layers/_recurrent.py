@@ -1,4 +1,9 @@
-"""``LSTM``: MATLAB's ``lstmLayer``."""
+"""Recurrent layers: ``LSTM`` (MATLAB's ``lstmLayer``) and ``BiLSTM`` (``bilstmLayer``).
+
+They run the recurrences of ``df.ops.lstm`` (``difffn/ops/_recurrent.py``). ``_Recurrent`` holds
+what every recurrent layer shares (``GRU`` in ``_gru.py`` too): the input format, the carried
+state and its reset, the ``"sequence"``/``"last"`` output and the initializers.
+"""
 
 from __future__ import annotations
 
@@ -9,7 +14,11 @@ import jax
 import jax.numpy as jnp
 
 from .._errors import FormatError, LayerError
-from .._layer import Layer, learnable, state
+from .._fields import learnable, state
+from .._layer import Layer
+from ..ops._format_args import float_dtype, from_time_major, to_time_major
+from ..ops._recurrent import GATE_ACTIVATIONS, STATE_ACTIVATIONS, is_sequence_format, lstm_scan
+from . import _factor_options as factors
 from . import _initializers as init
 from ._checks import (
     array_or_none,
@@ -25,26 +34,185 @@ from ._checks import (
     who,
 )
 
-_STATE_ACTIVATIONS = {"tanh": jnp.tanh, "softsign": jax.nn.soft_sign}
-_GATE_ACTIVATIONS = {
-    "sigmoid": jax.nn.sigmoid,
-    "hard-sigmoid": lambda z: jnp.clip(0.2 * z + 0.5, 0.0, 1.0),
-}
+
+class _Recurrent(Layer):
+    """What LSTM, BiLSTM and GRU share; subclasses set the class constants below."""
+
+    formattable = True
+    _GATES = 4  # blocks of H in the weights, per direction
+    _DIRECTIONS = 1
+
+    def _bias_blocks(self) -> int:
+        """Blocks of ``H`` in the bias, per direction."""
+        return self._GATES
+
+    def _width(self) -> int:
+        """The channels of the output and of each state: ``H`` per direction."""
+        return self._DIRECTIONS * self.num_hidden_units
+
+    def _check_options(self, bias_initializers) -> None:
+        """Validate the options every recurrent layer has (call in ``__post_init__``)."""
+        h = self.num_hidden_units = positive_int(
+            self,
+            "num_hidden_units",
+            self.num_hidden_units,
+            fix=f"e.g. {type(self).__name__}(100).",
+        )
+        choice(self, "output_mode", self.output_mode, ("sequence", "last"))
+        choice(
+            self,
+            "state_activation_function",
+            self.state_activation_function,
+            tuple(STATE_ACTIVATIONS),
+        )
+        choice(
+            self, "gate_activation_function", self.gate_activation_function, tuple(GATE_ACTIVATIONS)
+        )
+        for name in ("input_weights_initializer", "recurrent_weights_initializer"):
+            setattr(self, name, init.check(self, name, getattr(self, name), init.RECURRENT))
+        self.bias_initializer = init.check(
+            self, "bias_initializer", self.bias_initializer, bias_initializers
+        )
+        blocks = self._GATES * self._DIRECTIONS
+        self.input_weights = array_or_none(
+            self, "input_weights", self.input_weights, (None, blocks * h), f"input_size, {blocks}H"
+        )
+        self.recurrent_weights = array_or_none(
+            self, "recurrent_weights", self.recurrent_weights, (h, blocks * h), f"H, {blocks}H"
+        )
+        bias_size = self._bias_blocks() * self._DIRECTIONS * h
+        self.bias = array_or_none(self, "bias", self.bias, (bias_size,), f"{bias_size // h}H")
+        width = self._width()
+        for name in self._state_fields:
+            value = getattr(self, name)
+            if value is None:
+                continue
+            value = as_float_array(value)
+            value = value[None] if value.ndim == 1 else value
+            if value.ndim != 2 or value.shape[1] != width:
+                raise bad_argument(
+                    self,
+                    name,
+                    f"an array of shape ({width},), (1, {width}) or (batch, {width})",
+                    value,
+                    f"pass one of those shapes, or leave {name}=None (zeros).",
+                )
+            setattr(self, name, value)
+        factors.record(
+            self,
+            {
+                "input_weights_learn_rate_factor": (factors.LEARN_RATE, ("input_weights",)),
+                "recurrent_weights_learn_rate_factor": (factors.LEARN_RATE, ("recurrent_weights",)),
+                "bias_learn_rate_factor": (factors.LEARN_RATE, ("bias",)),
+                "input_weights_l2_factor": (factors.L2, ("input_weights",)),
+                "recurrent_weights_l2_factor": (factors.L2, ("recurrent_weights",)),
+                "bias_l2_factor": (factors.L2, ("bias",)),
+            },
+        )
+
+    def _check_input_size(self, input_size: int, where: str) -> None:
+        w = self.input_weights
+        if w is not None and w.shape[0] != input_size:
+            raise LayerError(
+                f"{who(self)}: {where} has {input_size} channels but input_weights has shape "
+                f"{tuple(w.shape)}, expecting {w.shape[0]}. Fix: give input_weights of shape "
+                f"({input_size}, {w.shape[1]}), or leave it None."
+            )
+
+    def _initialize(self, layout, key, unit_forget_gate: bool):
+        layout = layout_format(
+            self, layout, is_sequence_format, want="a 'C' axis and optionally 'B' and 'T'"
+        )
+        input_size = known_size(self, layout, "C", "number of channels")
+        self._check_input_size(input_size, f"the input layout {layout!r}")
+        h, blocks = self.num_hidden_units, self._GATES * self._DIRECTIONS
+        k_input, k_recurrent, k_bias = jax.random.split(key, 3)
+        changes = {}
+        for name, k, shape, fan_in in (
+            ("input_weights", k_input, (input_size, blocks * h), input_size),
+            ("recurrent_weights", k_recurrent, (h, blocks * h), h),
+        ):
+            if getattr(self, name) is None:
+                initializer = getattr(self, f"{name}_initializer")
+                changes[name] = init.draw(
+                    self, f"{name}_initializer", initializer, k, shape, fan_in, blocks * h
+                )
+        if self.bias is None:
+            size = self._bias_blocks() * self._DIRECTIONS * h
+            if unit_forget_gate and self.bias_initializer == "unit-forget-gate":
+                # ones for the forget gate (block 1 of the four) of every direction
+                blocks_of_h = jnp.zeros((self._DIRECTIONS, 4, h), jnp.float32).at[:, 1].set(1.0)
+                changes["bias"] = blocks_of_h.reshape(size)
+            else:
+                changes["bias"] = init.draw(
+                    self, "bias_initializer", self.bias_initializer, k_bias, (size,), h, size
+                )
+        for name in self._state_fields:
+            if getattr(self, name) is None:
+                changes[name] = jnp.zeros((1, self._width()), jnp.float32)
+        return self.replace(**changes) if changes else self
+
+    def reset_state(self):
+        """The layer with zero states of shape ``(1, channels)`` (they broadcast over batches)."""
+        zeros = {}
+        for name in self._state_fields:
+            value = getattr(self, name)
+            dtype = jnp.float32 if value is None else value.dtype
+            zeros[name] = jnp.zeros((1, self._width()), dtype)
+        return self.replace(**zeros)
+
+    def _time_major(self, x):
+        """``(xs, fmt)``: the input as ``(T, B, C)`` and its format (plain input: ``"BTC"``)."""
+        require(self, *self._learnable_fields, *self._state_fields)
+        data, fmt = data_and_format(x)
+        if not fmt:
+            if data.ndim != 3:
+                raise FormatError(
+                    f"{who(self)} takes a plain input only as (batch, time, channels); got "
+                    f"shape {tuple(data.shape)}. Fix: label it, e.g. df.dlarray(x, 'TC') for "
+                    "one sequence or df.dlarray(x, 'BC') for one time step."
+                )
+            fmt = "BTC"
+        elif not is_sequence_format(fmt):
+            raise FormatError(
+                f"{who(self)} takes sequence data: a 'C' axis and optionally 'B' and 'T'; got "
+                f"format {fmt!r}. Fix: flatten image axes first (Flatten), or relabel the axes."
+            )
+        xs = to_time_major(data, fmt)
+        self._check_input_size(xs.shape[2], "the input")
+        return xs, fmt
+
+    def _initial_states(self, batch: int) -> tuple:
+        for name in self._state_fields:
+            size = getattr(self, name).shape[0]
+            if size not in (1, batch):
+                raise LayerError(
+                    f"{who(self)}: {name} has batch size {size} (carried from a previous "
+                    f"call) but the input has batch size {batch}. Fix: layer.reset_state() "
+                    "(net.reset_state()) before a batch of another size."
+                )
+        return tuple(getattr(self, name) for name in self._state_fields)
+
+    def _dtype(self, xs, states):
+        return float_dtype(xs, *(getattr(self, n) for n in self._learnable_fields), *states)
+
+    def _output(self, x, hs, h_last, fmt: str):
+        """The layer output: every step (``"sequence"``) or the final hidden state (``"last"``)."""
+        if self.output_mode == "sequence":
+            return relabel(x, from_time_major(hs, fmt), fmt)
+        out_fmt = fmt.replace("T", "")  # "BC", "CB" or "C"
+        y = h_last.T if out_fmt == "CB" else h_last[0] if out_fmt == "C" else h_last
+        return relabel(x, y, out_fmt)
 
 
-def _is_sequence_format(fmt: str) -> bool:
-    return "C" in fmt and set(fmt) <= set("BTC")
-
-
-class LSTM(Layer):
-    r"""Long short-term memory layer (MATLAB's ``lstmLayer``).
+class LSTM(_Recurrent):
+    r"""Long short-term memory layer (MATLAB's ``lstmLayer``), on ``df.ops.lstm``.
 
     Input: a format with ``C`` and optionally ``B`` and ``T``, in any order (``"BTC"``,
     ``"TBC"``, ``"CBT"``, ...; without ``T`` it is one time step, without ``B`` one sequence). A
-    plain input must be 3-D ``(batch, time, channels)``. The layer runs ``jax.lax.scan`` over
-    time. Output: with ``output_mode="sequence"`` the input's format with ``num_hidden_units``
-    channels (``"BTC" -> "BTC"``); with ``"last"`` the last time step, the input's format without
-    ``T`` (``"BTC" -> "BC"``).
+    plain input must be 3-D ``(batch, time, channels)``. Output: with ``output_mode="sequence"``
+    the input's format with ``num_hidden_units`` channels (``"BTC" -> "BTC"``); with ``"last"``
+    the last time step, the input's format without ``T`` (``"BTC" -> "BC"``).
 
     With :math:`z = x_t W + h_{t-1} R + b` split into four blocks of ``num_hidden_units`` in
     MATLAB's gate order (input :math:`i`, forget :math:`f`, cell candidate :math:`g`, output
@@ -72,12 +240,18 @@ class LSTM(Layer):
       input_weights, recurrent_weights, bias: the learnables; ``None`` until ``initialize``.
       hidden_state, cell_state: initial states, ``(H,)``, ``(1, H)`` or ``(batch, H)``; ``None``
         until ``initialize`` (zeros).
-      input_weights_initializer: ``"glorot"`` (default; fans ``input_size`` and ``4H``), ``"he"``,
-        ``"narrow-normal"``, ``"orthogonal"``, ``"zeros"``, ``"ones"`` or a function.
-      recurrent_weights_initializer: ``"orthogonal"`` (default), ``"glorot"``, ``"he"``,
-        ``"narrow-normal"``, ``"zeros"``, ``"ones"`` or a function.
       bias_initializer: ``"unit-forget-gate"`` (default: ones for the forget gate, zeros
         elsewhere), ``"zeros"``, ``"ones"``, ``"narrow-normal"`` or a function.
+      input_weights_initializer: ``"glorot"`` (default; fans ``input_size`` and the number of
+        weight columns), ``"he"``, ``"narrow-normal"``, ``"orthogonal"``, ``"zeros"``,
+        ``"ones"`` or a function ``fn(key, shape, dtype)``.
+      recurrent_weights_initializer: ``"orthogonal"`` (default), ``"glorot"``, ``"he"``,
+        ``"narrow-normal"``, ``"zeros"``, ``"ones"`` or a function.
+      input_weights_learn_rate_factor: multiplies the global learn rate (default 1); so do
+        ``recurrent_weights_learn_rate_factor`` and ``bias_learn_rate_factor``.
+      input_weights_l2_factor, recurrent_weights_l2_factor: multiply the global L2
+        regularization (default 1); bias_l2_factor: the same for the bias (default 0, as
+        MATLAB's ``BiasL2Factor``).
 
     Examples:
       >>> import jax, jax.numpy as jnp
@@ -92,7 +266,98 @@ class LSTM(Layer):
       'BC'
     """
 
-    formattable = True
+    num_hidden_units: int
+    _: dataclasses.KW_ONLY
+    output_mode: str = "sequence"
+    state_activation_function: str = "tanh"
+    gate_activation_function: str = "sigmoid"
+    input_weights: jax.Array | None = learnable(default=None)
+    recurrent_weights: jax.Array | None = learnable(default=None)
+    bias: jax.Array | None = learnable(default=None, l2_factor=0.0)  # MATLAB: BiasL2Factor 0
+    hidden_state: jax.Array | None = state(default=None)
+    cell_state: jax.Array | None = state(default=None)
+    input_weights_initializer: Any = "glorot"
+    recurrent_weights_initializer: Any = "orthogonal"
+    bias_initializer: Any = "unit-forget-gate"
+    input_weights_learn_rate_factor: float = 1.0
+    recurrent_weights_learn_rate_factor: float = 1.0
+    bias_learn_rate_factor: float = 1.0
+    input_weights_l2_factor: float = 1.0
+    recurrent_weights_l2_factor: float = 1.0
+    bias_l2_factor: float = 0.0
+
+    def __post_init__(self):
+        self._check_options(init.LSTM_BIAS)
+
+    def initialize(self, layout, *, key):
+        return self._initialize(layout, key, unit_forget_gate=True)
+
+    def predict(self, x):
+        xs, fmt = self._time_major(x)
+        batch, h = xs.shape[1], self.num_hidden_units
+        h0, c0 = self._initial_states(batch)
+        dtype = self._dtype(xs, (h0, c0))
+        hs, h_last, c_last = lstm_scan(
+            xs.astype(dtype),
+            *(jnp.broadcast_to(s.astype(dtype), (batch, h)) for s in (h0, c0)),
+            *(getattr(self, n).astype(dtype) for n in self._learnable_fields),
+            gate=GATE_ACTIVATIONS[self.gate_activation_function],
+            act=STATE_ACTIVATIONS[self.state_activation_function],
+            sequence=self.output_mode == "sequence",
+        )
+        y = self._output(x, hs, h_last, fmt)
+        return y, h_last.astype(h0.dtype), c_last.astype(c0.dtype)
+
+
+class BiLSTM(_Recurrent):
+    r"""Bidirectional LSTM layer (MATLAB's ``bilstmLayer``), on ``df.ops.lstm``.
+
+    Two LSTMs read the sequence, one forward in time and one backward, and their hidden states
+    are concatenated along ``C``: forward first, then backward (``2H`` channels). Formats and
+    ``output_mode`` as :class:`LSTM`; with ``output_mode="last"`` the output is the final
+    hidden state of each direction (the forward LSTM's after the last step, the backward
+    LSTM's after the first), which is also the new ``hidden_state``.
+
+    Learnables: ``input_weights`` ``(input_size, 8H)``, ``recurrent_weights`` ``(H, 8H)``,
+    ``bias`` ``(8H,)``: the forward direction's four gate blocks, then the backward
+    direction's (MATLAB's ``8H x input_size`` and ``8H x H`` transposed, the same order).
+    State: ``hidden_state`` and ``cell_state`` ``(batch, 2H)``, forward then backward; they
+    start as zeros ``(1, 2H)``, as :class:`LSTM`'s. Each direction starts from its half of the
+    state (MATLAB's rule), so a carried state is not "the same sequence continued" for the
+    backward direction.
+
+    Args:
+      num_hidden_units: ``H``, per direction.
+      output_mode: ``"sequence"`` (default) or ``"last"``.
+      state_activation_function, gate_activation_function: as :class:`LSTM`.
+      input_weights, recurrent_weights, bias, hidden_state, cell_state: as above; ``None``
+        until ``initialize``.
+      bias_initializer: ``"unit-forget-gate"`` (default; both directions), ``"zeros"``,
+        ``"ones"``, ``"narrow-normal"`` or a function.
+      input_weights_initializer: ``"glorot"`` (default; fans ``input_size`` and the number of
+        weight columns), ``"he"``, ``"narrow-normal"``, ``"orthogonal"``, ``"zeros"``,
+        ``"ones"`` or a function ``fn(key, shape, dtype)``.
+      recurrent_weights_initializer: ``"orthogonal"`` (default), ``"glorot"``, ``"he"``,
+        ``"narrow-normal"``, ``"zeros"``, ``"ones"`` or a function.
+      input_weights_learn_rate_factor: multiplies the global learn rate (default 1); so do
+        ``recurrent_weights_learn_rate_factor`` and ``bias_learn_rate_factor``.
+      input_weights_l2_factor, recurrent_weights_l2_factor: multiply the global L2
+        regularization (default 1); bias_l2_factor: the same for the bias (default 0, as
+        MATLAB's ``BiasL2Factor``).
+
+    Examples:
+      >>> import jax, jax.numpy as jnp
+      >>> import difffn as df
+      >>> layer = df.layers.BiLSTM(4, output_mode="last")
+      >>> layer = layer.initialize(df.Layout((None, 8, 3), "BTC"), key=jax.random.key(0))
+      >>> layer.input_weights.shape
+      (3, 32)
+      >>> y, h, c = layer(df.dlarray(jnp.ones((2, 8, 3)), "BTC"))
+      >>> y.format, y.shape, bool(jnp.array_equal(y.data, h))
+      ('BC', (2, 8), True)
+    """
+
+    _DIRECTIONS = 2
 
     num_hidden_units: int
     _: dataclasses.KW_ONLY
@@ -107,192 +372,48 @@ class LSTM(Layer):
     input_weights_initializer: Any = "glorot"
     recurrent_weights_initializer: Any = "orthogonal"
     bias_initializer: Any = "unit-forget-gate"
+    input_weights_learn_rate_factor: float = 1.0
+    recurrent_weights_learn_rate_factor: float = 1.0
+    bias_learn_rate_factor: float = 1.0
+    input_weights_l2_factor: float = 1.0
+    recurrent_weights_l2_factor: float = 1.0
+    bias_l2_factor: float = 0.0
 
     def __post_init__(self):
-        self.num_hidden_units = h = positive_int(
-            self, "num_hidden_units", self.num_hidden_units, fix="e.g. LSTM(100)."
-        )
-        choice(self, "output_mode", self.output_mode, ("sequence", "last"))
-        choice(
-            self,
-            "state_activation_function",
-            self.state_activation_function,
-            tuple(_STATE_ACTIVATIONS),
-        )
-        choice(
-            self,
-            "gate_activation_function",
-            self.gate_activation_function,
-            tuple(_GATE_ACTIVATIONS),
-        )
-        self.input_weights_initializer = init.check(
-            self, "input_weights_initializer", self.input_weights_initializer, init.RECURRENT
-        )
-        self.recurrent_weights_initializer = init.check(
-            self,
-            "recurrent_weights_initializer",
-            self.recurrent_weights_initializer,
-            init.RECURRENT,
-        )
-        self.bias_initializer = init.check(
-            self, "bias_initializer", self.bias_initializer, init.LSTM_BIAS
-        )
-        self.input_weights = array_or_none(
-            self, "input_weights", self.input_weights, (None, 4 * h), "input_size, 4 * H"
-        )
-        self.recurrent_weights = array_or_none(
-            self, "recurrent_weights", self.recurrent_weights, (h, 4 * h), "H, 4 * H"
-        )
-        self.bias = array_or_none(self, "bias", self.bias, (4 * h,), "4 * H")
-        for name in ("hidden_state", "cell_state"):
-            value = getattr(self, name)
-            if value is None:
-                continue
-            value = as_float_array(value)
-            if value.ndim == 1:
-                value = value[None]
-            if value.ndim != 2 or value.shape[1] != h:
-                raise bad_argument(
-                    self,
-                    name,
-                    f"an array of shape ({h},), (1, {h}) or (batch, {h})",
-                    value,
-                    f"pass one of those shapes, or leave {name}=None (zeros).",
-                )
-            setattr(self, name, value)
+        self._check_options(init.LSTM_BIAS)
 
     def initialize(self, layout, *, key):
-        layout = layout_format(
-            self, layout, _is_sequence_format, want="a 'C' axis and optionally 'B' and 'T'"
-        )
-        input_size = known_size(self, layout, "C", "number of channels")
-        self._check_input_size(input_size, f"the input layout {layout!r}")
-        h = self.num_hidden_units
-        k_input, k_recurrent, k_bias = jax.random.split(key, 3)
-        changes = {}
-        if self.input_weights is None:
-            changes["input_weights"] = init.draw(
-                self,
-                "input_weights_initializer",
-                self.input_weights_initializer,
-                k_input,
-                (input_size, 4 * h),
-                input_size,
-                4 * h,
-            )
-        if self.recurrent_weights is None:
-            changes["recurrent_weights"] = init.draw(
-                self,
-                "recurrent_weights_initializer",
-                self.recurrent_weights_initializer,
-                k_recurrent,
-                (h, 4 * h),
-                h,
-                4 * h,
-            )
-        if self.bias is None:
-            if self.bias_initializer == "unit-forget-gate":
-                changes["bias"] = jnp.zeros(4 * h, jnp.float32).at[h : 2 * h].set(1.0)
-            else:
-                changes["bias"] = init.draw(
-                    self, "bias_initializer", self.bias_initializer, k_bias, (4 * h,), h, 4 * h
-                )
-        for name in ("hidden_state", "cell_state"):
-            if getattr(self, name) is None:
-                changes[name] = jnp.zeros((1, h), jnp.float32)
-        return self.replace(**changes) if changes else self
-
-    def reset_state(self):
-        """The layer with zero states of shape ``(1, num_hidden_units)``."""
-        h = self.num_hidden_units
-        zeros = {}
-        for name in ("hidden_state", "cell_state"):
-            value = getattr(self, name)
-            zeros[name] = jnp.zeros((1, h), jnp.float32 if value is None else value.dtype)
-        return self.replace(**zeros)
-
-    def _check_input_size(self, input_size: int, where: str) -> None:
-        if self.input_weights is not None and self.input_weights.shape[0] != input_size:
-            raise LayerError(
-                f"{who(self)}: {where} has {input_size} channels but input_weights has shape "
-                f"{tuple(self.input_weights.shape)}, expecting {self.input_weights.shape[0]}. "
-                f"Fix: give input_weights of shape ({input_size}, "
-                f"{4 * self.num_hidden_units}), or leave it None."
-            )
+        return self._initialize(layout, key, unit_forget_gate=True)
 
     def predict(self, x):
-        require(self, "input_weights", "recurrent_weights", "bias", "hidden_state", "cell_state")
-        data, fmt = data_and_format(x)
-        if not fmt:
-            if data.ndim != 3:
-                raise FormatError(
-                    f"{who(self)} takes a plain input only as (batch, time, channels); got shape "
-                    f"{tuple(data.shape)}. Fix: label it, e.g. df.dlarray(x, 'TC') for one "
-                    "sequence or df.dlarray(x, 'BC') for one time step."
-                )
-            fmt_in = "BTC"
-        elif not _is_sequence_format(fmt):
-            raise FormatError(
-                f"{who(self)} takes sequence data: a 'C' axis and optionally 'B' and 'T'; got "
-                f"format {fmt!r}. Fix: flatten image axes first (Flatten), or relabel the axes."
-            )
-        else:
-            fmt_in = fmt
-        self._check_input_size(data.shape[fmt_in.index("C")], "the input")
-
-        # Work in (T, B, C): add the missing axes, then transpose.
-        work, work_fmt = data, fmt_in
-        for label in "TB":
-            if label not in work_fmt:
-                work, work_fmt = work[None], label + work_fmt
-        perm = [work_fmt.index(label) for label in "TBC"]
-        xs = jnp.transpose(work, perm)
-        batch = xs.shape[1]
-        h = self.num_hidden_units
-        states = []
-        for name in ("hidden_state", "cell_state"):
-            value = getattr(self, name)
-            if value.shape[0] not in (1, batch):
-                raise LayerError(
-                    f"{who(self)}: {name} has batch size {value.shape[0]} (carried from a "
-                    f"previous call) but the input has batch size {batch}. Fix: "
-                    "layer.reset_state() (net.reset_state()) before a batch of another size."
-                )
-            states.append(value)
-        dtype = jnp.result_type(xs, self.input_weights, self.recurrent_weights, self.bias, *states)
-        if not jnp.issubdtype(dtype, jnp.floating):
-            dtype = jnp.float32
-        w = self.input_weights.astype(dtype)
-        r = self.recurrent_weights.astype(dtype)
-        b = self.bias.astype(dtype)
-        h0, c0 = (jnp.broadcast_to(s.astype(dtype), (batch, h)) for s in states)
-        gate = _GATE_ACTIVATIONS[self.gate_activation_function]
-        activation = _STATE_ACTIVATIONS[self.state_activation_function]
-        # The input projection of every step at once; the scan does only the recurrence.
-        projected = jnp.tensordot(xs.astype(dtype), w, axes=1) + jnp.reshape(b, (1, 1, -1))
-
+        xs, fmt = self._time_major(x)
+        batch, h = xs.shape[1], self.num_hidden_units
+        h0, c0 = self._initial_states(batch)
+        dtype = self._dtype(xs, (h0, c0))
+        xs = xs.astype(dtype)
+        w, r, b = (getattr(self, n).astype(dtype) for n in self._learnable_fields)
+        h0_, c0_ = (jnp.broadcast_to(s.astype(dtype), (batch, 2 * h)) for s in (h0, c0))
         sequence = self.output_mode == "sequence"
-
-        def step(carry, z_input):
-            h_prev, c_prev = carry
-            z = z_input + h_prev @ r
-            i, f, g, o = (z[:, k * h : (k + 1) * h] for k in range(4))
-            c = gate(f) * c_prev + gate(i) * activation(g)
-            h_new = gate(o) * activation(c)
-            return (h_new, c), (h_new if sequence else None)
-
-        (h_last, c_last), hs = jax.lax.scan(step, (h0, c0), projected)
-
-        if sequence:
-            y = jnp.transpose(hs, [perm.index(a) for a in range(3)])
-            for label in "BT":
-                if label not in fmt_in:
-                    y = jnp.squeeze(y, work_fmt.index(label))
-                    work_fmt = work_fmt.replace(label, "")
-            out_fmt = fmt_in
-        else:
-            out_fmt = fmt_in.replace("T", "")  # "BC", "CB" or "C"
-            y = h_last.T if out_fmt == "CB" else h_last[0] if out_fmt == "C" else h_last
-        new_h = h_last.astype(states[0].dtype)
-        new_c = c_last.astype(states[1].dtype)
-        return relabel(x, y, out_fmt), new_h, new_c
+        runs = []
+        for d in range(2):  # forward, then backward
+            block = slice(4 * h * d, 4 * h * (d + 1))
+            half = slice(h * d, h * (d + 1))
+            runs.append(
+                lstm_scan(
+                    xs,
+                    h0_[:, half],
+                    c0_[:, half],
+                    w[:, block],
+                    r[:, block],
+                    b[block],
+                    gate=GATE_ACTIVATIONS[self.gate_activation_function],
+                    act=STATE_ACTIVATIONS[self.state_activation_function],
+                    reverse=d == 1,
+                    sequence=sequence,
+                )
+            )
+        (hs_f, h_f, c_f), (hs_b, h_b, c_b) = runs
+        hs = jnp.concatenate([hs_f, hs_b], axis=-1) if sequence else None
+        h_last, c_last = jnp.concatenate([h_f, h_b], -1), jnp.concatenate([c_f, c_b], -1)
+        y = self._output(x, hs, h_last, fmt)
+        return y, h_last.astype(h0.dtype), c_last.astype(c0.dtype)

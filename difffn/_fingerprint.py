@@ -1,0 +1,163 @@
+"""What a training run's numbers depend on, as strings: written into checkpoints, checked on resume.
+
+A fingerprint is ``{name: description}``: the options that change the numbers (the rows of
+``_options.OPTIONS`` marked ``numbers``), the loss, the training data (shape, dtype and a hash of
+each array; an iterable by its type and length) and every learnable's learn-rate and L2 factor.
+Resuming with a fingerprint that differs is a clear error naming the first difference, rather
+than a silently different run. Descriptions are plain strings, so a checkpoint stores them as
+they are and they compare across processes (callables by their qualified name, never by id).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import numbers
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from ._errors import SerializationError
+from ._factors import L2, LEARN_RATE, leaf_factors
+from ._format import FormattedArray
+from ._parameters import learnable_mask
+
+_FULL_HASH_BYTES = 1 << 24  # arrays up to this size are hashed whole, larger ones sampled
+_SAMPLE = 1 << 20  # elements hashed of a larger array
+
+
+def describe(value) -> str:
+    """A stable description of an option value (callables by their qualified name)."""
+    if isinstance(value, (str, bool, numbers.Number)) or value is None:
+        return repr(value)
+    if isinstance(value, (tuple, list)):
+        return "[" + ", ".join(describe(v) for v in value) + "]"
+    if isinstance(value, dict):
+        items = sorted((str(k), describe(v)) for k, v in value.items())
+        return "{" + ", ".join(f"{k!r}: {v}" for k, v in items) + "}"
+    name = getattr(value, "name", None)
+    if isinstance(name, str):  # a metric object
+        return f"{type(value).__name__}({name!r})"
+    if callable(value):
+        module = getattr(value, "__module__", None) or type(value).__module__
+        qualname = getattr(value, "__qualname__", None) or type(value).__qualname__
+        return f"{module}.{qualname}"
+    return type(value).__qualname__
+
+
+def describe_solver(solver) -> str:
+    """A solver's name, or a custom optax transformation by what it is made of.
+
+    A transformation is a pair of functions whose settings (learning rate, decay factors, ...)
+    live in their closures: it is described by the functions' qualified names and the plain
+    values (numbers, strings, flags, arrays by their hash) found in those closures, followed
+    into the functions and transformations they hold. Equal settings give equal descriptions
+    in any process; values kept in other objects are described by their type only.
+    """
+    if isinstance(solver, str):
+        return repr(solver)
+    return "optax transformation " + _value(solver, depth=8, seen=set())
+
+
+def _value(value, *, depth: int, seen: set) -> str:
+    if isinstance(value, (str, bool, numbers.Number)) or value is None:
+        return repr(value)
+    if isinstance(value, (np.ndarray, jax.Array, np.generic)):
+        return describe_array(np.asarray(value))
+    if id(value) in seen or depth == 0:
+        return "..."
+    seen = seen | {id(value)}
+    if isinstance(value, (tuple, list)):
+        return "[" + ", ".join(_value(v, depth=depth - 1, seen=seen) for v in value) + "]"
+    if isinstance(value, dict):
+        items = sorted((str(k), _value(v, depth=depth - 1, seen=seen)) for k, v in value.items())
+        return "{" + ", ".join(f"{k}: {v}" for k, v in items) + "}"
+    if callable(value) and hasattr(value, "__code__"):
+        cells = []
+        for cell in value.__closure__ or ():
+            try:
+                cells.append(_value(cell.cell_contents, depth=depth - 1, seen=seen))
+            except ValueError:  # an empty cell
+                cells.append("<empty>")
+        name = f"{value.__module__}.{value.__qualname__}"
+        return name + (f"({', '.join(cells)})" if cells else "")
+    return describe(value)
+
+
+def describe_array(x) -> str:
+    """Shape, dtype and a hash of an array's values (sampled evenly when it is large)."""
+    fmt = ""
+    if isinstance(x, FormattedArray):
+        fmt, x = f" {x.format}", x.data
+    shape, dtype = tuple(np.shape(x)), np.dtype(x.dtype).name
+    size = int(np.prod(shape, dtype=np.int64))
+    if size * np.dtype(dtype).itemsize > _FULL_HASH_BYTES:
+        step = max(1, size // _SAMPLE)
+        x = (jnp.ravel(x) if isinstance(x, jax.Array) else np.ravel(x))[::step]
+    data = np.ascontiguousarray(np.asarray(jax.device_get(x)))
+    digest = hashlib.sha256(data.tobytes()).hexdigest()[:16]
+    return f"shape {shape} {dtype}{fmt}, hash {digest}"
+
+
+def describe_data(data, what: str) -> str:
+    """Describe training or validation data: arrays by :func:`describe_array`, else by type."""
+    if data is None:
+        return "None"
+    if (
+        isinstance(data, (tuple, list))
+        and len(data) == 2
+        and all(hasattr(x, "shape") for part in data for x in _group(part))
+    ):
+        return "; ".join(
+            f"{name}[{k}] {describe_array(x)}"
+            for name, part in zip(("X", "T"), data, strict=True)
+            for k, x in enumerate(_group(part))
+        )
+    length = len(data) if hasattr(data, "__len__") else "unknown"
+    return f"an iterable {type(data).__qualname__} of {length} {what} batches"
+
+
+def _group(part) -> tuple:
+    return tuple(part) if isinstance(part, (tuple, list)) else (part,)
+
+
+def factors(net) -> dict[str, str]:
+    """The learn-rate and L2 factor of every learnable leaf, by its path."""
+    paths = [jax.tree_util.keystr(p) for p, _ in jax.tree_util.tree_flatten_with_path(net)[0]]
+    mask = jax.tree.leaves(learnable_mask(net))
+    lr, l2 = leaf_factors(net, LEARN_RATE), leaf_factors(net, L2)
+    return {
+        f"factors of {path}": f"learn rate {a!r}, L2 {b!r}"
+        for path, m, a, b in zip(paths, mask, lr, l2, strict=True)
+        if m
+    }
+
+
+def run_fingerprint(options: dict[str, str], *, loss, data: dict[str, str], net) -> dict[str, str]:
+    """A run's fingerprint from its options' entries, loss, data entries and network factors."""
+    out = dict(options)
+    out["loss"] = describe(loss)
+    out.update(data)
+    out.update(factors(net))
+    return out
+
+
+def check(
+    saved: dict[str, str], current: dict[str, str], source: str, *, defaults: dict[str, str]
+) -> None:
+    """Raise a clear error naming the first thing that differs between two fingerprints.
+
+    ``defaults`` gives, per option entry, the description of its default: a checkpoint written
+    before that option existed lacks the entry, and it then counts as having had the default.
+    """
+    for name in list(current) + [n for n in saved if n not in current]:
+        was = saved.get(name, defaults.get(name, "(absent)"))
+        now = current.get(name, "(absent)")
+        if was != now:
+            raise SerializationError(
+                f"trainnet(resume_from={source!r}): the run that wrote the checkpoint differs "
+                f"in {name}: it had {was}; this call has {now}. Resuming continues "
+                "that run exactly, so the options that change the numbers, the loss, the data "
+                "and the network's factors must be the same. Fix: pass the same ones, or start "
+                "a new run from the checkpoint's network (net = df.load(path, like=net))."
+            )

@@ -1,0 +1,186 @@
+"""Calling a layer: formats in and out, the user's method invoked, its returns split and checked.
+
+:func:`call_layer` is how ``layer(*X)``, networks and the checkers run a layer. A layer with
+``formattable = False`` receives plain arrays and its outputs take the format of its first
+formatted input; a ``formattable = True`` layer receives and returns ``FormattedArray``\\ s. A
+layer with a custom ``backward`` runs through ``_layer_backward``. A user method that uses Python
+control flow on traced values gets a named ``df.AccelerationError`` with the fixes.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+
+from ._describe import is_array, raised_at, who
+from ._errors import AccelerationError, ForwardError, LayerError
+from ._fields import LEARNABLE, is_network
+from ._format import FormattedArray, dims, dlarray, stripdims
+from ._layer_backward import call_with_backward
+from ._signatures import accepts_key, has_backward, has_method
+
+CONCRETIZATION_ERRORS = (
+    jax.errors.ConcretizationTypeError,
+    jax.errors.TracerArrayConversionError,
+    jax.errors.TracerIntegerConversionError,
+    jax.errors.NonConcreteBooleanIndexError,
+)
+
+
+def call_layer(layer, inputs: Sequence[Any], *, training: bool = False, key=None):
+    """Run one layer: formats, custom backward, checks. Returns ``(outputs, new_state)``.
+
+    Args:
+      layer: the layer.
+      inputs: one value per layer input (FormattedArray or plain array).
+      training: use ``forward`` (training-time behaviour) instead of ``predict``.
+      key: randomness for ``forward``.
+
+    Raises:
+      LayerError: the layer is not initialized (a parameter is still ``None``), or gets the
+        wrong number of inputs.
+    """
+    cls = type(layer)
+    if not has_method(layer, "predict"):
+        raise LayerError(
+            f"{cls.__name__} does not define predict; every layer needs `def predict(self, *X)`."
+        )
+    if not layer.initialized:
+        raise _uninitialized(layer)
+    if len(inputs) != layer.num_inputs:
+        raise LayerError(
+            f"{who(layer)} takes {layer.num_inputs} input(s) "
+            f"{list(layer.input_names)}; got {len(inputs)}."
+        )
+    out_format = next((dims(x) for x in inputs if dims(x)), "")
+    if layer.formattable:
+        user_inputs = tuple(inputs)
+    else:
+        user_inputs = tuple(stripdims(x) for x in inputs)
+    if has_backward(layer):
+        outputs, new_state = call_with_backward(layer, user_inputs, training, key, run_user)
+    else:
+        outputs, new_state, _ = run_user(layer, user_inputs, training, key)
+    return _format_outputs(layer, outputs, out_format), tuple(new_state)
+
+
+def _uninitialized(layer) -> LayerError:
+    empty = [n for n in (*layer.learnable_names, *layer.state_names) if getattr(layer, n) is None]
+    networks = [
+        n for n in layer.learnable_names if is_network(v := getattr(layer, n)) and not v.initialized
+    ]
+    what = f"parameter(s) {empty} are None" if empty else ""
+    if networks:
+        what += (" and " if what else "") + f"the network(s) in {networks} are not initialized"
+    return LayerError(
+        f"{who(layer)}: {what}, so the layer cannot run. Fix: call "
+        "layer.initialize(layout, key=key) (or net.initialize) first, or pass them to the "
+        "constructor."
+    )
+
+
+def run_user(layer, inputs, training: bool, key):
+    """Run predict or forward (with its memory), normalized to (outputs, state, memory)."""
+    custom_backward = has_backward(layer)
+    if training and has_method(layer, "forward"):
+        result = _invoke(layer, "forward", inputs, key)
+        return _split_returns(layer, "forward", result, with_memory=custom_backward)
+    result = _invoke(layer, "predict", inputs, key)
+    outputs, new_state, _ = _split_returns(layer, "predict", result, with_memory=False)
+    return outputs, new_state, None
+
+
+def _invoke(layer, method: str, args, key):
+    """Call a user method, turning tracing failures into a clear, named error."""
+    cls = type(layer)
+    fn = getattr(layer, method)
+    kwargs = {"key": key} if method == "forward" and accepts_key(cls, "forward") else {}
+    try:
+        return fn(*args, **kwargs)
+    except CONCRETIZATION_ERRORS as error:
+        if layer.acceleratable:
+            fix = (
+                "Fixes: express the choice with jnp.where(...) or jax.lax.cond / "
+                "jax.lax.while_loop, or set `acceleratable = False` on the class so networks "
+                "run this layer eagerly (outside the compiled trace)."
+            )
+        else:
+            fix = (
+                "The class sets acceleratable = False, so networks run it eagerly, but here it "
+                "is being traced anyway (inside jax.jit or another staging transformation). "
+                "Fix: call it outside jit, or use jnp.where / jax.lax.cond."
+            )
+        where = raised_at(error)
+        raise AccelerationError(
+            f"{who(layer, method)} uses Python control flow or a "
+            "Python conversion (if/while/bool/int/float) on array values, which cannot be "
+            f"traced and compiled. {fix}\nJAX said: {str(error).splitlines()[0]}"
+            + (f" (at {where})" if where else "")
+        ) from None
+
+
+def _split_returns(layer, method: str, result, with_memory: bool):
+    """Split a user predict/forward result into (outputs, state values, memory)."""
+    cls = type(layer)
+    state_names = layer.state_names
+    m, k = layer.num_outputs, len(state_names)
+    total = m + k + (1 if with_memory else 0)
+    if total == 1 and not isinstance(result, (tuple, list)):
+        result = (result,)
+    if not isinstance(result, (tuple, list)) or len(result) != total:
+        got = (
+            f"{len(result)} values"
+            if isinstance(result, (tuple, list))
+            else "a single array"
+            if is_array(result) or isinstance(result, FormattedArray)
+            else f"a single {type(result).__name__}"
+        )
+        parts = [f"{m} output(s)"]
+        if k:
+            parts.append(
+                f"the new values of the {k} state field(s) {list(state_names)} (a nested "
+                "network's state table, e.g. from self.net.forward(...), for a network field)"
+                if any(cls._field_kinds[n] == LEARNABLE for n in state_names)
+                else f"the new values of the {k} state field(s) {list(state_names)}"
+            )
+        if with_memory:
+            parts.append("a memory value for backward")
+        raise ForwardError(
+            f"{who(layer, method)} returned {got}; expected {total}: "
+            f"{', then '.join(parts)}. Fix: return them in that order"
+            + (" (memory may be None)." if with_memory else ".")
+        )
+    result = tuple(result)
+    memory = result[m + k] if with_memory else None
+    return result[:m], result[m : m + k], memory
+
+
+def _format_outputs(layer, outputs, out_format: str):
+    formatted = []
+    for i, y in enumerate(outputs):
+        if layer.formattable:
+            if out_format and not isinstance(y, FormattedArray):
+                raise LayerError(
+                    f"{who(layer)} is formattable but its output "
+                    f"{layer.output_names[i]!r} is a plain array. Fix: return "
+                    "df.dlarray(y, fmt) with the output's format."
+                )
+            formatted.append(y)
+            continue
+        if isinstance(y, FormattedArray):
+            y = y.data
+        if out_format:
+            if jnp.ndim(y) != len(out_format):
+                raise LayerError(
+                    f"{who(layer)} output {layer.output_names[i]!r} has "
+                    f"{jnp.ndim(y)} dimensions but its input format {out_format!r} has "
+                    f"{len(out_format)}; a layer with formattable = False gives its outputs the "
+                    "input's format. Fix: set `formattable = True` on the class and return "
+                    "df.dlarray(y, new_format)."
+                )
+            y = dlarray(y, out_format)
+        formatted.append(y)
+    return tuple(formatted)

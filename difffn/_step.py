@@ -1,0 +1,209 @@
+"""The compiled training step of ``trainnet``, its evaluation step, and their cache.
+
+One step is one ``jax.jit`` function: forward, loss, backward, the optax chain (coupled L2,
+clipping, the solver with per-parameter learn-rate factors), and the state update, with the
+learnables, the other leaves and the optimizer state donated so each iteration updates buffers
+in place. Its data argument is what a data source feeds (``_sources``): ``"gather"`` takes the
+whole device-resident data and gathers the mini-batch from the epoch's order inside the compiled
+function; ``"direct"`` takes the mini-batch itself. Networks with layers that must run eagerly
+(``acceleratable = False``) run the step un-jitted at the top level (the network compiles its own
+segments, ``Network.run``) with a jitted update.
+
+Compiled steps are cached across ``trainnet`` calls, keyed on everything the trace depends on:
+the network's structure, the learnable leaves, the loss, the metrics, the options that change the
+solver (``_options.step_key``, derived from the options table), the factors and the devices.
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+
+import jax
+import jax.numpy as jnp
+import optax
+
+from . import _batches, _options
+from ._errors import OptionsError
+from ._format import stripdims
+from ._state import combine, split
+
+_CACHE: OrderedDict = OrderedDict()
+_CACHE_SIZE = 32
+
+
+def cached_steps(
+    *, net, learnable_index, loss, loss_label, metrics, options, make_tx, factors, placement
+) -> Steps:
+    """The :class:`Steps` of a run, shared with earlier runs that compile the same trace.
+
+    ``make_tx()`` builds the optax chain (only when no cached steps fit); ``factors`` are the
+    learn-rate and L2 factors of every leaf.
+    """
+    key = (
+        jax.tree.structure(net),
+        learnable_index,
+        loss,
+        metrics,
+        _options.step_key(options),
+        factors,
+        placement.key(),
+    )
+    steps = _CACHE.get(key)
+    if steps is None:
+        steps = Steps(
+            net=net,
+            learnable_index=learnable_index,
+            loss=loss,
+            loss_label=loss_label,
+            metrics=metrics,
+            tx=make_tx(),
+            placement=placement,
+        )
+        _CACHE[key] = steps
+        while len(_CACHE) > _CACHE_SIZE:
+            _CACHE.popitem(last=False)
+    else:
+        _CACHE.move_to_end(key)
+    return steps
+
+
+def _keep_if(frozen, old, new):
+    """``old`` where ``frozen`` (a traced bool), else ``new``, leaf by leaf."""
+    return jax.tree.map(lambda o, n: jnp.where(frozen, o, n), old, new)
+
+
+def scalar_loss(value, name):
+    """The loss value as a scalar array (a clear error for anything else)."""
+    value = stripdims(value)
+    if jnp.ndim(value) != 0:
+        raise OptionsError(
+            f"trainnet: the loss {name!r} returned an array of shape {jnp.shape(value)}; a loss "
+            "must return a scalar (sum or average over the observations)."
+        )
+    return value
+
+
+class Steps:
+    """The jitted (or eager) training and evaluation functions of one run's configuration."""
+
+    def __init__(self, *, net, learnable_index, loss, loss_label, metrics, tx, placement):
+        self.treedef = jax.tree.structure(net)
+        self.learnable_index = learnable_index
+        self.loss = loss
+        self.loss_label = loss_label
+        self.metrics = metrics
+        self.tx = tx
+        self.placement = placement
+        self.wanted = net.output_ports()
+        self.accelerate = net.acceleratable
+        self._jitted: dict = {}
+
+    def _core(self, carry, xs, ts, key, iteration, learn_rate):
+        learnables, others, opt_state, nan_at = carry
+        step_key = jax.random.fold_in(key, iteration)
+
+        def objective(learnables):
+            # Each mini-batch holds independent observations: recurrent state (layers that
+            # define reset_state, e.g. LSTM) starts afresh, as in MATLAB. Layers that accumulate
+            # statistics (BatchNorm) do not define reset_state and keep theirs.
+            net = combine(self.treedef, self.learnable_index, learnables, others).reset_state()
+            outputs, states = net.run(xs, step_key, training=True, outputs=self.wanted)
+            value = scalar_loss(self.loss(*outputs, *ts), self.loss_label)
+            return value, (outputs, states)
+
+        (value, (outputs, states)), grads = jax.value_and_grad(objective, has_aux=True)(learnables)
+        # The first NaN loss is noted on the device (the host reads it when it next waits
+        # anyway); the steps after it change nothing, so training stops exactly there.
+        frozen = nan_at > 0
+        nan_at = jnp.where(frozen | ~jnp.isnan(value), nan_at, iteration)
+        learnables, opt_state = self._update(learnables, grads, opt_state, learn_rate, frozen)
+        net = combine(self.treedef, self.learnable_index, learnables, others)
+        # Stored reset, so the state's shape (and the donated buffers) stay the same each step.
+        _, new_others = split(net.with_layer_states(states).reset_state(), self.learnable_index)
+        others = _keep_if(frozen, others, new_others)
+        values = tuple(m(outputs[0], ts[0]) for m in self.metrics)
+        return (learnables, others, opt_state, nan_at), value, values
+
+    def _update_impl(self, learnables, grads, opt_state, learn_rate, frozen):
+        updates, new_state = self.tx.update(grads, opt_state, learnables, learn_rate=learn_rate)
+        new = (optax.apply_updates(learnables, updates), new_state)
+        return _keep_if(frozen, (learnables, opt_state), new)
+
+    def _update(self, learnables, grads, opt_state, learn_rate, frozen):
+        if self.accelerate:
+            return self._update_impl(learnables, grads, opt_state, learn_rate, frozen)
+        return self._jit("update", self._update_impl, donate=(0, 2))(
+            learnables, grads, opt_state, learn_rate, frozen
+        )
+
+    def _jit(self, name, fn, donate=(), statics=()):
+        key = (name, statics)
+        if key not in self._jitted:
+            shardings = {}
+            if self.placement.mesh is not None and name != "evaluate":
+                shardings["out_shardings"] = self.placement.replicated
+            self._jitted[key] = jax.jit(fn, donate_argnums=donate, **shardings)
+        return self._jitted[key]
+
+    def step(self, spec):
+        """The step for a data source's ``spec``: ``step(carry, data, key, iteration,
+        learn_rate) -> (carry, loss, metric values)``; the carry is ``(learnables, others,
+        opt_state, nan_at)`` (``nan_at``: the iteration of the first NaN loss, 0 before)."""
+        placement = self.placement
+        if spec[0] == "gather":
+            _, batch_size, in_axes, t_axes = spec
+
+            def batch(data):
+                X, T, order, b = data
+                index = jax.lax.dynamic_slice_in_dim(order, b * batch_size, batch_size)
+                xs = tuple(
+                    placement.constrain(_batches.take(x, index, a), a)
+                    for x, a in zip(X, in_axes, strict=True)
+                )
+                ts = tuple(
+                    placement.constrain(_batches.take(t, index, a), a)
+                    for t, a in zip(T, t_axes, strict=True)
+                )
+                return xs, ts
+
+        else:
+            _, in_axes, t_axes = spec
+
+            def batch(data):
+                xs, ts = data
+                xs = tuple(placement.constrain(x, a) for x, a in zip(xs, in_axes, strict=True))
+                ts = tuple(placement.constrain(t, a) for t, a in zip(ts, t_axes, strict=True))
+                return xs, ts
+
+        def step(carry, data, key, iteration, learn_rate):
+            xs, ts = batch(data)
+            return self._core(carry, xs, ts, key, iteration, learn_rate)
+
+        if not self.accelerate:
+            return step
+        return self._jit("step", step, donate=(0,), statics=spec)
+
+    def accumulate(self, total, value, n, states, new_states):
+        """Validation totals: loss times batch size summed, metric states merged (jitted)."""
+
+        def accumulate(total, value, n, states, new_states):
+            merged = tuple(
+                m.merge(a, b) for m, a, b in zip(self.metrics, states, new_states, strict=True)
+            )
+            return total + value * n, merged
+
+        return self._jit("accumulate", accumulate)(total, value, n, states, new_states)
+
+    def evaluate(self):
+        """evaluate(learnables, others, xs, ts) -> (loss, metric states of this batch)."""
+
+        def evaluate(learnables, others, xs, ts):
+            net = combine(self.treedef, self.learnable_index, learnables, others)
+            outputs, _ = net.run(xs, None, training=False, outputs=self.wanted)
+            value = scalar_loss(self.loss(*outputs, *ts), self.loss_label)
+            states = tuple(m.update(m.init(outputs[0]), outputs[0], ts[0]) for m in self.metrics)
+            return value, states
+
+        if not self.accelerate:
+            return evaluate
+        return self._jit("evaluate", evaluate)
