@@ -197,3 +197,98 @@ def test_a_transpose_to_channels_last_is_only_a_relabelling():
     (want,) = ort_run(m, x=x)
     got = net.predict(x.transpose(0, 2, 3, 1))
     np.testing.assert_allclose(got.data, want, rtol=1e-5, atol=1e-5)
+
+
+def attention_model(rng, *, scale="Div", keys="one", biases=True, scale_value=None, width=8,
+                    heads=2, steps=5, extra_output=False):  # fmt: skip
+    """Multi-head self-attention written out in nodes (batch first), in exporters' variants."""
+    head = width // heads
+    inits = [tensor(rng, f"{n}.weight", (width, width)) for n in "qkvo"]
+    inits += [numpy_helper.from_array(np.array([0, 0, heads, head], np.int64), "heads_shape"),
+              numpy_helper.from_array(np.array([0, 0, width], np.int64), "model_shape")]  # fmt: skip
+    value = scale_value or (np.sqrt(head) if scale == "Div" else 1 / np.sqrt(head))
+    inits.append(numpy_helper.from_array(np.array(value, np.float32), "scale"))
+    nodes = []
+    for n in "qkv":
+        projected = f"{n}0"
+        nodes.append(helper.make_node("MatMul", ["x", f"{n}.weight"], [projected]))
+        if biases:
+            inits.append(tensor(rng, f"{n}.bias", (width,), 0.1))
+            nodes.append(helper.make_node("Add", [f"{n}.bias", projected], [f"{n}1"]))
+            projected = f"{n}1"
+        nodes.append(helper.make_node("Reshape", [projected, "heads_shape"], [f"{n}2"]))
+    nodes.append(helper.make_node("Transpose", ["q2"], ["q3"], perm=[0, 2, 1, 3]))
+    nodes.append(helper.make_node("Transpose", ["v2"], ["v3"], perm=[0, 2, 1, 3]))
+    if keys == "one":
+        nodes.append(helper.make_node("Transpose", ["k2"], ["k3"], perm=[0, 2, 3, 1]))
+    else:
+        nodes.append(helper.make_node("Transpose", ["k2"], ["kh"], perm=[0, 2, 1, 3]))
+        nodes.append(helper.make_node("Transpose", ["kh"], ["k3"], perm=[0, 1, 3, 2]))
+    nodes += [
+        helper.make_node("MatMul", ["q3", "k3"], ["s0"]),
+        helper.make_node(scale, ["s0", "scale"], ["s1"]),
+        helper.make_node("Softmax", ["s1"], ["s2"], axis=-1, name="/attn/Softmax"),
+        helper.make_node("MatMul", ["s2", "v3"], ["c0"]),
+        helper.make_node("Transpose", ["c0"], ["c1"], perm=[0, 2, 1, 3]),
+        helper.make_node("Reshape", ["c1", "model_shape"], ["c2"]),
+        helper.make_node("MatMul", ["c2", "o.weight"], ["y"]),
+    ]
+    outputs = [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["N", steps, width])]
+    if extra_output:  # the attention weights are a model output too
+        outputs.append(
+            helper.make_tensor_value_info("s2", TensorProto.FLOAT, ["N", heads, steps, steps])
+        )
+    return model(
+        nodes, [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["N", steps, width])],
+        outputs, inits,
+    )  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    "variant",
+    [{}, {"scale": "Mul", "keys": "two"}, {"biases": False}],
+    ids=["div_scale", "mul_scale_two_transposes", "no_biases"],
+)
+def test_self_attention_subgraphs_map_to_self_attention(variant):
+    rng = np.random.default_rng(0)
+    m = attention_model(rng, **variant)
+    net = df.import_onnx(m)
+    assert op_types(net) == ["SequenceInput", "SelfAttention"]
+    layer = net.layers[1]
+    assert (layer.num_heads, layer.num_key_channels, layer.output_size) == (2, 8, 8)
+    assert "query_weights = 'q.weight'" in layer.description
+    x = rng.standard_normal((3, 5, 8)).astype(np.float32)
+    (want,) = ort_run(m, x=x)
+    np.testing.assert_allclose(net.predict(x).data, want, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize(
+    "variant",
+    [{"scale_value": 3.0}, {"extra_output": True}],
+    ids=["another_scale", "inner_tensor_is_an_output"],
+)
+def test_attention_subgraphs_that_differ_import_node_by_node(variant):
+    rng = np.random.default_rng(0)
+    m = attention_model(rng, **variant)
+    net = df.import_onnx(m)
+    kinds = op_types(net)
+    assert "SelfAttention" not in kinds and "Softmax" in kinds
+    x = rng.standard_normal((3, 5, 8)).astype(np.float32)
+    wants = ort_run(m, x=x)
+    gots = net.predict(x)
+    gots = gots if isinstance(gots, tuple) else (gots,)
+    np.testing.assert_allclose(gots[0].data, wants[0], rtol=1e-5, atol=1e-5)
+
+
+def test_self_attention_over_another_axis_runs_as_the_fused_operator():
+    # the same subgraph over a spatial axis ("BSC"): difffn's layer is not used, the fused
+    # operator computes the same thing in ONNX's order
+    rng = np.random.default_rng(0)
+    m = attention_model(rng)
+    net = df.import_onnx(m, input_formats={"x": "BSC"})
+    assert op_types(net) == ["ONNXInput", "fn:SelfAttention"]
+    wanted = [f"{n}.{p}" for n in "qkv" for p in ("weight", "bias")] + ["o.weight"]
+    assert sorted(net.layers[1].params) == sorted(wanted)  # trainable, by their ONNX names
+    x = rng.standard_normal((3, 5, 8)).astype(np.float32)
+    (want,) = ort_run(m, x=x)
+    np.testing.assert_allclose(net.predict(x).data, want, rtol=1e-5, atol=1e-5)

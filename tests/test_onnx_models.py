@@ -37,6 +37,7 @@ MODELS = [
     "vgg19",
     "zfnet512",
 ]
+MAPPED = {"Conv", "BatchNormalization", "Relu", "MaxPool", "Gemm", "Softmax", "Sum", "Concat"}
 # the onnx runner's tolerances for these models (onnx.backend.test.case.model)
 RTOL = {"densenet121": 2e-3}
 
@@ -118,6 +119,10 @@ def test_light_model_matches_the_shipped_output_and_onnx_runtime(name):
 
     # 1. The file as the onnx runner uses it: constant weights, the dummy input.
     result = import_model(model)
+    # convolutions, normalizations, ReLUs, max pools, fully connected and softmax layers are
+    # difffn's own (channels-last, no transposes); LRN, AveragePool, channel shuffles are not
+    generic = {layer.fn.op_type for layer in result.network.layers if hasattr(layer, "fn")}
+    assert not generic & MAPPED, generic & MAPPED
     # SqueezeNet's constant weights give scores of 1e10: compiled whole, XLA recomputes the
     # global average inside the softmax's fusions in another summation order, and a 1e-8
     # relative difference is far beyond exp's range (NaN); run it layer by layer instead.

@@ -29,7 +29,7 @@ from .._errors import NetworkError, ONNXImportError
 from .._format import Layout
 from .._network import Network
 from ..layers import FeatureInput, FunctionLayer, ImageInput, Placeholder, SequenceInput
-from . import _labels, _mapping
+from . import _labels, _mapping, _mapping_attention
 from ._layers import NodeFunction, ONNXInput, ONNXOperator, Program, Step, expand_to
 from ._load import GraphSpec, Node, Subgraph, load_model, read_graph
 from ._ops import Attrs, FrozenArray, Unsupported, lookup, np_dtype
@@ -145,7 +145,7 @@ def import_onnx(
 def import_model(path_or_model, *, placeholders=False, input_shapes=None, input_formats=None):
     """``import_onnx``, returning an :class:`ImportResult`."""
     model = load_model(path_or_model)
-    spec = read_graph(model)
+    spec = _mapping_attention.fuse(read_graph(model))
     return Importer(spec, placeholders, dict(input_shapes or {}), dict(input_formats or {})).run()
 
 
@@ -396,7 +396,14 @@ class Importer:
             if isinstance(value, (Subgraph, Unsupported)):
                 self._unsupported(node, f"attribute {key!r}: {value}")
                 return
-        a = Attrs(node.op_type, node.attributes, self.spec.opset, node.name, len(node.outputs))
+        a = Attrs(
+            node.op_type,
+            node.attributes,
+            self.spec.opset,
+            node.name,
+            len(node.outputs),
+            "" if node.domain == "ai.onnx" else node.domain,
+        )
         info = self._info(node, a, inputs)
         try:
             if definition.check is not None:

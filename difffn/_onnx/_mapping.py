@@ -27,7 +27,7 @@ from ..layers import (
     ReLU,
     Softmax,
 )
-from . import _labels, _mapping_rnn
+from . import _labels, _mapping_attention, _mapping_rnn
 from ._mapping_base import (
     absent,
     add,
@@ -439,5 +439,6 @@ _RULES = {
     "Reshape": _flatten,
     "Gather": _embedding,
     "Transpose": _transpose,
+    "SelfAttention": _mapping_attention.map_self_attention,
     **_mapping_rnn.RULES,
 }

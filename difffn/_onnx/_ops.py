@@ -63,7 +63,8 @@ class Attrs:
     """A node's attributes as static values, with the model's default-domain opset.
 
     ``op_type`` and ``name`` identify the node in messages; ``num_outputs`` is the number of
-    outputs the node declares (``Split`` needs it).
+    outputs the node declares (``Split`` needs it); ``domain`` is ``""`` for ONNX's operators
+    and ``FUSED_DOMAIN`` for difffn's fused nodes.
     """
 
     op_type: str
@@ -71,6 +72,7 @@ class Attrs:
     opset: int = 17
     name: str = ""
     num_outputs: int = 1
+    domain: str = ""
 
     def get(self, key: str, default=None):
         for k, v in self.items:
@@ -113,6 +115,10 @@ class OpDef:
 
 
 OPS: dict[str, OpDef] = {}
+# Nodes that difffn makes itself from patterns of ONNX nodes (``_mapping_attention``); a model
+# file's own nodes never reach them (their domain is not one a model can declare to difffn).
+FUSED_DOMAIN = "difffn.fused"
+FUSED: dict[str, OpDef] = {}
 
 
 def op(*names: str, static=(), elementwise=False, check=None, labels=None, meta=None):
@@ -123,6 +129,16 @@ def op(*names: str, static=(), elementwise=False, check=None, labels=None, meta=
             OPS[name] = OpDef(
                 fn, frozenset(static), elementwise, check, labels, tuple((meta or {}).items())
             )
+        return fn
+
+    return register
+
+
+def fused(name: str, *, labels=None):
+    """Register ``fn`` as the fused operator ``name`` (domain ``FUSED_DOMAIN``)."""
+
+    def register(fn):
+        FUSED[name] = OpDef(fn, labels=labels)
         return fn
 
     return register
@@ -226,10 +242,12 @@ def require_float(a: Attrs, node) -> None:
 
 
 def lookup(op_type: str, domain: str = "") -> OpDef | None:
-    """The registered operator, or None (``ai.onnx`` domain only)."""
+    """The registered operator, or None (``ai.onnx`` domain, and difffn's fused nodes)."""
+    _load_families()
+    if domain == FUSED_DOMAIN:
+        return FUSED.get(op_type)
     if domain not in ("", "ai.onnx"):
         return None
-    _load_families()
     return OPS.get(op_type)
 
 
@@ -239,14 +257,21 @@ _LOADED = []
 def _load_families() -> None:
     """Import the operator families once (they register themselves)."""
     if not _LOADED:
-        from . import _ops_math, _ops_nn, _ops_reduce, _ops_rnn, _ops_tensor  # noqa: F401
+        from . import (  # noqa: F401
+            _mapping_attention,
+            _ops_math,
+            _ops_nn,
+            _ops_reduce,
+            _ops_rnn,
+            _ops_tensor,
+        )
 
         _LOADED.append(True)
 
 
 def run(op_type: str, a: Attrs, inputs):
     """Run one operator on arrays in ONNX order; always a tuple of outputs."""
-    definition = lookup(op_type)
+    definition = lookup(op_type, a.domain)
     if definition is None:
         raise Unsupported(f"difffn has no implementation of the ONNX operator {op_type!r}")
     out = definition.fn(a, *inputs)
