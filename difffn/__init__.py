@@ -51,6 +51,7 @@ from ._function import DifferentiableFunction as DifferentiableFunction
 from ._input_layer import InputLayer as InputLayer
 from ._layer import Layer as Layer
 from ._network import Network as Network
+from ._onnx import export_onnx as export_onnx
 from ._onnx import import_onnx as import_onnx
 from ._options import TrainingOptions as TrainingOptions
 from ._predict import minibatchpredict as minibatchpredict

@@ -7,4 +7,5 @@ imported network holds), ``_export`` and ``_lower`` (networks to ONNX). The ``on
 imported only inside the functions that need it.
 """
 
+from ._export import export_onnx as export_onnx
 from ._import import import_onnx as import_onnx

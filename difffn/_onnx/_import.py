@@ -19,6 +19,7 @@ collected into one ``df.ONNXImportError`` (or becomes a ``df.layers.Placeholder`
 from __future__ import annotations
 
 import dataclasses
+import json
 import re
 from collections import defaultdict
 
@@ -30,6 +31,7 @@ from .._format import Layout
 from .._network import Network
 from ..layers import FeatureInput, FunctionLayer, ImageInput, Placeholder, SequenceInput
 from . import _labels, _mapping, _mapping_attention
+from ._export import FORMATS_KEY
 from ._layers import NodeFunction, ONNXInput, ONNXOperator, Program, Step, expand_to
 from ._load import GraphSpec, Node, Subgraph, load_model, read_graph
 from ._ops import Attrs, FrozenArray, Unsupported, lookup, np_dtype
@@ -107,7 +109,8 @@ def import_onnx(
         whose sizes the file leaves symbolic.
       input_formats: ``{input name: labels}`` in ONNX axis order (MATLAB's
         ``InputDataFormats``), e.g. ``"BCSS"`` (NCHW image), ``"TBC"``, ``"BC"``; by default
-        chosen from the rank and what the input feeds.
+        chosen from the rank and what the input feeds, or read from the file's metadata
+        when ``df.export_onnx`` wrote it.
 
     Returns:
       An initialized ``df.Network``.
@@ -146,7 +149,10 @@ def import_model(path_or_model, *, placeholders=False, input_shapes=None, input_
     """``import_onnx``, returning an :class:`ImportResult`."""
     model = load_model(path_or_model)
     spec = _mapping_attention.fuse(read_graph(model))
-    return Importer(spec, placeholders, dict(input_shapes or {}), dict(input_formats or {})).run()
+    if input_formats is None:  # a file df.export_onnx wrote says its inputs' formats
+        props = {p.key: p.value for p in model.metadata_props}
+        input_formats = json.loads(props.get(FORMATS_KEY, "{}"))
+    return Importer(spec, placeholders, dict(input_shapes or {}), dict(input_formats)).run()
 
 
 def layer_name(name: str) -> str:
