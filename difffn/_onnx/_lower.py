@@ -7,7 +7,7 @@ equations whose inputs are all constants are evaluated here (constant folding), 
 reach the file as initializers. A primitive with no rule raises ``df.ONNXExportError`` naming the
 layer (the ``jax.named_scope`` the exporter opens per layer), the primitive and the source line.
 
-Why by hand: the maintained converter, jax2onnx (0.17.1, evaluated with jax 0.10.2), converts
+Why by hand: the maintained converter, jax2onnx (0.17.1 and 0.16.1, tried with jax 0.10.2) converts
 difffn's jitted predict for dense, convolution, batch norm, global pooling, LSTM and custom
 layers, but lowers ``reduce_window_max`` over channels-last data (every ``MaxPool2D``) to an
 ONNX ``MaxPool`` with a 4-D window that ONNX Runtime rejects ("Unsupported pooling size"), and
