@@ -38,7 +38,8 @@ def onnx_cnn(path: Path) -> Path:
     rng = np.random.default_rng(0)
 
     def weight(name, shape, scale):
-        return numpy_helper.from_array((rng.standard_normal(shape) * scale).astype(np.float32), name)
+        value = (rng.standard_normal(shape) * scale).astype(np.float32)
+        return numpy_helper.from_array(value, name)
 
     initializers = [
         weight("conv1.weight", (8, 1, 3, 3), 0.5), weight("conv1.bias", (8,), 0.1),
