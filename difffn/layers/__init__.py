@@ -37,6 +37,7 @@ from ._normalization import BatchNorm as BatchNorm
 from ._normalization import GroupNorm as GroupNorm
 from ._normalization import InstanceNorm as InstanceNorm
 from ._normalization import LayerNorm as LayerNorm
+from ._placeholder import Placeholder as Placeholder
 from ._pooling import AveragePool2D as AveragePool2D
 from ._pooling import GlobalAveragePool2D as GlobalAveragePool2D
 from ._pooling import GlobalMaxPool2D as GlobalMaxPool2D
@@ -78,6 +79,7 @@ __all__ = [
     "LeakyReLU",
     "MaxPool2D",
     "Multiplication",
+    "Placeholder",
     "PositionEmbedding",
     "ReLU",
     "Resize2D",
