@@ -14,6 +14,11 @@ operator, ``_ops*.py``). Tensors carry difffn labels in ONNX axis order and are 
 channels-last (``_labels.py``). Floating-point constants that feed a layer become its
 learnables; shapes, axes and the like stay static. Every node that cannot be imported is
 collected into one ``df.ONNXImportError`` (or becomes a ``df.layers.Placeholder``).
+
+This module is over the project's ~600 lines on purpose for now: the three tensor kinds above
+are one walk over the graph, and the walk, the folding of constants and programs, and the
+emission of layers share one table of tensor kinds that each step reads and writes. Splitting
+it (walk / folding / emission, each with that table passed in) is the planned next step.
 """
 
 from __future__ import annotations
