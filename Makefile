@@ -24,8 +24,9 @@ demo: $(VENV)/.installed-examples
 # and subprocesses, one core each. worksteal gives each worker a contiguous half of the
 # suite (a module's fixtures run once), then rebalances when one runs dry, so a few long tests
 # do not leave a core idle. --maxprocesses: each worker holds its own JAX runtime.
+# --durations: the slowest tests, printed so that the 20-minute budget can be kept.
 test: $(VENV)/.installed-test
-	$(PY) -m pytest -q -n auto --maxprocesses=8 --dist worksteal
+	$(PY) -m pytest -q -n auto --maxprocesses=8 --dist worksteal --durations=25
 
 bench: $(VENV)/.installed-bench
 	$(PY) -m benchmarks
