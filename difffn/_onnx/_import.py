@@ -617,9 +617,6 @@ class Importer:
     # -- runtime nodes --------------------------------------------------------------------------
 
     def _runtime(self, node: Node, a: Attrs, info: NodeInfo, definition) -> None:
-        if node.op_type == "Identity":
-            self.values[node.outputs[0]] = self.values[node.inputs[0]]
-            return
         if node.op_type == "Reshape" and info.input_kinds[1] == "const":
             info.input_values[1] = self._batch_kept(info)
         out_shapes, out_dtypes = self._output_shapes(node, a, info, definition)
