@@ -78,7 +78,15 @@ def conv(imp, info, out_shapes, out_dtypes, out_labels):
     """Conv over 1 or 3 spatial axes (2 is ``_mapping._conv``'s): ``Conv1D`` / ``Conv3D``."""
     a = info.a
     x, w, b = runtime(imp, info, 0), const(info, 1), const(info, 2)
-    if x is None or not floating(w) or w.ndim not in (3, 5) or not _image(x, w.ndim - 2):
+    if x is not None and x.labels == "BCT" and floating(w) and w.ndim == 3:
+        # over time (what df.export_onnx writes for sequences): Conv1D too, where the padding
+        # does not depend on the length (a stand-in at import)
+        if a.get("auto_pad", "NOTSET") not in ("NOTSET", "VALID"):
+            return False
+        out_labels = ["BCT"]
+    elif x is None or not floating(w) or w.ndim not in (3, 5) or not _image(x, w.ndim - 2):
+        return False
+    if x.order is not None or not np.issubdtype(x.dtype, np.floating):
         return False
     if int(a.get("group", 1)) != 1 or not (absent(info, 2) or (floating(b) and b.ndim == 1)):
         return False
