@@ -46,10 +46,12 @@ def import_onnx(
 ) -> Network:
     """Import an ONNX model as a ``df.Network`` (MATLAB's ``importNetworkFromONNX``).
 
-    Nodes become difffn layers where one matches (Conv -> ``Conv2D``, BatchNormalization ->
-    ``BatchNorm``, Gemm / MatMul+Add -> ``FullyConnected``, LSTM -> ``LSTM``, Relu, Elu,
-    Softmax, MaxPool, GlobalAveragePool, Add, Concat, Flatten, Dropout) and
-    ``FunctionLayer`` s over difffn's implementation of the ONNX operator otherwise. Images
+    Nodes become difffn layers where one computes exactly what the node does (Conv ->
+    ``Conv1D``/``Conv2D``/``Conv3D``, ConvTranspose -> ``TransposedConv2D``, BatchNormalization,
+    InstanceNormalization, GroupNormalization, LayerNormalization -> the normalization layers,
+    Gemm / MatMul+Add -> ``FullyConnected``, LSTM -> ``LSTM``, pooling, Resize, activations,
+    Softmax, Add, Mul, Concat, Flatten, Dropout, Identity; the table is in ``docs/onnx.md``)
+    and ``FunctionLayer`` s over difffn's implementation of the ONNX operator otherwise. Images
     are NCHW in ONNX and channels-last (``"BSSC"``) in difffn: weights are reordered at import,
     and the network takes and returns NHWC data. Floating-point initializers become
     learnables: the layer named after the node holds them, and its ``description`` gives their
