@@ -141,16 +141,16 @@ def test_cnn_layers_export_as_onnx_operators_that_import_back_as_the_same_layers
         L.ImageInput((5, 5, 3), normalization="none", name="in"),
         L.TransposedConv2D(3, 4, stride=2, cropping=((1, 0), (0, 1)), name="up"),
         L.AveragePool2D(3, stride=2, padding=1, padding_value="mean", name="pool"),
-        L.Tanh(name="tanh"), L.Sigmoid(name="sigmoid"), L.Swish(name="swish"),
-        L.Softmax(name="softmax"),
+        L.LeakyReLU(0.2, name="leaky"), L.ClippedReLU(0.9, name="clipped"), L.Tanh(name="tanh"),
+        L.Sigmoid(name="sigmoid"), L.Swish(name="swish"), L.Softmax(name="softmax"),
     ]).initialize(key=jax.random.key(0))  # fmt: skip
     x = rng.standard_normal((2, 5, 5, 3)).astype(np.float32)
     model, kinds = roundtrip(image, df.Layout((None, 5, 5, 3), "BSSC"), tmp_path / "a.onnx", x)
     ops = {node.op_type for node in model.graph.node}
-    assert {"ConvTranspose", "AveragePool", "Softmax"} <= ops and "Exp" not in ops
-    assert {"TransposedConv2D", "AveragePool2D", "Tanh", "Sigmoid", "Swish", "Softmax"} <= set(
-        kinds
-    )
+    assert {"ConvTranspose", "AveragePool", "LeakyRelu", "Clip", "Softmax"} <= ops
+    assert "Exp" not in ops and "Identity" not in ops
+    assert {"TransposedConv2D", "AveragePool2D", "LeakyReLU", "ClippedReLU", "Tanh", "Sigmoid",
+            "Swish", "Softmax"} <= set(kinds)  # fmt: skip
     for layer, layout, shape in [
         (L.Conv1D(3, 4, padding=(1, 2), stride=2, name="conv"), ("BTC", (None, None, 3)),
          (2, 9, 3)),
@@ -171,7 +171,7 @@ def test_other_cnn_layers_export_and_onnx_runtime_agrees(tmp_path):
     net = df.Network([
         L.ImageInput((4, 4, 4), normalization="none", name="in"),
         L.InstanceNorm(name="instance"), L.GroupNorm(2, name="group"), L.LayerNorm(name="layer"),
-        L.LeakyReLU(0.2, name="leaky"), L.ClippedReLU(1.0, name="clipped"), L.GELU(name="gelu"),
+        L.GELU(name="gelu"),
         L.Resize2D(scale=2, method="bilinear", name="resize"), L.GlobalMaxPool2D(name="gmp"),
     ]).initialize(key=jax.random.key(2))  # fmt: skip
     x = np.random.default_rng(1).standard_normal((2, 4, 4, 4)).astype(np.float32)

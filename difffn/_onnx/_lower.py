@@ -171,6 +171,9 @@ class Lowering:
         name = eqn.primitive.name
         sub = _sub_jaxpr(eqn)
         if name in _CALLS and sub is not None:
+            named = self._named_call(eqn, ins, scope)
+            if named is not None:
+                return named
             if isinstance(sub, ClosedJaxpr):
                 return self.run(sub.jaxpr, sub.consts, ins, scope)
             return self.run(sub, [], ins, scope)
@@ -208,6 +211,23 @@ class Lowering:
         return [Const(np.asarray(o), hint) for o in outs]
 
     # -- rules -------------------------------------------------------------------------------
+
+    def _named_call(self, eqn, ins, scope):
+        """``jnp.clip`` and ``jax.nn.leaky_relu`` (jitted functions that JAX names) of data with
+        constant bounds or slope as ONNX's ``Clip`` and ``LeakyRelu``; else None (inlined)."""
+        function = eqn.params.get("name")
+        if function not in ("clip", "leaky_relu") or isinstance(ins[0], Const):
+            return None
+        if not all(isinstance(v, Const) and v.value.size == 1 for v in ins[1:]):
+            return None
+        dtype = eqn.outvars[0].aval.dtype
+        if function == "clip" and len(ins) == 3:
+            bounds = [self.const(np.asarray(v.value, dtype).reshape(()), "bound") for v in ins[1:]]
+            return self.node("Clip", [ins[0], *bounds], scope)
+        if function == "leaky_relu" and len(ins) == 2:
+            alpha = float(np.asarray(ins[1].value).reshape(()))
+            return self.node("LeakyRelu", [ins[0]], scope, alpha=alpha)
+        return None
 
     def _p_rsqrt(self, eqn, ins, scope):
         (root,) = self.node("Sqrt", ins, scope)
