@@ -215,4 +215,4 @@ def test_x_times_sigmoid_x_is_swish_and_a_gate_is_a_multiplication():
     assert [kind(x) for x in net.layers] == [
         "ImageInput", "Swish", "GlobalAveragePool2D", "Sigmoid", "Multiplication",
     ]  # fmt: skip
-    assert layer.name == "node"
+    assert layer.description == "ONNX Sigmoid node 'node' times its input (Mul node 'swish_mul')"

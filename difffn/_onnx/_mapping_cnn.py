@@ -53,13 +53,13 @@ def _name(imp, info) -> str:
     return imp.unique(info.node.name)
 
 
-def _plain(cls, imp, info, out_shapes, out_dtypes, out_labels, **options):
+def _plain(cls, imp, info, out_shapes, out_dtypes, out_labels, description=None, **options):
     """A layer with no learnables on the node's first input (its flattening order kept)."""
     x = runtime(imp, info, 0)
     layer = cls(
         **options,
         name=_name(imp, info),
-        description=f"ONNX {info.node.op_type} node {info.node.name!r}",
+        description=description or f"ONNX {info.node.op_type} node {info.node.name!r}",
     )
     return add(imp, info, layer, [info.inputs[0]], out_labels, out_shapes, out_dtypes, x.order)
 
@@ -221,7 +221,7 @@ def _unused_extra_outputs(imp, info) -> bool:
 
 def instance_norm(imp, info, out_shapes, out_dtypes, out_labels):
     x = runtime(imp, info, 0)
-    if not _image(x, len(x.labels) - 2 if x is not None else 0) or len(x.labels) < 3:
+    if x is None or len(x.labels) < 3 or not _image(x, len(x.labels) - 2):
         return False
     parts = _offset_scale(info, 1, 2, x.shape[1])
     if parts is None:
@@ -234,7 +234,7 @@ def group_norm(imp, info, out_shapes, out_dtypes, out_labels):
     opset 18's per-group ones)."""
     a = info.a
     x = runtime(imp, info, 0)
-    if not _image(x, len(x.labels) - 2 if x is not None else 0) or len(x.labels) < 3:
+    if x is None or len(x.labels) < 3 or not _image(x, len(x.labels) - 2):
         return False
     channels, groups = x.shape[1], int(a.get("num_groups"))
     if a.get("stash_type", 1) != 1 or channels % groups:
@@ -347,8 +347,9 @@ def sigmoid(imp, info, out_shapes, out_dtypes, out_labels):
         mul = users[0][0]
         if len(mul.inputs) == 2 and mul.inputs[1 - users[0][1]] == info.inputs[0]:
             imp.skip.add(id(mul))
+            fused = f"ONNX Sigmoid node {info.node.name!r} times its input (Mul node {mul.name!r})"
             info = with_outputs(info, mul.outputs)
-            return _plain(Swish, imp, info, out_shapes, out_dtypes, out_labels)
+            return _plain(Swish, imp, info, out_shapes, out_dtypes, out_labels, fused)
     return _plain(Sigmoid, imp, info, out_shapes, out_dtypes, out_labels)
 
 
