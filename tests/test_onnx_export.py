@@ -151,18 +151,24 @@ def test_cnn_layers_export_as_onnx_operators_that_import_back_as_the_same_layers
     assert "Exp" not in ops and "Identity" not in ops
     assert {"TransposedConv2D", "AveragePool2D", "LeakyReLU", "ClippedReLU", "Tanh", "Sigmoid",
             "Swish", "Softmax"} <= set(kinds)  # fmt: skip
-    for layer, layout, shape in [
-        (L.Conv1D(3, 4, padding=(1, 2), stride=2, name="conv"), ("BTC", (None, None, 3)),
-         (2, 9, 3)),
-        (L.Conv3D(2, 3, padding=1, dilation=(1, 2, 1), name="conv"), ("BSSSC", (None, 4, 5, 4, 2)),
-         (2, 4, 5, 4, 2)),
-    ]:  # fmt: skip
-        net = df.Network([layer]).initialize(df.Layout(layout[1], layout[0]), key=jax.random.key(1))
-        if layout[0] == "BTC":  # a fixed length: the file's Conv pads do not depend on it
-            layout = (layout[0], (None, 9, 3))
-        x = rng.standard_normal(shape).astype(np.float32)
-        _, kinds = roundtrip(net, df.Layout(layout[1], layout[0]), tmp_path / "c.onnx", x)
-        assert type(layer).__name__ in kinds
+
+
+@pytest.mark.parametrize(
+    "layer, fmt, shape",
+    [
+        (L.Conv1D(3, 4, padding=(1, 2), stride=2, name="conv"), "BTC", (2, 9, 3)),
+        (L.Conv3D(2, 3, padding=1, dilation=(1, 2, 1), name="conv"), "BSSSC", (2, 4, 5, 4, 2)),
+    ],
+)
+def test_conv1d_and_conv3d_import_back_as_themselves(layer, fmt, shape, tmp_path):
+    # a sequence of a fixed length: the file's Conv pads do not depend on it
+    layout = df.Layout((None, *shape[1:]), fmt)
+    net = df.Network([layer]).initialize(layout, key=jax.random.key(1))
+    x = np.random.default_rng(0).standard_normal(shape).astype(np.float32)
+    _, kinds = roundtrip(net, layout, tmp_path / "conv.onnx", x)
+    entry = "SequenceInput" if fmt == "BTC" else "ONNXInput"
+    # the bias is an Add after the Transpose back to channels-last: an operator
+    assert kinds == [entry, type(layer).__name__, "ONNXOperator"]
 
 
 def test_other_cnn_layers_export_and_onnx_runtime_agrees(tmp_path):
