@@ -123,3 +123,62 @@ def test_bad_arguments_are_named_errors(tmp_path):
         df.export_onnx(net.initialize(key=jax.random.key(0)))
     with pytest.raises(df.ONNXExportError, match="expected a df.Network; got LeakyPReLU"):
         df.export_onnx(LeakyPReLU(2), tmp_path / "x.onnx")
+
+
+def roundtrip(net, layout, path, x):
+    """Export, check ONNX Runtime against ``net.predict`` on ``x``; the imported file."""
+    path = df.export_onnx(net, layout, path)
+    (got,) = ort_run(path, x)
+    np.testing.assert_allclose(got, net.predict(x).data, rtol=1e-5, atol=1e-5)
+    back = df.import_onnx(path)
+    np.testing.assert_allclose(back.predict(x).data, got, rtol=1e-5, atol=1e-5)
+    return onnx.load(path), [type(layer).__name__ for layer in back.layers]
+
+
+def test_cnn_layers_export_as_onnx_operators_that_import_back_as_the_same_layers(tmp_path):
+    rng = np.random.default_rng(0)
+    image = df.Network([
+        L.ImageInput((5, 5, 3), normalization="none", name="in"),
+        L.TransposedConv2D(3, 4, stride=2, cropping=((1, 0), (0, 1)), name="up"),
+        L.AveragePool2D(3, stride=2, padding=1, padding_value="mean", name="pool"),
+        L.LeakyReLU(0.2, name="leaky"), L.ClippedReLU(0.9, name="clipped"), L.Tanh(name="tanh"),
+        L.Sigmoid(name="sigmoid"), L.Swish(name="swish"), L.Softmax(name="softmax"),
+    ]).initialize(key=jax.random.key(0))  # fmt: skip
+    x = rng.standard_normal((2, 5, 5, 3)).astype(np.float32)
+    model, kinds = roundtrip(image, df.Layout((None, 5, 5, 3), "BSSC"), tmp_path / "a.onnx", x)
+    ops = {node.op_type for node in model.graph.node}
+    assert {"ConvTranspose", "AveragePool", "LeakyRelu", "Clip", "Softmax"} <= ops
+    assert "Exp" not in ops and "Identity" not in ops
+    assert {"TransposedConv2D", "AveragePool2D", "LeakyReLU", "ClippedReLU", "Tanh", "Sigmoid",
+            "Swish", "Softmax"} <= set(kinds)  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    "layer, fmt, shape",
+    [
+        (L.Conv1D(3, 4, padding=(1, 2), stride=2, name="conv"), "BTC", (2, 9, 3)),
+        (L.Conv3D(2, 3, padding=1, dilation=(1, 2, 1), name="conv"), "BSSSC", (2, 4, 5, 4, 2)),
+    ],
+)
+def test_conv1d_and_conv3d_import_back_as_themselves(layer, fmt, shape, tmp_path):
+    # a sequence of a fixed length: the file's Conv pads do not depend on it
+    layout = df.Layout((None, *shape[1:]), fmt)
+    net = df.Network([layer]).initialize(layout, key=jax.random.key(1))
+    x = np.random.default_rng(0).standard_normal(shape).astype(np.float32)
+    _, kinds = roundtrip(net, layout, tmp_path / "conv.onnx", x)
+    entry = "SequenceInput" if fmt == "BTC" else "ONNXInput"
+    # the bias is an Add after the Transpose back to channels-last: an operator
+    assert kinds == [entry, type(layer).__name__, "ONNXOperator"]
+
+
+def test_other_cnn_layers_export_and_onnx_runtime_agrees(tmp_path):
+    # these export as elementwise math and reductions (GELU's erfc as 1 - Erf); their import
+    # is the same function, node by node
+    net = df.Network([
+        L.ImageInput((4, 4, 4), normalization="none", name="in"),
+        L.InstanceNorm(name="instance"), L.GroupNorm(2, name="group"), L.LayerNorm(name="layer"),
+        L.GELU(name="gelu"),
+        L.Resize2D(scale=2, method="bilinear", name="resize"), L.GlobalMaxPool2D(name="gmp"),
+    ]).initialize(key=jax.random.key(2))  # fmt: skip
+    x = np.random.default_rng(1).standard_normal((2, 4, 4, 4)).astype(np.float32)
+    roundtrip(net, df.Layout((None, 4, 4, 4), "BSSC"), tmp_path / "b.onnx", x)

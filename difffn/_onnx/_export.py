@@ -122,11 +122,17 @@ def export_onnx(net: Network, *layouts_and_path, path: str | os.PathLike | None 
     lowering.names.update(input_names)
     results = lowering.run(closed.jaxpr, closed.consts, [*args, *input_names])
     outputs = []
+    producers = {out: node for node in lowering.nodes for out in node.output}
     for name, value, aval in zip(net.output_names, results, closed.out_avals, strict=True):
         out_name = lowering.fresh(name)
-        lowering.nodes.append(
-            helper.make_node("Identity", [lowering.tensor(value)], [out_name], f"{name}/output")
-        )
+        tensor = lowering.tensor(value)
+        if tensor in producers:  # the node's output takes the name (no Identity to import)
+            _rename(lowering.nodes, tensor, out_name)
+            del producers[tensor]
+        else:
+            lowering.nodes.append(
+                helper.make_node("Identity", [tensor], [out_name], f"{name}/output")
+            )
         outputs.append(_value_info(helper, out_name, aval.shape, aval.dtype))
     graph = helper.make_graph(
         lowering.nodes,
@@ -222,6 +228,14 @@ def _run_scoped(net, inputs):
         for o, y in enumerate(outs):
             values[(i, o)] = y
     return tuple(values[w] for w in g.outputs)
+
+
+def _rename(nodes, old: str, new: str) -> None:
+    for node in nodes:
+        for ports in (node.input, node.output):
+            for i, name in enumerate(ports):
+                if name == old:
+                    ports[i] = new
 
 
 def _value_info(helper, name, shape, dtype):

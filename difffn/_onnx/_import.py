@@ -1,95 +1,44 @@
 """``df.import_onnx``: an ONNX graph to a ``df.Network`` of difffn layers.
 
-The importer walks the nodes in order and gives every tensor one of three kinds:
+The importer walks the nodes in order and gives every tensor one of three kinds
+(``_import_values``):
 
 * a constant (initializers, ``Constant`` nodes, and everything computed from constants only:
-  folded here with difffn's own operator implementations);
+  folded with difffn's own operator implementations, ``_import_fold``);
 * a program (computed from constants and the *shapes* of runtime tensors, e.g. PyTorch's
   ``Shape -> Gather -> Concat -> Reshape``): evaluated while tracing, so the batch may vary;
-* a runtime value: the output port of a layer.
+* a runtime value: the output port of a layer (``_import_emit``).
 
-A node with runtime inputs becomes a difffn layer where one matches (``_mapping.py``: Conv2D,
-BatchNorm, FullyConnected, LSTM, ...), else an ``ONNXOperator`` (a ``FunctionLayer`` over the
-operator, ``_ops*.py``). Tensors carry difffn labels in ONNX axis order and are stored
-channels-last (``_labels.py``). Floating-point constants that feed a layer become its
-learnables; shapes, axes and the like stay static. Every node that cannot be imported is
-collected into one ``df.ONNXImportError`` (or becomes a ``df.layers.Placeholder``).
+A node with runtime inputs becomes a difffn layer where one matches (``_mapping*.py``: Conv2D,
+BatchNorm, FullyConnected, LSTM, TransposedConv2D, ...), else an ``ONNXOperator`` (a
+``FunctionLayer`` over the operator, ``_ops*.py``). Tensors carry difffn labels in ONNX axis
+order and are stored channels-last (``_labels.py``); the model's inputs become input layers
+(``_import_inputs``). Floating-point constants that feed a layer become its learnables;
+shapes, axes and the like stay static. Every node that cannot be imported is collected into one
+``df.ONNXImportError`` (or becomes a ``df.layers.Placeholder``).
 
-This module is over the project's ~600 lines on purpose for now: the three tensor kinds above
-are one walk over the graph, and the walk, the folding of constants and programs, and the
-emission of layers share one table of tensor kinds that each step reads and writes. Splitting
-it (walk / folding / emission, each with that table passed in) is the planned next step.
+This module is the walk: ``Importer`` visits each node, sorts its inputs by kind and hands it
+to folding, deferral or emission (mixins over the one table of tensor kinds it owns).
 """
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import re
 from collections import defaultdict
 
-import jax
-import numpy as np
-
 from .._errors import NetworkError, ONNXImportError
-from .._format import Layout
 from .._network import Network
-from ..layers import FeatureInput, FunctionLayer, ImageInput, Placeholder, SequenceInput
-from . import _labels, _mapping, _mapping_attention
+from ..layers import FunctionLayer, Placeholder
+from . import _labels, _mapping_attention
 from ._export import FORMATS_KEY
-from ._layers import NodeFunction, ONNXInput, ONNXOperator, Program, Step, expand_to
+from ._import_emit import Emission
+from ._import_fold import Folding
+from ._import_inputs import Inputs
+from ._import_values import Const, Deferred, ImportResult, NodeInfo, Runtime
+from ._layers import NodeFunction, ONNXInput, Step
 from ._load import GraphSpec, Node, Subgraph, load_model, read_graph
-from ._ops import Attrs, FrozenArray, Unsupported, lookup, np_dtype
-
-
-@dataclasses.dataclass
-class Runtime:
-    """A tensor computed when the network runs: a layer output port.
-
-    ``shape`` is in ONNX order with stand-in sizes for the batch (and unknown sequence
-    lengths); ``order`` is set when difffn flattened an image channels-last: feature ``j`` of
-    the ONNX tensor is the stored feature ``order[j]``.
-    """
-
-    port: tuple[str, str] | None
-    labels: str
-    shape: tuple[int, ...] | None
-    dtype: np.dtype | None
-    order: np.ndarray | None = None
-
-
-@dataclasses.dataclass
-class Const:
-    value: np.ndarray
-
-
-@dataclasses.dataclass
-class Deferred:
-    """A value computed from constants and shapes (its producing node's outputs)."""
-
-
-@dataclasses.dataclass
-class NodeInfo:
-    """What operator checks and mappings may look at for one node."""
-
-    node: Node
-    a: Attrs
-    inputs: tuple[str, ...]
-    outputs: tuple[str, ...]
-    input_kinds: list[str]  # "runtime", "const", "program" or "absent"
-    input_values: list  # constants' values (np.ndarray), else None
-    input_shapes: list
-    input_dtypes: list
-    input_labels: list
-
-
-@dataclasses.dataclass
-class ImportResult:
-    """The network, and the ONNX labels of its inputs and outputs (tests read these)."""
-
-    network: Network
-    input_labels: dict[str, str]
-    output_labels: dict[str, str]
+from ._ops import Attrs, FrozenArray, Unsupported, lookup
 
 
 def import_onnx(
@@ -97,10 +46,12 @@ def import_onnx(
 ) -> Network:
     """Import an ONNX model as a ``df.Network`` (MATLAB's ``importNetworkFromONNX``).
 
-    Nodes become difffn layers where one matches (Conv -> ``Conv2D``, BatchNormalization ->
-    ``BatchNorm``, Gemm / MatMul+Add -> ``FullyConnected``, LSTM -> ``LSTM``, Relu, Elu,
-    Softmax, MaxPool, GlobalAveragePool, Add, Concat, Flatten, Dropout) and
-    ``FunctionLayer`` s over difffn's implementation of the ONNX operator otherwise. Images
+    Nodes become difffn layers where one computes exactly what the node does (Conv ->
+    ``Conv1D``/``Conv2D``/``Conv3D``, ConvTranspose -> ``TransposedConv2D``, BatchNormalization,
+    InstanceNormalization, GroupNormalization, LayerNormalization -> the normalization layers,
+    Gemm / MatMul+Add -> ``FullyConnected``, LSTM -> ``LSTM``, pooling, Resize, activations,
+    Softmax, Add, Mul, Concat, Flatten, Dropout, Identity; the table is in ``docs/onnx.md``)
+    and ``FunctionLayer`` s over difffn's implementation of the ONNX operator otherwise. Images
     are NCHW in ONNX and channels-last (``"BSSC"``) in difffn: weights are reordered at import,
     and the network takes and returns NHWC data. Floating-point initializers become
     learnables: the layer named after the node holds them, and its ``description`` gives their
@@ -166,7 +117,7 @@ def layer_name(name: str) -> str:
     return cleaned or "node"
 
 
-class Importer:
+class Importer(Inputs, Folding, Emission):
     def __init__(self, spec: GraphSpec, placeholders: bool, input_shapes, input_formats):
         self.spec = spec
         self.placeholders = placeholders
@@ -290,95 +241,6 @@ class Importer:
         self.used_names.add(candidate)
         return candidate
 
-    # -- inputs -----------------------------------------------------------------------------------
-
-    def _input_labels(self, name: str, rank: int, elem_type: int) -> str:
-        if name in self.input_formats:
-            labels = self.input_formats[name]
-            if (
-                not isinstance(labels, str)
-                or len(labels) != rank
-                or not set(labels) <= set("BCSTU")
-                or labels != _labels.valid(labels)
-            ):
-                raise ONNXImportError(
-                    f"df.import_onnx: input_formats[{name!r}] is {labels!r}; expected {rank} "
-                    "labels from B, C, S, T, U (B, C, T at most once) in ONNX axis order, e.g. "
-                    "'BCSS' for NCHW images."
-                )
-            return labels
-        uses = [node for node, _ in self.consumers[name] if node is not None]
-        if rank == 3:
-            for node in uses:
-                if node.op_type in ("LSTM", "GRU", "RNN"):
-                    layout = dict(node.attributes).get("layout", 0)
-                    return "BTC" if layout else "TBC"
-                if node.op_type in ("Conv", "ConvTranspose", "MaxPool", "AveragePool"):
-                    return "BCS"
-        if rank == 2 and elem_type not in (1, 10, 11, 16):  # integers: token ids
-            return "BT"
-        return _labels.default_labels(rank)
-
-    def _add_input(self, info) -> str:
-        if info.elem_type == -1:
-            raise ONNXImportError(
-                f"df.import_onnx: the model input {info.name!r} is not a tensor (a sequence, map "
-                "or optional); difffn imports tensor inputs only."
-            )
-        dims = info.dims
-        if info.name in self.input_shapes:
-            dims = tuple(self.input_shapes[info.name])
-        if dims is None:
-            raise ONNXImportError(
-                f"df.import_onnx: the model input {info.name!r} has no shape in the file. Fix: "
-                f"df.import_onnx(path, input_shapes={{{info.name!r}: (None, ...)}}) with its "
-                "sizes in ONNX order (None for the batch)."
-            )
-        labels = self._input_labels(info.name, len(dims), info.elem_type)
-        shape, stand_in = [], []
-        for axis, (label, n) in enumerate(zip(labels, dims)):
-            if isinstance(n, int) and n >= 0:
-                shape.append(None if label == "B" else n)
-                stand_in.append(n)
-            elif label in "BT":
-                shape.append(None)
-                stand_in.append(1)
-            else:
-                example = ["None" if lab == "B" else "..." for lab in labels]
-                example[axis] = "<size>"
-                raise ONNXImportError(
-                    f"df.import_onnx: the model input {info.name!r} has a symbolic size "
-                    f"{n!r} on axis {axis} (label {label!r} of {labels!r}, ONNX order); difffn "
-                    "needs that size fixed (only batch and time may vary). Fix: "
-                    f"df.import_onnx(path, input_shapes={{{info.name!r}: "
-                    f"({', '.join(example)})}})."
-                )
-        try:
-            dtype = np_dtype(info.elem_type)
-        except Unsupported as error:
-            raise ONNXImportError(
-                f"df.import_onnx: the model input {info.name!r}: {error}."
-            ) from None
-        name = self.unique(info.name)
-        layer = self._input_layer(name, labels, shape, dtype, 0 in stand_in)
-        self.entries.append((len(self.layers), labels, shape))
-        self.layers.append(layer)
-        self.values[info.name] = Runtime((name, "out"), labels, tuple(stand_in), dtype)
-        return labels
-
-    def _input_layer(self, name, labels, shape, dtype, empty):
-        floating = np.issubdtype(dtype, np.floating) and not empty
-        sizes = dict(zip(labels, shape))
-        if floating and labels == "BCSS":
-            _, c, h, w = shape
-            return ImageInput((h, w, c), normalization="none", name=name)
-        if floating and labels == "BC":
-            return FeatureInput(shape[1], name=name)
-        if floating and labels in ("BTC", "TBC"):
-            return SequenceInput(sizes["C"], name=name)
-        perm = _labels.storage_perm(labels)
-        return ONNXInput(tuple(shape[i] for i in perm), _labels.storage_format(labels), name=name)
-
     # -- nodes ------------------------------------------------------------------------------------
 
     def _node(self, node: Node) -> None:
@@ -482,341 +344,8 @@ class Importer:
                 labels[i] = "U" * stand_in.ndim
         return NodeInfo(node, a, node.inputs, node.outputs, kinds, values, shapes, dtypes, labels)
 
-    def _unsupported(self, node: Node, reason: str) -> None:
-        if not self.placeholders:
-            self.fail(node, reason)
-            self._broken(node)
-            return
-        runtime = [n for n in dict.fromkeys(node.inputs) if isinstance(self.values.get(n), Runtime)]
-        constants = {
-            n: self.values[n].value
-            for n in node.inputs
-            if n and isinstance(self.values.get(n), Const)
-        }
-        out_labels = []
-        for name in node.outputs:
-            info = self.spec.value_info.get(name)
-            if info is not None and info.dims is not None:
-                out_labels.append(_labels.default_labels(len(info.dims)))
-            else:  # shape inference does not know the operator: guess its first input's
-                out_labels.append(self.values[runtime[0]].labels if runtime else None)
-        layer = Placeholder(
-            node.op_type,
-            reason=reason,
-            attributes=tuple((k, v) for k, v in node.attributes if not isinstance(v, Subgraph)),
-            constants=constants or None,
-            input_formats=tuple(_labels.storage_format(self.values[n].labels) for n in runtime),
-            output_formats=tuple(
-                "" if lab is None else _labels.storage_format(lab) for lab in out_labels
-            ),
-            num_inputs=max(len(runtime), 1),
-            num_outputs=max(len(node.outputs), 1),
-            name=self.unique(node.name),
-        )
-        if not runtime:
-            self.fail(node, reason + "; and it has no runtime input to attach a placeholder to")
-            self._broken(node)
-            return
-        self._place(layer, runtime)
-        for i, name in enumerate(node.outputs):
-            if not name:
-                continue
-            info = self.spec.value_info.get(name)
-            shape = None
-            if info is not None and info.dims is not None:
-                shape = tuple(d if isinstance(d, int) and d > 0 else 1 for d in info.dims)
-            elif out_labels[i] is not None:
-                shape = self.values[runtime[0]].shape
-            labels = out_labels[i] if out_labels[i] is not None else ""
-            dtype = self.values[runtime[0]].dtype
-            if info is not None and info.elem_type > 0:
-                try:
-                    dtype = np_dtype(info.elem_type)
-                except Unsupported:
-                    pass  # the replacement decides; the first input's type is the guess
-            self.values[name] = Runtime((layer.name, layer.output_names[i]), labels, shape, dtype)
-
-    def _broken(self, node: Node) -> None:
-        for name in node.outputs:
-            if name:
-                self.values[name] = Runtime(None, "", None, None)
-
-    def place(self, layer, inputs) -> None:
-        """Add ``layer`` fed by the runtime tensors named ``inputs`` (one per layer input)."""
-        self._place(layer, inputs)
-
-    def _place(self, layer, inputs) -> None:
-        self.layers.append(layer)
-        for name, port in zip(inputs, layer.input_names):
-            source = self.values[name]
-            self.connections.append(("/".join(source.port), f"{layer.name}/{port}"))
-
-    # -- constants and programs ---------------------------------------------------------------
-
-    def _fold(self, node: Node, a: Attrs, info: NodeInfo) -> None:
-        args = []
-        for name, kind in zip(node.inputs, info.input_kinds):
-            if kind == "const":
-                args.append(self.values[name].value)
-            elif kind == "runtime":
-                value = self.values[name]
-                args.append(jax.ShapeDtypeStruct(value.shape, value.dtype))
-            elif kind == "program":
-                args.append(self.stand_in(name))
-            else:
-                args.append(None)
-        from ._ops import run
-
-        with jax.ensure_compile_time_eval():
-            outputs = run(node.op_type, a, args)
-        for name, value in zip(node.outputs, outputs):
-            if name:
-                self.values[name] = Const(np.asarray(value))
-
-    def _defer(self, node: Node, a: Attrs) -> None:
-        step = Step(node.op_type, a, node.inputs, node.outputs)
-        for name in node.outputs:
-            if name:
-                self.steps[name] = step
-                self.values[name] = Deferred()
-
-    def program(self, name: str) -> Program:
-        """The program that computes the deferred tensor ``name``."""
-        steps, constants, sources, seen = [], {}, [], set()
-
-        def visit(tensor):
-            step = self.steps[tensor]
-            if id(step) in seen:
-                return
-            seen.add(id(step))
-            meta = dict(lookup(step.op_type).meta)
-            for position, inp in enumerate(step.inputs):
-                if not inp:
-                    continue
-                value = self.values[inp]
-                if isinstance(value, Deferred):
-                    visit(inp)
-                elif isinstance(value, Const):
-                    constants[inp] = FrozenArray(value.value)
-                elif position in meta and inp not in sources:
-                    sources.append(inp)
-            steps.append(step)
-
-        visit(name)
-        return Program(tuple(steps), tuple(constants.items()), tuple(sources), name)
-
-    def stand_in(self, name: str) -> np.ndarray:
-        """A deferred tensor's value at the stand-in sizes (for decisions at import)."""
-        program = self.program(name)
-        shapes = {}
-        for source in program.sources:
-            value = self.values[source]
-            shapes[source] = jax.ShapeDtypeStruct(value.shape, value.dtype)
-        return program.evaluate(shapes)
-
-    # -- runtime nodes --------------------------------------------------------------------------
-
-    def _runtime(self, node: Node, a: Attrs, info: NodeInfo, definition) -> None:
-        if node.op_type == "Identity":
-            self.values[node.outputs[0]] = self.values[node.inputs[0]]
-            return
-        if node.op_type == "Reshape" and info.input_kinds[1] == "const":
-            info.input_values[1] = self._batch_kept(info)
-        out_shapes, out_dtypes = self._output_shapes(node, a, info, definition)
-        out_labels = self._output_labels(node, a, info, definition, out_shapes)
-        if _mapping.try_map(self, info, out_shapes, out_dtypes, out_labels):
-            return
-        self.generic(info, definition, out_shapes, out_dtypes, out_labels)
-
-    def _batch_kept(self, info) -> np.ndarray:
-        """A Reshape target that spells out the file's batch size copies the batch instead
-        (0), so the network takes any batch size."""
-        target = np.array(info.input_values[1])
-        x = self.values[info.inputs[0]]
-        if (
-            not info.a.get("allowzero", 0)
-            and x.labels.startswith("B")
-            and target.size
-            and target[0] == x.shape[0]
-        ):
-            target[0] = 0
-        return target
-
-    def _output_shapes(self, node, a, info, definition):
-        if any(k == "runtime" and s is None for k, s in zip(info.input_kinds, info.input_shapes)):
-            shapes, dtypes = [], []
-            for name in node.outputs:
-                vi = self.spec.value_info.get(name)
-                if vi is None or vi.dims is None:
-                    raise Unsupported(
-                        "its input shapes are unknown (after a placeholder) and the file does "
-                        "not give its output shapes"
-                    )
-                shapes.append(tuple(d if isinstance(d, int) and d > 0 else 1 for d in vi.dims))
-                dtypes.append(None)
-            return shapes, dtypes
-        static_args, dynamic = {}, []
-        for position, (name, kind) in enumerate(zip(node.inputs, info.input_kinds)):
-            if kind == "absent":
-                static_args[position] = None
-            elif position in definition.static:
-                static_args[position] = (
-                    info.input_values[position] if kind == "const" else self.stand_in(name)
-                )
-            elif kind == "program":
-                stand_in = self.stand_in(name)
-                dynamic.append((position, jax.ShapeDtypeStruct(stand_in.shape, stand_in.dtype)))
-            else:
-                dynamic.append(
-                    (position, jax.ShapeDtypeStruct(info.input_shapes[position],
-                                                    info.input_dtypes[position]))
-                )  # fmt: skip
-        count = len(node.inputs)
-
-        def call(*arrays):
-            args = [None] * count
-            for position, value in static_args.items():
-                args[position] = value
-            for (position, _), value in zip(dynamic, arrays):
-                args[position] = value
-            out = definition.fn(a, *args)
-            return out if isinstance(out, tuple) else (out,)
-
-        try:
-            outs = jax.eval_shape(call, *(spec for _, spec in dynamic))
-        except Unsupported:
-            raise
-        except Exception as error:  # noqa: BLE001 - the model's sizes do not fit the operator
-            raise Unsupported(f"it cannot run on its inputs' sizes ({error})") from None
-        outs = outs[: len(node.outputs)]
-        return [tuple(o.shape) for o in outs], [np.dtype(o.dtype) for o in outs]
-
-    def _output_labels(self, node, a, info, definition, out_shapes):
-        runtime = [
-            lab
-            for lab, kind in zip(info.input_labels, info.input_kinds)
-            if kind == "runtime" and lab is not None
-        ]
-        if definition.labels is not None:
-            from ._labels import LabelContext
-
-            context = LabelContext(
-                a,
-                [lab if lab is not None else "" for lab in info.input_labels],
-                info.input_shapes,
-                [
-                    v if k in ("const",) else None
-                    for v, k in zip(info.input_values, info.input_kinds)
-                ],
-                out_shapes,
-            )
-            for i, name in enumerate(node.inputs):
-                if info.input_kinds[i] == "program" and i in definition.static:
-                    context.values[i] = self.stand_in(name)
-            labels = definition.labels(context)
-        elif definition.elementwise and runtime:
-            widest = max(runtime, key=len)
-            labels = ["U" * (len(s) - len(widest)) + widest for s in out_shapes]
-        else:
-            labels = [None] * len(out_shapes)
-        result = []
-        for lab, shape in zip(labels, out_shapes):
-            if lab is None or len(lab) != len(shape):
-                lab = "U" * len(shape)
-            result.append(_labels.valid(lab))
-        return result
-
-    def set_output(self, name, layer_name, port, labels, shape, dtype, order=None) -> None:
-        if name:
-            self.values[name] = Runtime((layer_name, port), labels, shape, dtype, order)
-
-    def generic(self, info: NodeInfo, definition, out_shapes, out_dtypes, out_labels) -> None:
-        """The node as an ``ONNXOperator`` / ``FunctionLayer`` over its ONNX implementation."""
-        node, a = info.node, info.a
-        out_rank = len(out_labels[0]) if out_labels else 0
-        runtime_names = [n for n, k in zip(node.inputs, info.input_kinds) if k == "runtime"]
-        runtime_names = list(dict.fromkeys(runtime_names))
-        runtime_values = [self.values[n] for n in runtime_names]
-        if node.op_type in ("Squeeze", "Unsqueeze") and info.input_kinds[0] == "runtime":
-            mode = "reshape"
-        elif (
-            definition.elementwise
-            and runtime_values
-            and all(v.labels == out_labels[0] and v.order is None for v in runtime_values)
-        ):
-            mode = "native"
-        else:
-            mode = "onnx"
-        if mode == "reshape" and runtime_values[0].order is not None:
-            mode = "onnx"
-        slots, params, programs, sources = [], {}, [], []
-        layer_inputs = list(runtime_names)
-        for position, (name, kind) in enumerate(zip(node.inputs, info.input_kinds)):
-            static = position in definition.static
-            if kind == "absent":
-                slots.append(("absent",))
-            elif kind == "runtime":
-                value = self.values[name]
-                order = None if value.order is None else FrozenArray(value.order)
-                slots.append(("input", layer_inputs.index(name), order))
-            elif kind == "const":
-                array = info.input_values[position]
-                if mode == "native" and not static:
-                    array = np.asarray(expand_to(array, out_rank, out_labels[0]))
-                if not static and np.issubdtype(array.dtype, np.floating):
-                    params[name] = array
-                    slots.append(("param", name))
-                else:
-                    slots.append(("const", FrozenArray(array)))
-            else:
-                program = self.program(name)
-                for source in program.sources:
-                    if source not in layer_inputs:
-                        layer_inputs.append(source)
-                    sources.append((source, layer_inputs.index(source)))
-                programs.append(program)
-                slots.append(("program", len(programs) - 1))
-        for source, _ in sources:
-            value = self.values[source]
-            if value.order is not None:
-                raise Unsupported("the shape of a reordered flattened image is read")
-        fn = NodeFunction(
-            node.op_type,
-            a,
-            tuple(slots),
-            tuple(self.values[n].labels for n in layer_inputs),
-            tuple(out_labels),
-            mode,
-            tuple(programs),
-            tuple(dict.fromkeys(sources)),
-        )
-        name = self.unique(node.name)
-        description = f"ONNX {node.op_type} node {node.name!r}"
-        common = dict(
-            formattable=True,
-            num_inputs=len(layer_inputs),
-            num_outputs=len(node.outputs),
-            name=name,
-            description=description,
-        )
-        if params:
-            layer = ONNXOperator(fn, params=params, **common)
-        else:
-            layer = FunctionLayer(fn, **common)
-        self._place(layer, layer_inputs)
-        for i, out in enumerate(node.outputs):
-            self.set_output(
-                out, name, layer.output_names[i], out_labels[i], out_shapes[i], out_dtypes[i]
-            )
-
 
 def _unknown(node: Node) -> str:
     if node.domain not in ("", "ai.onnx"):
         return "operators outside the default ONNX domain are not supported"
     return "difffn has no implementation of this operator"
-
-
-def layout_of(value: Runtime) -> Layout:
-    """The stored layout of a runtime tensor (stand-in sizes)."""
-    perm = _labels.storage_perm(value.labels)
-    return Layout(tuple(value.shape[i] for i in perm), _labels.storage_format(value.labels))

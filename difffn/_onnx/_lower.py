@@ -148,19 +148,32 @@ class Lowering:
             env[var] = value if isinstance(value, (str, Const)) else Const(value, "const")
         for var, value in zip(jaxpr.invars, args, strict=True):
             env[var] = value
-        for eqn in jaxpr.eqns:
+        uses = _uses(jaxpr)
+        i = 0
+        while i < len(jaxpr.eqns):
+            eqn = jaxpr.eqns[i]
             inner = str(eqn.source_info.name_stack)
             where = "/".join(s for s in (scope, inner) if s)
+            softmax = _softmax_at(jaxpr.eqns, i, uses)
+            if softmax is not None and not isinstance(read(softmax[0]), Const):
+                x, axis, y, count = softmax
+                env[y] = self.node("Softmax", [read(x)], where, axis=axis)[0]
+                i += count
+                continue
             ins = [read(v) for v in eqn.invars]
             outs = self.equation(eqn, ins, where)
             for var, value in zip(eqn.outvars, outs, strict=True):
                 env[var] = value
+            i += 1
         return [read(v) for v in jaxpr.outvars]
 
     def equation(self, eqn, ins, scope: str) -> list:
         name = eqn.primitive.name
         sub = _sub_jaxpr(eqn)
         if name in _CALLS and sub is not None:
+            named = self._named_call(eqn, ins, scope)
+            if named is not None:
+                return named
             if isinstance(sub, ClosedJaxpr):
                 return self.run(sub.jaxpr, sub.consts, ins, scope)
             return self.run(sub, [], ins, scope)
@@ -174,7 +187,7 @@ class Lowering:
         if name in _ELEMENTWISE:
             return self.node(_ELEMENTWISE[name], ins, scope)
         if name in _IDENTITY:
-            return [self.node("Identity", [x], scope)[0] for x in ins]
+            return list(ins)
         if name in _REDUCE:
             axes = self.const(np.array(eqn.params["axes"], np.int64), "axes")
             return self.node(_REDUCE[name], [ins[0], axes], scope, keepdims=0)
@@ -199,9 +212,31 @@ class Lowering:
 
     # -- rules -------------------------------------------------------------------------------
 
+    def _named_call(self, eqn, ins, scope):
+        """``jnp.clip`` and ``jax.nn.leaky_relu`` (jitted functions that JAX names) of data with
+        constant bounds or slope as ONNX's ``Clip`` and ``LeakyRelu``; else None (inlined)."""
+        function = eqn.params.get("name")
+        if function not in ("clip", "leaky_relu") or isinstance(ins[0], Const):
+            return None
+        if not all(isinstance(v, Const) and v.value.size == 1 for v in ins[1:]):
+            return None
+        dtype = eqn.outvars[0].aval.dtype
+        if function == "clip" and len(ins) == 3:
+            bounds = [self.const(np.asarray(v.value, dtype).reshape(()), "bound") for v in ins[1:]]
+            return self.node("Clip", [ins[0], *bounds], scope)
+        if function == "leaky_relu" and len(ins) == 2:
+            alpha = float(np.asarray(ins[1].value).reshape(()))
+            return self.node("LeakyRelu", [ins[0]], scope, alpha=alpha)
+        return None
+
     def _p_rsqrt(self, eqn, ins, scope):
         (root,) = self.node("Sqrt", ins, scope)
         return self.node("Reciprocal", [root], scope)
+
+    def _p_erfc(self, eqn, ins, scope):
+        (erf,) = self.node("Erf", ins, scope)
+        one = self.const(np.array(1, eqn.invars[0].aval.dtype), "one")
+        return self.node("Sub", [one, erf], scope)
 
     def _p_square(self, eqn, ins, scope):
         return self.node("Mul", [ins[0], ins[0]], scope)
@@ -343,8 +378,10 @@ class Lowering:
 
     def _p_conv_general_dilated(self, eqn, ins, scope):
         p = eqn.params
-        if any(d != 1 for d in p["lhs_dilation"]) or p["batch_group_count"] != 1:
-            return self._unsupported(eqn, scope, "convolution with input dilation or batch groups")
+        if any(d != 1 for d in p["lhs_dilation"]):
+            return self._conv_transpose(eqn, ins, scope)
+        if p["batch_group_count"] != 1:
+            return self._unsupported(eqn, scope, "convolution with batch groups")
         numbers = p["dimension_numbers"]
         lhs_spec, rhs_spec, out_spec = numbers.lhs_spec, numbers.rhs_spec, numbers.out_spec
         (x,) = self._transpose(ins[0], lhs_spec, scope)
@@ -354,6 +391,36 @@ class Lowering:
                          dilations=list(p["rhs_dilation"]),
                          group=int(p["feature_group_count"]))  # fmt: skip
         return self._transpose(y, tuple(np.argsort(out_spec)), scope)
+
+    def _conv_transpose(self, eqn, ins, scope):
+        """A convolution of the stride-dilated input (how JAX and ``df.ops.conv_transpose``
+        transpose a convolution) as an ONNX ``ConvTranspose``: its weights are the kernel
+        flipped, input and output channels swapped, and its pads the window extent less one
+        less JAX's padding (a negative end pad is ONNX's ``output_padding``)."""
+        p = eqn.params
+        w = ins[1]
+        plain = all(s == 1 for s in p["window_strides"]) and p["batch_group_count"] == 1
+        if not plain or p["feature_group_count"] != 1 or not isinstance(w, Const):
+            return self._unsupported(
+                eqn, scope, "convolution with input dilation and strides, groups or data weights"
+            )
+        numbers = p["dimension_numbers"]
+        kernel = np.transpose(w.value, numbers.rhs_spec)  # (O, I, spatial...)
+        spatial = tuple(range(2, kernel.ndim))
+        weights = np.swapaxes(np.flip(kernel, spatial), 0, 1)  # (I, O, spatial...)
+        extents = [(k - 1) * d + 1 for k, d in zip(kernel.shape[2:], p["rhs_dilation"])]
+        begin = [e - 1 - lo for e, (lo, _) in zip(extents, p["padding"])]
+        end = [e - 1 - hi for e, (_, hi) in zip(extents, p["padding"])]
+        extra = [max(-n, 0) for n in end]
+        if min(begin) < 0 or any(x >= s for x, s in zip(extra, p["lhs_dilation"])):
+            return self._unsupported(eqn, scope, "transposed convolution with this padding")
+        (x,) = self._transpose(ins[0], numbers.lhs_spec, scope)
+        attrs = dict(strides=list(p["lhs_dilation"]), dilations=list(p["rhs_dilation"]),
+                     pads=begin + [max(n, 0) for n in end])  # fmt: skip
+        if any(extra):
+            attrs["output_padding"] = extra
+        (y,) = self.node("ConvTranspose", [x, Const(weights, w.name)], scope, **attrs)
+        return self._transpose(y, tuple(np.argsort(numbers.out_spec)), scope)
 
     def _pool(self, eqn, ins, scope, op_type):
         p = eqn.params
@@ -425,6 +492,47 @@ class Lowering:
             f"{eqn.primitive.name!r} at {_where(eqn)}), which has no ONNX lowering in difffn. "
             "Fix: express it with operations that lower, or give the sizes in the layouts."
         )
+
+
+def _uses(jaxpr) -> dict[int, int]:
+    """How many times each variable (by id) is read by the equations and the outputs."""
+    counts: dict[int, int] = {}
+    for v in [*(v for e in jaxpr.eqns for v in e.invars), *jaxpr.outvars]:
+        if not isinstance(v, Literal):
+            counts[id(v)] = counts.get(id(v), 0) + 1
+    return counts
+
+
+_SOFTMAX = ("reduce_max", "max", "broadcast_in_dim", "stop_gradient", "sub", "exp", "reduce_sum",
+            "broadcast_in_dim", "div")  # fmt: skip
+
+
+def _softmax_at(eqns, i, uses):
+    """``(x, axis, y, count)`` where ``eqns[i : i + count]`` compute ``y =
+    jax.nn.softmax(x, axis)`` (the equations JAX writes for it) and nothing else reads their
+    intermediate values, so ONNX's ``Softmax`` replaces them; else None."""
+    window = eqns[i : i + len(_SOFTMAX)]
+    if tuple(e.primitive.name for e in window) != _SOFTMAX:
+        return None
+    top, clamp, b1, stop, sub, exp, total, b2, div = window
+    axes = top.params["axes"]
+    if len(axes) != 1 or tuple(total.params["axes"]) != tuple(axes):
+        return None
+    x = top.invars[0]
+    steps = [
+        (clamp.invars[1], top), (b1.invars[0], clamp), (stop.invars[0], b1),
+        (sub.invars[1], stop), (exp.invars[0], sub), (total.invars[0], exp),
+        (b2.invars[0], total), (div.invars[0], exp), (div.invars[1], b2),
+    ]  # fmt: skip
+    if sub.invars[0] is not x or any(v is not e.outvars[0] for v, e in steps):
+        return None
+    if not isinstance(clamp.invars[0], Literal) or clamp.invars[0].val != -np.inf:
+        return None
+    expected = {id(e.outvars[0]): 1 for e in (top, clamp, b1, stop, sub, total, b2)}
+    expected[id(exp.outvars[0])] = 2
+    if any(uses.get(k, 0) != n for k, n in expected.items()):
+        return None
+    return x, int(axes[0]), div.outvars[0], len(_SOFTMAX)
 
 
 def _where(eqn) -> str:

@@ -27,7 +27,7 @@ from ..layers import (
     ReLU,
     Softmax,
 )
-from . import _labels, _mapping_attention, _mapping_rnn
+from . import _labels, _mapping_attention, _mapping_cnn, _mapping_rnn
 from ._mapping_base import (
     absent,
     add,
@@ -422,7 +422,7 @@ def _embedding(imp, info, out_shapes, out_dtypes, out_labels):
 
 
 _RULES = {
-    "Conv": _conv,
+    "Conv": lambda *args: _conv(*args) or _mapping_cnn.conv(*args),
     "MaxPool": _max_pool,
     "GlobalAveragePool": _global_average_pool,
     "BatchNormalization": _batch_norm,
@@ -441,4 +441,5 @@ _RULES = {
     "Transpose": _transpose,
     "SelfAttention": _mapping_attention.map_self_attention,
     **_mapping_rnn.RULES,
+    **_mapping_cnn.RULES,
 }

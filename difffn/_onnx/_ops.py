@@ -262,6 +262,7 @@ def _load_families() -> None:
             _ops_math,
             _ops_nn,
             _ops_reduce,
+            _ops_resize,
             _ops_rnn,
             _ops_tensor,
         )
