@@ -14,6 +14,7 @@ import jax
 import pytest
 
 
+
 @pytest.fixture(autouse=True)
 def _strict_rank_promotion():
     with jax.numpy_rank_promotion("raise"):
