@@ -402,13 +402,8 @@ class IterableSource:
                     f"{self.who}: a batch of the data has no observations (input shape "
                     f"{np.shape(stripdims(xs[0]))}). Fix: leave empty batches out."
                 )
-            if self.data_batch_size is None:
+            if self.data_batch_size is None:  # (global_batch_size checked it for the mesh)
                 self.data_batch_size = size
-                what = "the batch size of the data"
-                if placement.processes > 1:
-                    what = f"the global batch ({placement.processes} processes x {size})"
-                if placement.multi_host:  # each process's share would need its own padding
-                    placement.check_batch(size * placement.processes, what=what)
             if size < self.data_batch_size:
                 continue
             if size != self.data_batch_size:

@@ -5,8 +5,9 @@ clipping, the solver with per-parameter learn-rate factors), and the state updat
 learnables, the other leaves and the optimizer state donated so each iteration updates buffers
 in place. On a mesh its input and output shardings are explicit: the learnables and their
 optimizer state as ``_partition`` lays them out, everything else replicated, the batch split
-over the mesh's ``"data"`` axis. The compute precision (``_precision``) casts the learnables and
-inputs inside the step and scales the loss for float16.
+over the mesh's ``"data"`` axis; a batch padded to split over it (``_sharding``) has the padding
+cut from the outputs before the loss. The compute precision (``_precision``) casts the
+learnables and inputs inside the step and scales the loss for float16.
 
 Its data argument is what a data source feeds (``_sources``): ``"gather"`` takes the whole
 device-resident data and gathers the mini-batch from the epoch's order inside the compiled
