@@ -97,3 +97,18 @@ def pad(x, size: int, axis: int):
     widths[axis] = (0, size - data.shape[axis])
     padded = jnp.pad(data, widths)
     return dlarray(padded, x.format) if isinstance(x, FormattedArray) else padded
+
+
+def first_rows(y, n: int):
+    """The first ``n`` observations of a network output (its ``B`` label, else axis 0): what
+    is left of a padded batch once the padding is cut."""
+    axis = batch_axis(y) if isinstance(y, FormattedArray) and "B" in y.format else 0
+    return slice_host(y, 0, n, axis)
+
+
+def pad_with_first(x, size: int, axis: int):
+    """``x`` with copies of its first observation appended up to ``size`` observations."""
+    data = x.data if isinstance(x, FormattedArray) else jnp.asarray(x)
+    first = jnp.take(data, jnp.zeros(size - data.shape[axis], jnp.int32), axis=axis)
+    padded = jnp.concatenate([data, first], axis=axis)
+    return dlarray(padded, x.format) if isinstance(x, FormattedArray) else padded

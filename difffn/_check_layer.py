@@ -7,7 +7,8 @@ that order, and returns a :class:`~difffn.CheckReport`. The tests live by concer
 * ``_check_layer_structure``: what the methods take and return (sizes, dtypes, state, formats);
 * ``_check_layer_backward``: the backward's returns, autodiff, export;
 * ``_check_layer_gradients``: the gradients against numerical derivatives (``_numerical``), and
-  the second derivative (``_check_second_order``).
+  the second derivative (``_check_second_order``);
+* ``_check_layer_precision``: forward and gradients at a mixed-precision compute dtype.
 
 A class may declare ``surrogate_gradients = {"in": "gradient reversal"}`` (a plain class
 attribute: an input or learnable name mapped to the reason its gradient is intentionally not the
@@ -22,6 +23,7 @@ from __future__ import annotations
 
 from . import _check_layer_backward as backward
 from . import _check_layer_gradients as gradients
+from . import _check_layer_precision as precision_tests
 from . import _check_layer_structure as structure
 from ._check_common import as_key
 from ._check_layer_subject import Layer, LayerSubject
@@ -29,9 +31,12 @@ from ._check_list import LAYER, run_by
 from ._check_report import CheckReport, Recorder, incomplete
 from ._errors import CheckError, type_name
 from ._format import FormattedArray, Layout
+from ._precision import DTYPES
 
 
-def check_layer(layer, *layouts, check_export: bool = False, key=None) -> CheckReport:
+def check_layer(
+    layer, *layouts, check_export: bool = False, key=None, precision: str | None = None
+) -> CheckReport:
     """Check a custom layer the way MATLAB's ``checkLayer`` does, and name what is wrong.
 
     Args:
@@ -43,6 +48,11 @@ def check_layer(layer, *layouts, check_export: bool = False, key=None) -> CheckR
       key: a ``jax.random`` key (or an int seed); default ``jax.random.key(0)``. An
         uninitialized layer is initialized with this very key; the test data and the upstream
         gradients are drawn deterministically from it.
+      precision: also run ``forward`` and the gradients at a compute dtype of mixed-precision
+        training (``"bfloat16"``, ``"float16"``; as ``TrainingOptions(precision=...)``):
+        inputs and learnables rounded to it, against float32 on the same rounded values,
+        within eight machine epsilons of the dtype; an output or gradient that overflows
+        (float16's largest value is 65504) is named. Default None: not run (Skipped).
 
     Returns:
       A :class:`~difffn.CheckReport`; ``print(report)`` shows every test, MATLAB's
@@ -51,8 +61,8 @@ def check_layer(layer, *layouts, check_export: bool = False, key=None) -> CheckR
 
     Raises:
       CheckError: ``layer`` is not a layer instance, the layouts are not one ``df.Layout``
-        per input, or the class's ``surrogate_gradients`` names something that is not an input
-        or learnable.
+        per input, ``precision`` is not a compute dtype, or the class's
+        ``surrogate_gradients`` names something that is not an input or learnable.
 
     Examples:
       >>> import jax, jax.numpy as jnp
@@ -68,11 +78,20 @@ def check_layer(layer, *layouts, check_export: bool = False, key=None) -> CheckR
       >>> report = df.check_layer(Scale(), df.Layout((None, 3), "BC"))
       >>> report.failed, report["gradients_are_correct[w]"].status
       (0, 'Passed')
+      >>> report = df.check_layer(Scale(), df.Layout((None, 3), "BC"), precision="bfloat16")
+      >>> report["gradients_agree_at_precision"].status
+      'Passed'
     """
     _validate(layer, layouts)
+    if precision is not None and precision not in DTYPES:
+        raise CheckError(
+            f"check_layer: precision={precision!r} is not a compute dtype; expected one of "
+            f"{sorted(DTYPES)} (as TrainingOptions(precision=...)). Fix: precision='bfloat16', "
+            "or leave it out."
+        )
     key = as_key(key)
     recorder = Recorder()
-    subject = LayerSubject(layer, layouts, key, recorder)
+    subject = LayerSubject(layer, layouts, key, recorder, precision)
     _run_all(subject, check_export=check_export)
     name = f"{type(layer).__name__}" + (f" (layer {layer.name!r})" if layer.name else "")
     inputs = ", ".join(repr(layout) for layout in layouts)
@@ -106,6 +125,8 @@ def _bodies(check_export: bool) -> dict:
         "backward_keeps_dtype": backward.backward_keeps_dtype,
         "gradients_are_correct": gradients.gradients_are_correct,
         "second_order_gradients_are_correct": gradients.second_order_gradients_are_correct,
+        "forward_agrees_at_precision": precision_tests.forward_agrees_at_precision,
+        "gradients_agree_at_precision": precision_tests.gradients_agree_at_precision,
         "autodiff_works": backward.autodiff_works,
         "export_matches_predict": lambda s: backward.export_matches_predict(s, check_export),
     }

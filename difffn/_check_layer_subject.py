@@ -71,8 +71,9 @@ def like(cotangent, primal):
 class LayerSubject:
     """The layer under check, its data, and what its methods returned so far."""
 
-    def __init__(self, layer, layouts, key, recorder: Recorder):
+    def __init__(self, layer, layouts, key, recorder: Recorder, precision: str | None = None):
         self.layer = layer
+        self.precision = precision  # the compute dtype to check at too (None: not asked)
         self.cls = type(layer)
         self.layouts = tuple(layouts)
         self.shapes = tuple(concrete_shape(layout) for layout in layouts)

@@ -209,6 +209,22 @@ TESTS: tuple[CheckTest, ...] = (
         (FUNCTION,),
     ),
     CheckTest(
+        "forward_agrees_at_precision",
+        "with `precision=`: `forward` on inputs and learnables rounded to the compute dtype "
+        "agrees with float32 on the same values (8 machine epsilons, normwise); an output that "
+        "overflows is named",
+        (LAYER,),
+        skipped="no `precision` given",
+    ),
+    CheckTest(
+        "gradients_agree_at_precision",
+        "with `precision=`: the gradients at the compute dtype (the custom backward, or "
+        "autodiff) agree with float32 autodiff of `forward` on the same values; a gradient "
+        "that overflows is named",
+        (LAYER,),
+        skipped="no `precision` given",
+    ),
+    CheckTest(
         "autodiff_works",
         "without a custom backward, JAX differentiates `predict` and `forward` (finite gradients)",
         (LAYER,),

@@ -151,3 +151,39 @@ def bytes_per_device(tree) -> dict:
         for shard in leaf.addressable_shards:
             held[shard.device] = held.get(shard.device, 0) + shard.data.nbytes
     return held
+
+
+def bytes_sent_per_step(learnable_bytes: int, data_size: int, mode: str, *, reduce_scatter=True):
+    """The bytes each device sends per training step for the learnables' collectives, by the
+    standard ring costs (``docs/scaling.md``, *Toward a pod*), on a data axis of ``data_size``.
+
+    ``"replicated"``: one all-reduce of the gradients, ``2 (N - 1) / N x B``. ``"fsdp"``: an
+    all-gather of the parameters, ``(N - 1) / N x B``, and the gradients reduced to their shards:
+    a reduce-scatter, ``(N - 1) / N x B`` (``reduce_scatter=True``: XLA's GPU and TPU pipelines
+    form one), or an all-reduce followed by each device taking its shard, ``2 (N - 1) / N x B``
+    (XLA on CPU). Scalars (the loss, the metrics) and activations' collectives are not counted.
+
+    Args:
+      learnable_bytes: ``B``, the bytes of all the learnables (float32).
+      data_size: ``N``, the size of the mesh's ``"data"`` axis.
+      mode: ``parameter_sharding``, ``"replicated"`` or ``"fsdp"``.
+      reduce_scatter: whether the fsdp gradients are reduced by a reduce-scatter.
+
+    Returns:
+      ``{collective: bytes sent per device}``.
+
+    Examples:
+      >>> from difffn._partition import bytes_sent_per_step
+      >>> bytes_sent_per_step(1000, 4, "replicated")
+      {'all-reduce': 1500.0}
+      >>> bytes_sent_per_step(1000, 4, "fsdp")
+      {'all-gather': 750.0, 'reduce-scatter': 750.0}
+      >>> bytes_sent_per_step(1000, 4, "fsdp", reduce_scatter=False)
+      {'all-gather': 750.0, 'all-reduce': 1500.0}
+    """
+    ring = (data_size - 1) / data_size * learnable_bytes
+    if mode == "replicated":
+        return {"all-reduce": 2 * ring}
+    if reduce_scatter:
+        return {"all-gather": ring, "reduce-scatter": ring}
+    return {"all-gather": ring, "all-reduce": 2 * ring}

@@ -9,8 +9,17 @@ The mesh has two axes, ``("data", "model")`` (``TrainingOptions(mesh_shape=...)`
 every device on ``"data"``). Each batch is split along its batch axis over ``"data"`` and
 replicated over ``"model"`` (data-parallel SPMD: XLA inserts the gradient reduction, and batch
 statistics are computed over the whole batch, so the results equal one device's up to float
-rounding). Learnables are replicated or split by ``_partition``. The mini-batch size must be a
-multiple of the ``"data"`` size; a validation or prediction batch that is not runs replicated.
+rounding). Learnables are replicated or split by ``_partition``.
+
+A training mini-batch that the ``"data"`` size does not divide is padded to the next multiple
+with copies of its first observation, cut from the outputs before the loss and the metrics, so
+they carry no weight: the loss and gradients are the unpadded batch's. MATLAB's multi-GPU
+training likewise keeps every observation of a mini-batch (it splits it unevenly over the
+workers) rather than dropping some. A network whose state learns from the whole batch
+(BatchNorm's running statistics: a layer with state that is not reset between mini-batches)
+would see the copies, so its uneven batches run replicated instead (every device computes the
+whole batch). A validation batch that does not divide runs replicated; prediction pads
+(``_predict``).
 
 Data reach the devices as global ``jax.Array``s: from arrays that every process holds whole
 (:meth:`Placement.host_batch`: each process copies only the rows of its own devices, through
@@ -31,7 +40,10 @@ from jax.sharding import PartitionSpec as P
 from . import _distributed
 from ._batches import as_device_array, batch_axis, count
 from ._errors import OptionsError
+from ._fields import STATE
 from ._format import FormattedArray, dlarray, stripdims
+from ._parameters import walk
+from ._signatures import has_method
 
 AXES = ("data", "model")
 DATA = "data"
@@ -58,6 +70,8 @@ class Placement:
         devices left), or None.
       who: the caller, for messages.
     """
+
+    uneven = "pad"  # how a batch the "data" size does not divide is split: "pad" or "replicate"
 
     def __init__(self, environment: str, *, mesh_shape=None, who: str = "trainnet"):
         self.environment = environment
@@ -162,6 +176,8 @@ class Placement:
         return jax.device_put(np.asarray(x), sharding)
 
     def check_batch(self, size: int, *, what: str = "mini_batch_size") -> None:
+        """Refuse a batch the ``"data"`` size does not divide (a multi-process iterable's global
+        batch, whose shares cannot be padded)."""
         parts = self.data_size
         if self.mesh is not None and size % parts:
             lower = size - size % parts
@@ -173,6 +189,47 @@ class Placement:
                 f"execution_environment={self.environment!r} splits each mini-batch over {over}, "
                 f"so {what} must be a multiple of {parts}; got {size}. Fix: {what}={suggestion}."
             )
+
+    def plan_uneven(self, net, size: int) -> str | None:
+        """Decide how mini-batches of ``size`` observations that the ``"data"`` size does not
+        divide are split (:attr:`uneven`), and say so (None when it divides).
+
+        Args:
+          net: the network trained (its layers decide between padding and replication).
+          size: the mini-batch size.
+        """
+        if self.divides(size):
+            return None
+        parts = self.data_size
+        learners = sorted(
+            {
+                p.path.split("/")[0]
+                for p in walk(net)
+                if p.kind == STATE and not has_method(p.layer, "reset_state")
+            }
+        )
+        if learners:
+            self.uneven = "replicate"
+            return (
+                f"Mini-batches of {size} observations do not split over the {parts} parts of "
+                f"the mesh's 'data' axis, and the state of {', '.join(learners)} learns from the "
+                "whole batch: they run replicated (each device computes the whole batch; the "
+                f"results are the same). A mini_batch_size that is a multiple of {parts} splits."
+            )
+        self.uneven = "pad"
+        padded = self.padded(size)
+        return (
+            f"Mini-batches of {size} observations are padded to {padded} to split over the "
+            f"{parts} parts of the mesh's 'data' axis; the {padded - size} padded observation(s) "
+            "carry no weight in the loss, the metrics or the gradients."
+        )
+
+    def padded(self, size: int) -> int:
+        """``size`` rounded up to a multiple of the ``"data"`` size when uneven batches are
+        padded; ``size`` itself when it divides or they run replicated."""
+        if self.divides(size) or self.uneven != "pad":
+            return size
+        return -(-size // self.data_size) * self.data_size
 
     def divides(self, size: int) -> bool:
         return self.mesh is None or size % self.data_size == 0

@@ -194,7 +194,13 @@ class ArraySource:
         if placement.multi_host:
             yield from self._host_feeds(order, start, placement, batch_size)
             return
-        spec = ("gather", batch_size, self.input_axes, self.target_axes)
+        spec = (
+            "gather",
+            batch_size,
+            self.input_axes,
+            self.target_axes,
+            placement.padded(batch_size),
+        )
         order = placement.put(order)
         inputs, targets = self.device
         for b in range(start, self.iterations(batch_size)):
@@ -202,16 +208,21 @@ class ArraySource:
 
     def _host_feeds(self, order, start, placement, batch_size):
         """Each mini-batch as global arrays, every process copying its own rows from the host."""
-        spec = ("direct", self.input_axes, self.target_axes)
+        padded = placement.padded(batch_size)
+        keep = batch_size if padded > batch_size else None
+        spec = ("direct", self.input_axes, self.target_axes, keep)
         inputs, targets = self.host
+        split_x, split_t = placement.divides(padded), placement.divides(batch_size)
         for b in range(start, self.iterations(batch_size)):
             rows = np.asarray(order[b * batch_size : (b + 1) * batch_size])
+            # padding: copies of the first observation, cut from the outputs in the step
+            padded_rows = np.concatenate([rows, np.repeat(rows[:1], padded - batch_size)])
             xs = tuple(
-                placement.host_batch(x, a, rows)
+                placement.host_batch(x, a, padded_rows, split=split_x)
                 for x, a in zip(inputs, self.input_axes, strict=True)
             )
             ts = tuple(
-                placement.host_batch(t, a, rows)
+                placement.host_batch(t, a, rows, split=split_t)
                 for t, a in zip(targets, self.target_axes, strict=True)
             )
             yield spec, (xs, ts)
@@ -391,12 +402,8 @@ class IterableSource:
                     f"{self.who}: a batch of the data has no observations (input shape "
                     f"{np.shape(stripdims(xs[0]))}). Fix: leave empty batches out."
                 )
-            if self.data_batch_size is None:
+            if self.data_batch_size is None:  # (global_batch_size checked it for the mesh)
                 self.data_batch_size = size
-                what = "the batch size of the data"
-                if placement.processes > 1:
-                    what = f"the global batch ({placement.processes} processes x {size})"
-                placement.check_batch(size * placement.processes, what=what)
             if size < self.data_batch_size:
                 continue
             if size != self.data_batch_size:
@@ -405,16 +412,36 @@ class IterableSource:
                     f"({self.data_batch_size} then {size}); only a smaller last batch is allowed "
                     "(it is dropped)."
                 )
+            padded = placement.padded(size)
             if placement.multi_host:  # each process yields its own share of the global batch
                 xs, ts = placement.local_batch(xs, ts, self.formats)
             else:
+                if padded > size:  # copies of the first observation, cut from the outputs
+                    xs = [
+                        _batches.pad_with_first(x, padded, a)
+                        for x, a in zip(xs, in_axes, strict=True)
+                    ]
                 xs = placement.put(tuple(_batches.as_device_array(x) for x in xs))
                 ts = placement.put(tuple(_batches.as_device_array(t) for t in ts))
-            yield ("direct", in_axes, t_axes), (xs, ts)
+            yield ("direct", in_axes, t_axes, size if padded > size else None), (xs, ts)
 
     def in_order(self, batch_size=None) -> Iterator[tuple[tuple, tuple]]:
         for item in self._pass():
             yield self.split(item)
+
+
+def global_batch_size(data, placement: Placement, batch_size: int | None) -> int:
+    """The global mini-batch size: ``batch_size`` for arrays, the first batch's for an iterable
+    (times the processes, each of which feeds its share; a multi-process iterable's shares
+    cannot be padded, so their sum must split over the mesh)."""
+    if isinstance(data, ArraySource) or placement.mesh is None:
+        return batch_size or 1
+    x = data.first_inputs()[0]
+    size = _batches.count(x, _batches.batch_axis(x, data.formats[0])) * placement.processes
+    if placement.multi_host:
+        what = f"the global batch ({placement.processes} processes x {size // placement.processes})"
+        placement.check_batch(size, what=what)
+    return size
 
 
 def label_check(who, net, loss_fn, metrics):

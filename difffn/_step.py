@@ -5,8 +5,9 @@ clipping, the solver with per-parameter learn-rate factors), and the state updat
 learnables, the other leaves and the optimizer state donated so each iteration updates buffers
 in place. On a mesh its input and output shardings are explicit: the learnables and their
 optimizer state as ``_partition`` lays them out, everything else replicated, the batch split
-over the mesh's ``"data"`` axis. The compute precision (``_precision``) casts the learnables and
-inputs inside the step and scales the loss for float16.
+over the mesh's ``"data"`` axis; a batch padded to split over it (``_sharding``) has the padding
+cut from the outputs before the loss. The compute precision (``_precision``) casts the
+learnables and inputs inside the step and scales the loss for float16.
 
 Its data argument is what a data source feeds (``_sources``): ``"gather"`` takes the whole
 device-resident data and gathers the mini-batch from the epoch's order inside the compiled
@@ -138,9 +139,13 @@ class Steps:
         replicated = self.placement.replicated
         return (self.learnable_shardings, replicated, self.opt_shardings, replicated, replicated)
 
-    def _core(self, carry, xs, ts, key, iteration, learn_rate, masks=None, sequences=None):
+    def _core(
+        self, carry, xs, ts, key, iteration, learn_rate, masks=None, sequences=None, keep=None
+    ):
         """One step; ``masks`` and ``sequences`` (``(chunked, carried state or None)``) for
-        padded sequences: then it also returns the recurrent state when ``chunked``."""
+        padded sequences: then it also returns the recurrent state when ``chunked``; ``keep``:
+        the inputs were padded to split over the mesh, and only the outputs' first ``keep``
+        observations are real (the targets have just those)."""
         learnables, others, opt_state, nan_at, scaling = carry
         step_key = jax.random.fold_in(key, iteration)
         policy = self.policy
@@ -155,6 +160,8 @@ class Steps:
             if masks is None:
                 outputs, states = net.run(xs, step_key, training=True, outputs=self.wanted)
                 outputs = policy.output(outputs)
+                if keep is not None:  # the padding carries no weight: it never reaches the loss
+                    outputs = tuple(_batches.first_rows(y, keep) for y in outputs)
                 value = scalar_loss(self.loss(*outputs, *ts), self.loss_label)
                 return value, (outputs, states, (None,) * len(outputs))
             chunked, carried = sequences
@@ -228,13 +235,16 @@ class Steps:
         before; ``scaling``: the ``_precision.Scaling`` state)."""
         placement = self.placement
         if spec[0] == "gather":
-            _, batch_size, in_axes, t_axes = spec
+            _, batch_size, in_axes, t_axes, padded = spec
+            keep = batch_size if padded > batch_size else None
 
             def batch(data):
                 X, T, order, b = data
                 index = jax.lax.dynamic_slice_in_dim(order, b * batch_size, batch_size)
+                # padding: copies of the first observation, cut from the outputs in _core
+                rows = jnp.concatenate([index, jnp.broadcast_to(index[:1], (padded - batch_size,))])
                 xs = tuple(
-                    placement.constrain(_batches.take(x, index, a), a)
+                    placement.constrain(_batches.take(x, rows, a), a)
                     for x, a in zip(X, in_axes, strict=True)
                 )
                 ts = tuple(
@@ -246,7 +256,7 @@ class Steps:
         elif spec[0] == "sequences":
             return self._sequence_step(spec)
         else:
-            _, in_axes, t_axes = spec
+            _, in_axes, t_axes, keep = spec
 
             def batch(data):
                 xs, ts = data
@@ -256,7 +266,7 @@ class Steps:
 
         def step(carry, data, key, iteration, learn_rate):
             xs, ts = batch(data)
-            return self._core(carry, xs, ts, key, iteration, learn_rate)
+            return self._core(carry, xs, ts, key, iteration, learn_rate, keep=keep)
 
         if not self.accelerate:
             return step

@@ -44,6 +44,7 @@ from ._sources import (
     ArraySource,
     IterableSource,
     gather_batch,
+    global_batch_size,
     label_check,
     validation_batches,
 )
@@ -178,7 +179,6 @@ class _Run:
                     "out, or set max_epochs."
                 )
             self.batch_size = options.mini_batch_size
-            self.placement.check_batch(self.batch_size)
             if data.iterations(self.batch_size) == 0:
                 raise OptionsError(
                     f"{who}: mini_batch_size={self.batch_size} is larger than the "
@@ -188,6 +188,11 @@ class _Run:
             data.place(self.placement)
         self.iterations_per_epoch = data.iterations(self.batch_size)
         self.messages: list[str] = []
+        uneven = self.placement.plan_uneven(
+            net, global_batch_size(data, self.placement, self.batch_size)
+        )
+        if uneven:
+            self.messages.append(uneven)
         net = self._prepare_network(net, init_key)
         self.check_targets = label_check(who, net, loss_fn, self.metrics)
         if self.check_targets is not None:

@@ -8,7 +8,8 @@ process) writes what the test compares into the folder OUT:
 * ``single``: one process (4 devices): the run with ``"multi-device"`` and with one device
   (``"auto"``), and the iterable-of-shards run as one process sees it (``single.npz``,
   ``single.json``);
-* ``multihost``: the run, checkpoints in ``OUT/ckpt``; an iterable run in which each process
+* ``multihost``: the run, checkpoints in ``OUT/ckpt``; a run with mini-batches of 30, padded to
+  split over the 4 devices (``single`` trains it on one device); an iterable run in which each process
   yields its own share of every batch; ``minibatchpredict`` and ``testnet`` on the mesh
   (``multihost.npz``, ``multihost.json``);
 * ``killed``: the run with checkpoints in ``OUT/ckpt-killed``, until process 0 kills the whole
@@ -63,6 +64,19 @@ def train(environment, folder=None, *, resume_from=None, output_fcn=None, **chan
     )
 
 
+def uneven(environment):
+    """Mini-batches of 30 over 4 devices, padded to 32 (no batch norm, whose statistics would
+    see the padding; no dropout, whose mask is drawn for the padded batch)."""
+    L = df.layers
+    net = df.Network(
+        [L.FeatureInput(4), L.FullyConnected(8), L.ReLU(), L.FullyConnected(3), L.Softmax()]
+    )
+    options = df.TrainingOptions(
+        max_epochs=1, mini_batch_size=30, verbose=False, execution_environment=environment
+    )
+    return df.trainnet(X, T, net, "crossentropy", options, key=jax.random.key(run.KEY))[0]
+
+
 def shards(process: int, processes: int):
     """Process ``process``'s share of each of 6 batches of 16: rows ``process::processes`` of
     the batch (in a single process: the whole batch, the processes' shares in order)."""
@@ -96,6 +110,7 @@ def main():
         arrays = {f"many/{k}": v for k, v in learnables(many).items()}
         arrays |= {f"one/{k}": v for k, v in learnables(one).items()}
         arrays |= {f"iterable/{k}": v for k, v in learnables(net).items()}
+        arrays |= {f"uneven/{k}": v for k, v in learnables(uneven("auto")).items()}
         scores = df.minibatchpredict(many, X_VAL, mini_batch_size=16)
         arrays["scores"] = np.asarray(scores.data)
         facts = {
@@ -135,6 +150,7 @@ def main():
         iterable, _ = df.trainnet(
             shards(process, jax.process_count()), run.network(), "crossentropy", options
         )
+        padded = uneven("multi-host")
         scores = df.minibatchpredict(
             net, X_VAL, mini_batch_size=16, execution_environment="multi-host"
         )
@@ -150,6 +166,7 @@ def main():
         if process == 0:
             arrays = {f"run/{k}": v for k, v in learnables(net).items()}
             arrays |= {f"iterable/{k}": v for k, v in learnables(iterable).items()}
+            arrays |= {f"uneven/{k}": v for k, v in learnables(padded).items()}
             arrays["scores"] = np.asarray(scores.data)
             facts = {
                 "loss": info.training_history["loss"].tolist(),

@@ -10,7 +10,7 @@ from helpers import run_python
 pytestmark = pytest.mark.multidevice
 
 CODE = r"""
-import json, jax, numpy as np
+import contextlib, io, json, jax, numpy as np
 import difffn as df
 
 assert len(jax.devices()) == 4, jax.devices()
@@ -47,18 +47,47 @@ result = {
     "val_one": info_one.validation_history["loss"].tolist(),
     "val_many": info_many.validation_history["loss"].tolist(),
 }
-try:
-    train("multi-device", mini_batch_size=30)
-except df.OptionsError as error:
-    result["indivisible"] = str(error)
+def diff(a, b):
+    return max(float(np.max(np.abs(np.asarray(x) - np.asarray(y))))
+               for x, y in zip(jax.tree.leaves(a), jax.tree.leaves(b)))
+
+def plain():  # no layer whose state learns from the whole batch: uneven batches are padded
+    L = df.layers
+    return df.Network([L.FeatureInput(6), L.FullyConnected(8), L.ReLU(), L.FullyConnected(3),
+                       L.Softmax()])
+
+def uneven(environment, net, verbose=False):
+    options = df.TrainingOptions(max_epochs=1, mini_batch_size=30, verbose=verbose,
+                                 execution_environment=environment)
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out):
+        trained, info = df.trainnet(X, T, net, "crossentropy", options, key=jax.random.key(1))
+    return trained, info, out.getvalue()
+
+for name, make in (("padded", plain), ("replicated", network)):
+    one_u, info_u, _ = uneven("auto", make())
+    many_u, info_m, printed = uneven("multi-device", make(), verbose=True)
+    result[name] = {
+        "param_diff": diff(one_u.learnables, many_u.learnables),
+        "state_diff": diff(one_u.state, many_u.state) if name == "replicated" else 0.0,
+        "loss_one": info_u.training_history["loss"].tolist(),
+        "loss_many": info_m.training_history["loss"].tolist(),
+        "printed": [line for line in printed.splitlines() if "Mini-batches" in line],
+    }
+predicted = df.minibatchpredict(one_u, X[:37], mini_batch_size=10,
+                                execution_environment="multi-device")
+result["predict_rows"] = int(np.shape(predicted)[0])
+result["predict_diff"] = float(np.max(np.abs(np.asarray(predicted) - np.asarray(
+    df.minibatchpredict(one_u, X[:37], mini_batch_size=10)))))
 batches = [(X[i:i + 16], T[i:i + 16]) for i in range(0, 96, 16)]
 options = df.TrainingOptions(max_epochs=1, verbose=False, execution_environment="multi-device")
 _, info = df.trainnet(batches, network(), "crossentropy", options)
 result["iterable_iterations"] = len(info.training_history)
-try:
-    df.trainnet([(X[:10], T[:10])], network(), "crossentropy", options)
-except df.OptionsError as error:
-    result["iterable_indivisible"] = str(error)
+# an iterable's batches of 10 over 4 devices: padded to 12, the same training as one device
+odd = [(X[i:i + 10], T[i:i + 10]) for i in range(0, 90, 10)]
+one_i, _ = df.trainnet(odd, plain(), "crossentropy", df.TrainingOptions(max_epochs=1, verbose=False))
+many_i, _ = df.trainnet(odd, plain(), "crossentropy", options)
+result["iterable_padded_diff"] = diff(one_i.learnables, many_i.learnables)
 print("RESULT" + json.dumps(result))
 """
 
@@ -82,12 +111,33 @@ def test_multi_device_training_equals_one_device_up_to_rounding(result):
     assert result["val_one"] == pytest.approx(result["val_many"], rel=1e-4, abs=1e-5)
 
 
-def test_an_indivisible_mini_batch_is_a_clear_error(result):
-    message = result["indivisible"]
-    assert "splits each mini-batch over the 4 devices" in message
-    assert "mini_batch_size must be a multiple of 4; got 30" in message
-    assert "mini_batch_size=28 or 32" in message
-    assert "multiple of 4; got 10" in result["iterable_indivisible"]
+@pytest.mark.parametrize("plan", ["padded", "replicated"])
+def test_an_uneven_mini_batch_trains_as_on_one_device(result, plan):
+    # 30 observations over 4 devices: padded to 32 (the padding weightless), or, with BatchNorm
+    # (whose statistics would see the padding), replicated
+    run = result[plan]
+    assert run["param_diff"] < 1e-4
+    assert run["state_diff"] < 1e-4
+    assert run["loss_one"] == pytest.approx(run["loss_many"], rel=1e-4, abs=1e-5)
+
+
+def test_the_verbose_output_says_what_was_done_with_an_uneven_batch(result):
+    (padded,) = result["padded"]["printed"]
+    assert "Mini-batches of 30 observations are padded to 32" in padded
+    assert "the 2 padded observation(s) carry no weight" in padded
+    (replicated,) = result["replicated"]["printed"]
+    assert "the state of batchnorm_1 learns from the whole batch: they run replicated" in (
+        replicated
+    )
+
+
+def test_an_uneven_iterable_batch_is_padded(result):
+    assert result["iterable_padded_diff"] < 1e-4
+
+
+def test_prediction_of_an_uneven_batch_returns_every_row(result):
+    assert result["predict_rows"] == 37
+    assert result["predict_diff"] < 1e-5
 
 
 def test_iterable_data_is_sharded_too(result):

@@ -74,6 +74,15 @@ def test_each_process_feeding_its_own_shards(runs):
 
 @pytest.mark.multihost
 @pytest.mark.slow
+def test_an_uneven_mini_batch_is_padded_across_processes(runs):
+    # 30 observations over 2 processes x 2 devices: padded to 32, the padding weightless, so
+    # the learnables are those of one device on the unpadded batches
+    out, _ = runs
+    single, _ = _load(out, "single")
+    multi, _ = _load(out, "multihost")
+    _assert_close(_group(multi, "uneven"), _group(single, "uneven"))
+
+
 def test_prediction_and_metrics_on_the_mesh(runs):
     out, _ = runs
     single, single_facts = _load(out, "single")

@@ -11,13 +11,55 @@ from helpers import run_python
 from jax.sharding import PartitionSpec as P
 
 import difffn as df
-from difffn._partition import fsdp_spec
+from difffn._partition import bytes_sent_per_step, fsdp_spec
 
 CODE = r"""
-import json, jax, jax.numpy as jnp, numpy as np
+import json, re, jax, jax.numpy as jnp, numpy as np
 from jax.sharding import PartitionSpec as P
 import difffn as df
+from difffn import _step
 from difffn._partition import bytes_per_device
+
+# The compiled step's HLO of a run (its first step), to count the collectives' bytes.
+compiled, current = {}, [None]
+step_of = _step.Steps.step
+
+
+def recording_step(self, spec):
+    fn = step_of(self, spec)
+
+    def step(*args):
+        if current[0] is not None and current[0] not in compiled:
+            compiled[current[0]] = fn.lower(*args).compile().as_text()
+        return fn(*args)
+
+    return step
+
+
+_step.Steps.step = recording_step
+COLLECTIVE = re.compile(
+    r"= (.+?) (all-reduce|all-gather|reduce-scatter|all-to-all|collective-permute)\("
+)
+ITEM = {"f32": 4, "s32": 4, "u32": 4, "bf16": 2, "f16": 2, "f64": 8, "pred": 1}
+
+
+def collectives(text):
+    # {collective: [bytes of each whole (unsplit) non-scalar array it moves], "scalars": n}
+    found = {"scalars": 0}
+    for line in text.splitlines():
+        match = COLLECTIVE.search(line)
+        if not match:
+            continue
+        shape, op = match.groups()
+        for dtype, dims in re.findall(r"([a-z]+[0-9]*)\[([0-9,]*)\]", shape):
+            if not dims:
+                found["scalars"] += 1
+                continue
+            size = int(np.prod([int(d) for d in dims.split(",")])) * ITEM[dtype]
+            if op == "reduce-scatter":  # its result is one device's part of the whole
+                size *= 4
+            found.setdefault(op, []).append(size)
+    return found
 
 assert len(jax.devices()) == 4, jax.devices()
 rng = np.random.default_rng(0)
@@ -63,8 +105,11 @@ def held(net):
     return sorted(per_device.values()), total
 
 
+current[0] = "replicated"
 replicated = train()
+current[0] = "fsdp"
 fsdp = train(parameter_sharding="fsdp")
+current[0] = None
 own_replicated = train(own=True, mesh_shape={"data": 2, "model": 2})
 own = train(own=True, mesh_shape={"data": 2, "model": 2}, parameter_sharding="fsdp")
 result = {
@@ -74,6 +119,7 @@ result = {
     "fsdp_bytes": held(fsdp),
     "fsdp_specs": {k: str(v.sharding.spec) for k, v in fsdp.learnables.items()},
     "own_spec": str(own.learnables["mp/weights"].sharding.spec),
+    "collectives": {mode: collectives(text) for mode, text in compiled.items()},
 }
 errors = {}
 for name, mesh, spec in [("axis", {"data": 4}, P(None, "tensor")),
@@ -133,6 +179,27 @@ def test_bad_specs_and_meshes_are_named_errors(result):
     assert "names the mesh axis 'tensor'" in errors["axis"] and "Fix" in errors["axis"]
     assert "does not divide" in errors["divide"] and "'bad/weights'" in errors["divide"]
     assert "mesh_shape" in errors["mesh"] and "4 devices" in errors["mesh"]
+
+
+@pytest.mark.multidevice
+def test_the_bytes_formula_matches_the_compiled_steps_collectives(result):
+    # B: the float32 learnables; N = 4 data-parallel devices. The compiled step's collectives,
+    # each array counted whole, priced by the ring costs, are the formula of docs/scaling.md.
+    _, learnable_bytes = result["replicated_bytes"]
+    ring = {"all-reduce": 2 * 3 / 4, "all-gather": 3 / 4, "reduce-scatter": 3 / 4}
+    for mode in ("replicated", "fsdp"):
+        found = result["collectives"][mode]
+        assert found.pop("scalars") <= 2, found  # the loss (and a metric): a few bytes
+        assert set(found) <= set(ring), found  # no all-to-all or permutes: pure data parallel
+        sent = {op: ring[op] * sum(sizes) for op, sizes in found.items()}
+        expected = bytes_sent_per_step(
+            learnable_bytes, 4, mode, reduce_scatter="reduce-scatter" in found
+        )
+        assert sent == pytest.approx(expected), (mode, found)
+    # replicated: exactly the gradients, once; fsdp: the parameters gathered once (kept for the
+    # backward) and the gradients reduced once
+    assert sum(result["collectives"]["replicated"]["all-reduce"]) == learnable_bytes
+    assert sum(result["collectives"]["fsdp"]["all-gather"]) == learnable_bytes
 
 
 @pytest.mark.parametrize(

@@ -39,11 +39,11 @@ def test_training_feeds_of_arrays_and_of_an_iterable():
     arrays.place(placement)
     order = arrays.epoch_order(1, "never", (0,))
     feeds = list(arrays.epoch_feeds(order, 1, placement, 16))  # resumed after one batch
-    assert [spec for spec, _ in feeds] == [("gather", 16, (0,), (0,))]
+    assert [spec for spec, _ in feeds] == [("gather", 16, (0,), (0,), 16)]  # 16: not padded
     assert int(feeds[0][1][3]) == 1  # the batch index the step gathers
     iterable = IterableSource("test", batches_of(X, T, 16), net, max_epochs=2)
     feeds = list(iterable.epoch_feeds(None, 0, placement))
-    assert [spec for spec, _ in feeds] == [("direct", (0,), (0,))] * 2  # the 8 are dropped
+    assert [spec for spec, _ in feeds] == [("direct", (0,), (0,), None)] * 2  # 8 are dropped
     assert iterable.data_batch_size == 16
 
 
