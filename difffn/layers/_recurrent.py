@@ -82,10 +82,13 @@ class _Recurrent(Layer):
         choice(
             self, "gate_activation_function", self.gate_activation_function, tuple(GATE_ACTIVATIONS)
         )
-        for name in ("input_weights_initializer", "recurrent_weights_initializer"):
-            setattr(self, name, init.check(self, name, getattr(self, name), init.RECURRENT))
-        self.bias_initializer = init.check(
-            self, "bias_initializer", self.bias_initializer, bias_initializers
+        init.check_options(
+            self,
+            {
+                "input_weights": init.RECURRENT,
+                "recurrent_weights": init.RECURRENT,
+                "bias": bias_initializers,
+            },
         )
         blocks = self._GATES * self._DIRECTIONS
         self.input_weights = array_or_none(
@@ -123,7 +126,7 @@ class _Recurrent(Layer):
                 f"({input_size}, {w.shape[1]}), or leave it None."
             )
 
-    def _initialize(self, layout, key, unit_forget_gate: bool):
+    def initialize(self, layout, *, key):
         layout = layout_format(
             self, layout, is_sequence_format, want="a 'C' axis and optionally 'B' and 'T'"
         )
@@ -131,30 +134,23 @@ class _Recurrent(Layer):
         self._check_input_size(input_size, f"the input layout {layout!r}")
         h, blocks = self.num_hidden_units, self._GATES * self._DIRECTIONS
         k_input, k_recurrent, k_bias = jax.random.split(key, 3)
+        draws = [
+            ("input_weights", k_input, (input_size, blocks * h), input_size, blocks * h),
+            ("recurrent_weights", k_recurrent, (h, blocks * h), h, blocks * h),
+        ]
         changes = {}
-        for name, k, shape, fan_in in (
-            ("input_weights", k_input, (input_size, blocks * h), input_size),
-            ("recurrent_weights", k_recurrent, (h, blocks * h), h),
-        ):
-            if getattr(self, name) is None:
-                initializer = getattr(self, f"{name}_initializer")
-                changes[name] = init.draw(
-                    self, f"{name}_initializer", initializer, k, shape, fan_in, blocks * h
-                )
         if self.bias is None:
             size = self._bias_blocks() * self._DIRECTIONS * h
-            if unit_forget_gate and self.bias_initializer == "unit-forget-gate":
+            if self.bias_initializer == "unit-forget-gate":  # LSTMs only (GRU's check)
                 # ones for the forget gate (block 1 of the four) of every direction
                 blocks_of_h = jnp.zeros((self._DIRECTIONS, 4, h), jnp.float32).at[:, 1].set(1.0)
                 changes["bias"] = blocks_of_h.reshape(size)
             else:
-                changes["bias"] = init.draw(
-                    self, "bias_initializer", self.bias_initializer, k_bias, (size,), h, size
-                )
+                draws.append(("bias", k_bias, (size,), h, size))
         for name in self._state_fields:
             if getattr(self, name) is None:
                 changes[name] = jnp.zeros((1, self._width()), jnp.float32)
-        return self.replace(**changes) if changes else self
+        return init.fill(self, draws, **changes)
 
     def reset_state(self):
         """The layer with zero states of shape ``(1, channels)`` (they broadcast over batches)."""
@@ -216,7 +212,34 @@ class _Recurrent(Layer):
         return relabel(x, y, out_fmt)
 
 
-class LSTM(_Recurrent):
+class _LSTMFields(_Recurrent):
+    """The fields, checks and initialization of ``LSTM`` and ``BiLSTM`` (never used alone)."""
+
+    num_hidden_units: int
+    _: dataclasses.KW_ONLY
+    output_mode: str = "sequence"
+    state_activation_function: str = "tanh"
+    gate_activation_function: str = "sigmoid"
+    input_weights: jax.Array | None = learnable(default=None)
+    recurrent_weights: jax.Array | None = learnable(default=None)
+    bias: jax.Array | None = learnable(default=None, l2_factor=0.0)  # MATLAB: BiasL2Factor 0
+    hidden_state: jax.Array | None = state(default=None)
+    cell_state: jax.Array | None = state(default=None)
+    input_weights_initializer: Any = "glorot"
+    recurrent_weights_initializer: Any = "orthogonal"
+    bias_initializer: Any = "unit-forget-gate"
+    input_weights_learn_rate_factor: float = 1.0
+    recurrent_weights_learn_rate_factor: float = 1.0
+    bias_learn_rate_factor: float = 1.0
+    input_weights_l2_factor: float = 1.0
+    recurrent_weights_l2_factor: float = 1.0
+    bias_l2_factor: float = 0.0
+
+    def __post_init__(self):
+        self._check_options(init.LSTM_BIAS)
+
+
+class LSTM(_LSTMFields):
     r"""Long short-term memory layer (MATLAB's ``lstmLayer``), on ``df.ops.lstm``.
 
     Input: a format with ``C`` and optionally ``B`` and ``T``, in any order (``"BTC"``,
@@ -277,32 +300,6 @@ class LSTM(_Recurrent):
       'BC'
     """
 
-    num_hidden_units: int
-    _: dataclasses.KW_ONLY
-    output_mode: str = "sequence"
-    state_activation_function: str = "tanh"
-    gate_activation_function: str = "sigmoid"
-    input_weights: jax.Array | None = learnable(default=None)
-    recurrent_weights: jax.Array | None = learnable(default=None)
-    bias: jax.Array | None = learnable(default=None, l2_factor=0.0)  # MATLAB: BiasL2Factor 0
-    hidden_state: jax.Array | None = state(default=None)
-    cell_state: jax.Array | None = state(default=None)
-    input_weights_initializer: Any = "glorot"
-    recurrent_weights_initializer: Any = "orthogonal"
-    bias_initializer: Any = "unit-forget-gate"
-    input_weights_learn_rate_factor: float = 1.0
-    recurrent_weights_learn_rate_factor: float = 1.0
-    bias_learn_rate_factor: float = 1.0
-    input_weights_l2_factor: float = 1.0
-    recurrent_weights_l2_factor: float = 1.0
-    bias_l2_factor: float = 0.0
-
-    def __post_init__(self):
-        self._check_options(init.LSTM_BIAS)
-
-    def initialize(self, layout, *, key):
-        return self._initialize(layout, key, unit_forget_gate=True)
-
     def predict(self, x, *, mask=None):
         xs, fmt = self._time_major(x)
         batch, h = xs.shape[1], self.num_hidden_units
@@ -321,7 +318,7 @@ class LSTM(_Recurrent):
         return y, h_last.astype(h0.dtype), c_last.astype(c0.dtype)
 
 
-class BiLSTM(_Recurrent):
+class BiLSTM(_LSTMFields):
     r"""Bidirectional LSTM layer (MATLAB's ``bilstmLayer``), on ``df.ops.lstm``.
 
     Two LSTMs read the sequence, one forward in time and one backward, and their hidden states
@@ -370,32 +367,6 @@ class BiLSTM(_Recurrent):
     """
 
     _DIRECTIONS = 2
-
-    num_hidden_units: int
-    _: dataclasses.KW_ONLY
-    output_mode: str = "sequence"
-    state_activation_function: str = "tanh"
-    gate_activation_function: str = "sigmoid"
-    input_weights: jax.Array | None = learnable(default=None)
-    recurrent_weights: jax.Array | None = learnable(default=None)
-    bias: jax.Array | None = learnable(default=None, l2_factor=0.0)  # MATLAB: BiasL2Factor 0
-    hidden_state: jax.Array | None = state(default=None)
-    cell_state: jax.Array | None = state(default=None)
-    input_weights_initializer: Any = "glorot"
-    recurrent_weights_initializer: Any = "orthogonal"
-    bias_initializer: Any = "unit-forget-gate"
-    input_weights_learn_rate_factor: float = 1.0
-    recurrent_weights_learn_rate_factor: float = 1.0
-    bias_learn_rate_factor: float = 1.0
-    input_weights_l2_factor: float = 1.0
-    recurrent_weights_l2_factor: float = 1.0
-    bias_l2_factor: float = 0.0
-
-    def __post_init__(self):
-        self._check_options(init.LSTM_BIAS)
-
-    def initialize(self, layout, *, key):
-        return self._initialize(layout, key, unit_forget_gate=True)
 
     def predict(self, x, *, mask=None):
         xs, fmt = self._time_major(x)
