@@ -212,6 +212,19 @@ class _Recurrent(Layer):
         return relabel(x, y, out_fmt)
 
 
+_OPTIONS_DOC = """
+      input_weights_initializer: ``"glorot"`` (default; fans ``input_size`` and the number of
+        weight columns), ``"he"``, ``"narrow-normal"``, ``"orthogonal"``, ``"zeros"``,
+        ``"ones"`` or a function ``fn(key, shape, dtype)``.
+      recurrent_weights_initializer: ``"orthogonal"`` (default), ``"glorot"``, ``"he"``,
+        ``"narrow-normal"``, ``"zeros"``, ``"ones"`` or a function.
+      input_weights_learn_rate_factor: multiplies the global learn rate (default 1); so do
+        ``recurrent_weights_learn_rate_factor`` and ``bias_learn_rate_factor``.
+      input_weights_l2_factor, recurrent_weights_l2_factor: multiply the global L2
+        regularization (default 1); bias_l2_factor: the same for the bias (default 0, as
+        MATLAB's ``BiasL2Factor``)."""
+
+
 class _LSTMFields(_Recurrent):
     """The fields, checks and initialization of ``LSTM`` and ``BiLSTM`` (never used alone)."""
 
@@ -275,17 +288,12 @@ class LSTM(_LSTMFields):
       hidden_state, cell_state: initial states, ``(H,)``, ``(1, H)`` or ``(batch, H)``; ``None``
         until ``initialize`` (zeros).
       bias_initializer: ``"unit-forget-gate"`` (default: ones for the forget gate, zeros
-        elsewhere), ``"zeros"``, ``"ones"``, ``"narrow-normal"`` or a function.
-      input_weights_initializer: ``"glorot"`` (default; fans ``input_size`` and the number of
-        weight columns), ``"he"``, ``"narrow-normal"``, ``"orthogonal"``, ``"zeros"``,
-        ``"ones"`` or a function ``fn(key, shape, dtype)``.
-      recurrent_weights_initializer: ``"orthogonal"`` (default), ``"glorot"``, ``"he"``,
-        ``"narrow-normal"``, ``"zeros"``, ``"ones"`` or a function.
-      input_weights_learn_rate_factor: multiplies the global learn rate (default 1); so do
-        ``recurrent_weights_learn_rate_factor`` and ``bias_learn_rate_factor``.
-      input_weights_l2_factor, recurrent_weights_l2_factor: multiply the global L2
-        regularization (default 1); bias_l2_factor: the same for the bias (default 0, as
-        MATLAB's ``BiasL2Factor``).
+        elsewhere), ``"zeros"``, ``"ones"``, ``"narrow-normal"`` or a function."""
+
+    __doc__ = (
+        (__doc__ or "").rstrip()
+        + _OPTIONS_DOC
+        + """
 
     Examples:
       >>> import jax, jax.numpy as jnp
@@ -299,6 +307,7 @@ class LSTM(_LSTMFields):
       >>> last(df.dlarray(jnp.ones((2, 7, 3)), "BTC"))[0].format
       'BC'
     """
+    )
 
     def predict(self, x, *, mask=None):
         xs, fmt = self._time_major(x)
@@ -342,17 +351,12 @@ class BiLSTM(_LSTMFields):
       input_weights, recurrent_weights, bias, hidden_state, cell_state: as above; ``None``
         until ``initialize``.
       bias_initializer: ``"unit-forget-gate"`` (default; both directions), ``"zeros"``,
-        ``"ones"``, ``"narrow-normal"`` or a function.
-      input_weights_initializer: ``"glorot"`` (default; fans ``input_size`` and the number of
-        weight columns), ``"he"``, ``"narrow-normal"``, ``"orthogonal"``, ``"zeros"``,
-        ``"ones"`` or a function ``fn(key, shape, dtype)``.
-      recurrent_weights_initializer: ``"orthogonal"`` (default), ``"glorot"``, ``"he"``,
-        ``"narrow-normal"``, ``"zeros"``, ``"ones"`` or a function.
-      input_weights_learn_rate_factor: multiplies the global learn rate (default 1); so do
-        ``recurrent_weights_learn_rate_factor`` and ``bias_learn_rate_factor``.
-      input_weights_l2_factor, recurrent_weights_l2_factor: multiply the global L2
-        regularization (default 1); bias_l2_factor: the same for the bias (default 0, as
-        MATLAB's ``BiasL2Factor``).
+        ``"ones"``, ``"narrow-normal"`` or a function."""
+
+    __doc__ = (
+        (__doc__ or "").rstrip()
+        + _OPTIONS_DOC
+        + """
 
     Examples:
       >>> import jax, jax.numpy as jnp
@@ -365,6 +369,7 @@ class BiLSTM(_LSTMFields):
       >>> y.format, y.shape, bool(jnp.array_equal(y.data, h))
       ('BC', (2, 8), True)
     """
+    )
 
     _DIRECTIONS = 2
 
