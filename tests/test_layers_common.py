@@ -106,6 +106,24 @@ def test_initialize_twice_changes_nothing(key, layer, layout, shape):
     assert_tree_allclose(twice, once, rtol=0, atol=0)
 
 
+WITH_LEARNABLES = [(layer, layout) for layer, layout, _ in LAYERS if layer.learnable_names]
+
+
+@pytest.mark.parametrize(
+    ("layer", "layout"), WITH_LEARNABLES, ids=[type(lo).__name__ for lo, _ in WITH_LEARNABLES]
+)
+def test_initialize_fills_only_what_is_none(key, layer, layout):
+    # One shared fill (layers/_initializers.fill) for every built-in layer: a learnable given to
+    # the constructor is kept, and the others draw what they would draw without it.
+    full = _initialized(layer, layout, key)
+    first, *others = layer.learnable_names
+    given = jnp.full_like(getattr(full, first), 0.5)
+    partial = _initialized(layer.replace(**{first: given}), layout, key)
+    assert np.array_equal(getattr(partial, first), given)
+    for name in others:
+        assert np.array_equal(getattr(partial, name), getattr(full, name)), name
+
+
 @pytest.mark.parametrize(("layer", "layout", "shape"), LAYERS, ids=IDS)
 def test_jit_grad_and_training_mode(key, layer, layout, shape):
     k_init, k_x, k_drop = jax.random.split(key, 3)

@@ -190,14 +190,8 @@ class SelfAttention(Layer):
             expected="a number in [0, 1)",
             fix="e.g. dropout_probability=0.1 (MATLAB's default is 0).",
         )
-        for name in _WEIGHTS:
-            initializer = f"{name}_initializer"
-            setattr(self, initializer, init.check(self, initializer, getattr(self, initializer),
-                                                  init.RECURRENT))  # fmt: skip
-        for name in _BIASES:
-            initializer = f"{name}_initializer"
-            setattr(self, initializer, init.check(self, initializer, getattr(self, initializer),
-                                                  init.BIAS))  # fmt: skip
+        init.check_options(self, dict.fromkeys(_WEIGHTS, init.RECURRENT))
+        init.check_options(self, dict.fromkeys(_BIASES, init.BIAS))
         for name, shape in self._shapes(None).items():
             what = ", ".join("any" if n is None else str(n) for n in shape)
             setattr(self, name, array_or_none(self, name, getattr(self, name), shape, what))
@@ -273,18 +267,13 @@ class SelfAttention(Layer):
                 )
         channels = known_size(self, layout, "C", "number of channels")
         self._check_channels(channels, f"the input layout {layout!r}")
-        changes = {}
+        shapes = self._shapes(channels)
         keys = jax.random.split(key, len(_WEIGHTS) + len(_BIASES))
-        for k, (name, shape) in zip(keys, self._shapes(channels).items(), strict=True):
-            if getattr(self, name) is not None:
-                continue
-            weights_name = name.replace("_bias", "_weights")
-            fan_in, fan_out = self._shapes(channels)[weights_name]
-            changes[name] = init.draw(
-                self, f"{name}_initializer", getattr(self, f"{name}_initializer"), k, shape,
-                fan_in, fan_out,
-            )  # fmt: skip
-        return self.replace(**changes) if changes else self
+        draws = [
+            (name, k, shape, *shapes[name.replace("_bias", "_weights")])
+            for k, (name, shape) in zip(keys, shapes.items(), strict=True)
+        ]
+        return init.fill(self, draws)
 
     def predict(self, *inputs, mask=None):
         return self._attend(inputs, probability=0.0, key=None, sequence_mask=mask)

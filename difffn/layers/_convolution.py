@@ -16,11 +16,7 @@ import jax
 from .. import ops
 from .._errors import FormatError, LayerError
 from .._fields import learnable
-from .._layer import Layer
-from . import _factor_options as factor_options
-from . import _initializers as init
 from ._checks import (
-    array_or_none,
     bad_argument,
     data_and_format,
     int_pair,
@@ -33,6 +29,7 @@ from ._checks import (
     spatial_2d_format,
     who,
 )
+from ._weights_and_bias import WeightsAndBias
 
 _PAD_WORDS = ("symmetric-include-edge", "symmetric-exclude-edge", "replicate")
 _OPTIONS_DOC = """
@@ -76,11 +73,10 @@ def _padding_value(layer, value):
     )
 
 
-class _Convolution(Layer):
+class _Convolution(WeightsAndBias):
     """What ``Conv1D``, ``Conv2D`` and ``Conv3D`` share (never used alone)."""
 
-    formattable = True
-    _factor_options: ClassVar = factor_options.conv_like()
+    _outputs: ClassVar[str] = "num_filters"
     _dims: ClassVar[int]
     _plain_format: ClassVar[str]
 
@@ -92,21 +88,10 @@ class _Convolution(Layer):
             fix=f"e.g. {type(self).__name__}(3, 16) for 16 filters.",
         )
         self.padding_value = _padding_value(self, self.padding_value)
-        self.weights_initializer = init.check(
-            self, "weights_initializer", self.weights_initializer, init.WEIGHTS
-        )
-        self.bias_initializer = init.check(
-            self, "bias_initializer", self.bias_initializer, init.BIAS
-        )
-        self.weights = array_or_none(
-            self,
-            "weights",
-            self.weights,
+        self._check_weights_and_bias(
             (*self.filter_size, None, self.num_filters),
             "filter size, input channels per group, num_filters",
         )
-        self.bias = array_or_none(self, "bias", self.bias, (self.num_filters,), "num_filters")
-        factor_options.record(self, self._factor_options)
 
     def _groups(self, in_channels: int) -> int:
         return 1
@@ -135,24 +120,12 @@ class _Convolution(Layer):
         groups = self._check_channels(in_channels, f"the input layout {layout!r}")
         window = math.prod(self.filter_size)
         per_group = in_channels // groups
-        fans = dict(fan_in=window * per_group, fan_out=window * self.num_filters // groups)
-        k_weights, k_bias = jax.random.split(key)
-        changes = {}
-        if self.weights is None:
-            shape = (*self.filter_size, per_group, self.num_filters)
-            changes["weights"] = init.draw(
-                self, "weights_initializer", self.weights_initializer, k_weights, shape, **fans
-            )
-        if self.bias is None:
-            changes["bias"] = init.draw(
-                self,
-                "bias_initializer",
-                self.bias_initializer,
-                k_bias,
-                (self.num_filters,),
-                **fans,
-            )
-        return self.replace(**changes) if changes else self
+        return self._draw_weights_and_bias(
+            key,
+            (*self.filter_size, per_group, self.num_filters),
+            fan_in=window * per_group,
+            fan_out=window * self.num_filters // groups,
+        )
 
     def predict(self, x):
         require(self, "weights", "bias")
@@ -172,6 +145,30 @@ class _Convolution(Layer):
         return relabel(x, y, fmt)
 
 
+class _UngroupedConvolution(_Convolution):
+    """The fields of ``Conv1D`` and ``Conv3D`` (never used alone).
+
+    ``Conv2D`` declares its own: it adds ``groups``, and its field order (its signature and
+    ``repr``) puts ``padding_value`` after the initializers.
+    """
+
+    filter_size: Any
+    num_filters: int
+    _: dataclasses.KW_ONLY
+    stride: Any = 1
+    padding: Any = 0
+    dilation: Any = 1
+    padding_value: Any = 0
+    weights: jax.Array | None = learnable(default=None)
+    bias: jax.Array | None = learnable(default=None, l2_factor=0.0)  # MATLAB: BiasL2Factor 0
+    weights_initializer: Any = "glorot"
+    bias_initializer: Any = "zeros"
+    weight_learn_rate_factor: float = 1.0
+    weight_l2_factor: float = 1.0
+    bias_learn_rate_factor: float = 1.0
+    bias_l2_factor: float = 0.0
+
+
 def _is_sequence_1d(fmt: str) -> bool:
     """One ``C``; one ``S`` or a ``T``; optionally ``B`` (and ``T`` with the ``S``)."""
     return (
@@ -182,7 +179,7 @@ def _is_sequence_1d(fmt: str) -> bool:
     )
 
 
-class Conv1D(_Convolution):
+class Conv1D(_UngroupedConvolution):
     r"""1-D convolution (MATLAB's ``convolution1dLayer``).
 
     The window slides over time for sequences (``"BTC"``, ``"CBT"``: a temporal convolution)
@@ -228,22 +225,6 @@ class Conv1D(_Convolution):
         "a sequence ('BTC', 'CBT'), a 1-D image ('BSC') or a 1-D image sequence ('BSCT'): one "
         "'C', and one 'S' or a 'T' (for 2-D images use Conv2D)"
     )
-
-    filter_size: Any
-    num_filters: int
-    _: dataclasses.KW_ONLY
-    stride: Any = 1
-    padding: Any = 0
-    dilation: Any = 1
-    padding_value: Any = 0
-    weights: jax.Array | None = learnable(default=None)
-    bias: jax.Array | None = learnable(default=None, l2_factor=0.0)  # MATLAB: BiasL2Factor 0
-    weights_initializer: Any = "glorot"
-    bias_initializer: Any = "zeros"
-    weight_learn_rate_factor: float = 1.0
-    weight_l2_factor: float = 1.0
-    bias_learn_rate_factor: float = 1.0
-    bias_l2_factor: float = 0.0
 
     def __post_init__(self):
         (self.filter_size,) = _ints(
@@ -405,7 +386,7 @@ class Conv2D(_Convolution):
         return spatial_2d_format(self, fmt, shape)
 
 
-class Conv3D(_Convolution):
+class Conv3D(_UngroupedConvolution):
     r"""3-D convolution (MATLAB's ``convolution3dLayer``).
 
     Input and output: 3-D images (volumes) with one ``B``, three ``S`` and one ``C`` axis in any
@@ -446,22 +427,6 @@ class Conv3D(_Convolution):
 
     _dims: ClassVar[int] = 3
     _want: ClassVar[str] = "e.g. 'BSSSC' (NDHWC volumes: one 'B', three 'S', one 'C')"
-
-    filter_size: Any
-    num_filters: int
-    _: dataclasses.KW_ONLY
-    stride: Any = 1
-    padding: Any = 0
-    dilation: Any = 1
-    padding_value: Any = 0
-    weights: jax.Array | None = learnable(default=None)
-    bias: jax.Array | None = learnable(default=None, l2_factor=0.0)  # MATLAB: BiasL2Factor 0
-    weights_initializer: Any = "glorot"
-    bias_initializer: Any = "zeros"
-    weight_learn_rate_factor: float = 1.0
-    weight_l2_factor: float = 1.0
-    bias_learn_rate_factor: float = 1.0
-    bias_l2_factor: float = 0.0
 
     def __post_init__(self):
         fix = "e.g. {}=3 or (3, 3, 1)."

@@ -29,13 +29,38 @@ from ._checks import (
     who,
 )
 
-_WEIGHT_FACTORS = {
-    "weight_learn_rate_factor": (factors.LEARN_RATE, ("weights",)),
-    "weight_l2_factor": (factors.L2, ("weights",)),
-}
+
+class _Table(Layer):
+    """What ``Embedding`` and ``PositionEmbedding`` share (never used alone).
+
+    A learned table ``weights``, one vector per row, with its initializer and two factor options;
+    a subclass names the fields that hold the number of rows and of columns.
+    """
+
+    formattable = True
+    _factor_options: ClassVar = {
+        "weight_learn_rate_factor": (factors.LEARN_RATE, ("weights",)),
+        "weight_l2_factor": (factors.L2, ("weights",)),
+    }
+    _rows_and_columns: ClassVar[tuple[str, str]]
+
+    def _table_shape(self) -> tuple[int, int]:
+        return tuple(getattr(self, n) for n in self._rows_and_columns)
+
+    def _check_table(self) -> None:
+        """Check the initializer, a given table and the factor options (``__post_init__``)."""
+        init.check_options(self, {"weights": init.RECURRENT})
+        what = ", ".join(self._rows_and_columns)
+        self.weights = array_or_none(self, "weights", self.weights, self._table_shape(), what)
+        factors.record(self, self._factor_options)
+
+    def _draw_table(self, key):
+        """The layer with ``weights`` drawn if it is still ``None`` (fans: its two sizes)."""
+        shape = self._table_shape()
+        return init.fill(self, [("weights", key, shape, *shape)])
 
 
-class Embedding(Layer):
+class Embedding(_Table):
     """Word embedding: one learned vector per word index (MATLAB's ``wordEmbeddingLayer``).
 
     Input: word indices, 0-based (MATLAB's start at 1), integers or floats holding integers (as
@@ -69,8 +94,7 @@ class Embedding(Layer):
       ('BTC', (1, 3, 4), True)
     """
 
-    formattable = True
-    _factor_options: ClassVar = _WEIGHT_FACTORS
+    _rows_and_columns: ClassVar[tuple[str, str]] = ("num_words", "dimension")
 
     dimension: int
     num_words: int
@@ -89,13 +113,7 @@ class Embedding(Layer):
             self, "num_words", self.num_words, fix="e.g. Embedding(dimension, 5000)."
         )
         choice(self, "oov_mode", self.oov_mode, ("map-to-last", "error"))
-        self.weights_initializer = init.check(
-            self, "weights_initializer", self.weights_initializer, init.RECURRENT
-        )
-        self.weights = array_or_none(
-            self, "weights", self.weights, (self.num_words, self.dimension), "num_words, dimension"
-        )
-        factors.record(self, self._factor_options)
+        self._check_table()
 
     def initialize(self, layout, *, key):
         layout = layout_format(
@@ -104,13 +122,7 @@ class Embedding(Layer):
             lambda f: "C" not in f or layout.size("C") in (1, None),
             want="word indices: no 'C' axis, or one of size 1 (e.g. 'BTC' from SequenceInput(1))",
         )
-        if self.weights is not None:
-            return self
-        shape = (self.num_words, self.dimension)
-        weights = init.draw(
-            self, "weights_initializer", self.weights_initializer, key, shape, *shape
-        )
-        return self.replace(weights=weights)
+        return self._draw_table(key)
 
     def predict(self, x):
         require(self, "weights")
@@ -161,7 +173,7 @@ def _place(table, shape, fmt: str, axis: int):
     return jnp.broadcast_to(jnp.reshape(table if axis < c else table.T, expanded), out_shape)
 
 
-class PositionEmbedding(Layer):
+class PositionEmbedding(_Table):
     """Learned position embedding (MATLAB's ``positionEmbeddingLayer``).
 
     Maps each position along the sequence (``T``) or the one spatial axis (``S``, 1-D images)
@@ -193,8 +205,7 @@ class PositionEmbedding(Layer):
       ('BTC', (2, 6, 4), True)
     """
 
-    formattable = True
-    _factor_options: ClassVar = _WEIGHT_FACTORS
+    _rows_and_columns: ClassVar[tuple[str, str]] = ("max_position", "output_size")
 
     output_size: int
     max_position: int
@@ -213,17 +224,7 @@ class PositionEmbedding(Layer):
             self, "max_position", self.max_position, fix="e.g. PositionEmbedding(64, 512)."
         )
         choice(self, "position_dimension", self.position_dimension, ("auto", "temporal", "spatial"))
-        self.weights_initializer = init.check(
-            self, "weights_initializer", self.weights_initializer, init.RECURRENT
-        )
-        self.weights = array_or_none(
-            self,
-            "weights",
-            self.weights,
-            (self.max_position, self.output_size),
-            "max_position, output_size",
-        )
-        factors.record(self, self._factor_options)
+        self._check_table()
 
     def _axis(self, fmt: str, where: str) -> int:
         axis = _position_axis(fmt, self.position_dimension) if "C" in fmt else None
@@ -238,13 +239,7 @@ class PositionEmbedding(Layer):
     def initialize(self, layout, *, key):
         layout = layout_format(self, layout, lambda f: True, want="")
         self._axis(layout.format, f"the input layout {layout!r}")
-        if self.weights is not None:
-            return self
-        shape = (self.max_position, self.output_size)
-        weights = init.draw(
-            self, "weights_initializer", self.weights_initializer, key, shape, *shape
-        )
-        return self.replace(weights=weights)
+        return self._draw_table(key)
 
     def predict(self, x):
         require(self, "weights")

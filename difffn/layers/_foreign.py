@@ -19,7 +19,56 @@ import jax
 from .._errors import FormatError, LayerError
 from .._fields import BASE_FIELDS
 from .._format import FormattedArray, Layout, _validate_format, dlarray, permute
+from .._layer import Layer
 from ._checks import who
+
+
+class ForeignModule(Layer):
+    """Base of ``FromNNX`` and ``FromEquinox`` (never used alone).
+
+    A subclass's hand-written ``__init__`` takes the module apart and ends with
+    :meth:`_finish_init`; ``structure`` holds what it keeps of the module (``module_type``,
+    ``random``).
+    """
+
+    def _finish_init(self, module, *, skip: int, wrapper: str) -> None:
+        """Default ``num_inputs`` and ``description`` from the module, then ``__post_init__``.
+
+        Args:
+          module: the wrapped module.
+          skip: the positional parameters of its ``__call__`` that are not inputs (``self``,
+            an equinox state).
+          wrapper: the layer class's name, for the description (``"FromNNX(Linear)"``).
+        """
+        if self.num_inputs is None and self.input_names is None:
+            self.num_inputs = call_arity(type(module).__call__, skip=skip)
+        if not self.description:
+            self.description = f"{wrapper}({type(module).__name__})"
+        self.__post_init__()
+
+    def initialize(self, *layouts, key):
+        """Nothing to fill (the module has its parameters); checks that the outputs fit.
+
+        Raises:
+          LayerError: without ``fmt``, an output's rank differs from the input format's.
+        """
+        del key
+        check_output_ranks(self, layouts)
+        return self
+
+    def _require_key(self, key, randomness: str) -> None:
+        """Training a module that draws random numbers needs a key: say so when there is none.
+
+        Args:
+          key: the key ``forward`` was given.
+          randomness: what in the module draws, completing "the module ... {randomness}".
+        """
+        if key is None and self.structure.random:
+            raise LayerError(
+                f"{who(self)}: the module {self.structure.module_type} {randomness}, so "
+                "training needs randomness, but no key was given. Fix: pass "
+                "key=jax.random.key(...) (net.forward(x, key=key); trainnet passes one)."
+            )
 
 
 class Structure:

@@ -24,7 +24,6 @@ import numpy as np
 from .._errors import LayerError, MissingDependencyError
 from .._fields import learnable
 from .._fields import state as state_field
-from .._layer import Layer
 from . import _foreign
 from ._checks import who
 
@@ -83,7 +82,7 @@ def _state_names(eqx_state) -> tuple[str, ...]:
     return tuple(names)
 
 
-class FromEquinox(Layer):
+class FromEquinox(_foreign.ForeignModule):
     """An ``equinox`` module used as a layer: its inexact-array leaves are learnables.
 
     The leaves of the module that ``eqx.is_inexact_array`` selects (what ``eqx.filter_grad``
@@ -213,11 +212,7 @@ class FromEquinox(Layer):
         if state is not None:
             self.state = dict(zip(self.structure.state_names, jax.tree.leaves(state)))
         self.fmt, self.output_format, self.vmap = fmt, output_format, vmap
-        if self.num_inputs is None and self.input_names is None:
-            self.num_inputs = _foreign.call_arity(call, skip=2 if state is not None else 1)
-        if not self.description:
-            self.description = f"FromEquinox({type(module).__name__})"
-        self.__post_init__()
+        self._finish_init(module, skip=2 if state is not None else 1, wrapper="FromEquinox")
 
     def __post_init__(self):
         if not isinstance(self.vmap, bool):
@@ -238,16 +233,6 @@ class FromEquinox(Layer):
         """``("state",)`` for a module with an ``eqx.nn.State``, else ``()``."""
         return ("state",) if self.state else ()
 
-    def initialize(self, *layouts, key):
-        """Nothing to fill (the module has its parameters); checks that the outputs fit.
-
-        Raises:
-          LayerError: without ``fmt``, an output's rank differs from the input format's.
-        """
-        del key
-        _foreign.check_output_ranks(self, layouts)
-        return self
-
     def module(self, *, training: bool = False):
         """The equinox module with the layer's current values (in training or inference mode)."""
         eqx = _eqx()
@@ -265,12 +250,7 @@ class FromEquinox(Layer):
         return self._run(inputs, training=False, key=None)
 
     def forward(self, *inputs, key=None):
-        if key is None and self.structure.random:
-            raise LayerError(
-                f"{who(self)}: the module {self.structure.module_type} holds eqx.nn.Dropout, so "
-                "training needs randomness, but no key was given. Fix: pass "
-                "key=jax.random.key(...) (net.forward(x, key=key); trainnet passes one)."
-            )
+        self._require_key(key, "holds eqx.nn.Dropout")
         return self._run(inputs, training=True, key=key)
 
     def _run(self, inputs, *, training: bool, key):

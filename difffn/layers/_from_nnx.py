@@ -19,7 +19,6 @@ import jax.numpy as jnp
 
 from .._errors import LayerError
 from .._fields import learnable, state
-from .._layer import Layer
 from . import _foreign
 from ._checks import who
 
@@ -73,7 +72,7 @@ def _nested(flat: dict[tuple, Any]) -> dict:
     return nested
 
 
-class FromNNX(Layer):
+class FromNNX(_foreign.ForeignModule):
     """A ``flax.nnx`` module used as a layer: its ``nnx.Param`` variables are learnables.
 
     The module's parameters become the learnable ``params`` (a dict from each parameter's path
@@ -173,24 +172,10 @@ class FromNNX(Layer):
         self.batch_stats = {n: v for n, (_, v) in groups[1].items()}
         self.constants = {n: v for n, (_, v) in groups[2].items()} or None
         self.fmt, self.output_format = fmt, output_format
-        if self.num_inputs is None and self.input_names is None:
-            self.num_inputs = _foreign.call_arity(type(module).__call__, skip=1)
-        if not self.description:
-            self.description = f"FromNNX({type(module).__name__})"
-        self.__post_init__()
+        self._finish_init(module, skip=1, wrapper="FromNNX")
 
     def __post_init__(self):
         self.formattable = _foreign.check_formats(self)
-
-    def initialize(self, *layouts, key):
-        """Nothing to fill (the module has its parameters); checks that the outputs fit.
-
-        Raises:
-          LayerError: without ``fmt``, an output's rank differs from the input format's.
-        """
-        del key
-        _foreign.check_output_ranks(self, layouts)
-        return self
 
     @property
     def state_names(self) -> tuple[str, ...]:
@@ -232,13 +217,7 @@ class FromNNX(Layer):
 
     def forward(self, *inputs, key=None):
         nnx = _nnx()
-        if key is None and self.structure.random:
-            raise LayerError(
-                f"{who(self)}: the module {self.structure.module_type} has random streams "
-                f"{list(self.structure.tags)} (e.g. nnx.Dropout), so training needs randomness, "
-                "but no key was given. Fix: pass key=jax.random.key(...) (net.forward(x, "
-                "key=key); trainnet passes one)."
-            )
+        self._require_key(key, f"has random streams {list(self.structure.tags)} (e.g. nnx.Dropout)")
         module = self.module(training=True, key=key)
         result = module(*_foreign.module_inputs(self, inputs))
         outputs = _foreign.layer_outputs(self, result, self.structure.module_type)

@@ -11,11 +11,7 @@ import jax
 from .. import ops
 from .._errors import FormatError, LayerError
 from .._fields import learnable
-from .._layer import Layer
-from . import _factor_options as factor_options
-from . import _initializers as init
 from ._checks import (
-    array_or_none,
     data_and_format,
     layout_format,
     positive_int,
@@ -23,6 +19,7 @@ from ._checks import (
     require,
     who,
 )
+from ._weights_and_bias import WeightsAndBias
 
 
 def _input_size(layer, layout) -> int:
@@ -40,7 +37,7 @@ def _input_size(layer, layout) -> int:
     return size
 
 
-class FullyConnected(Layer):
+class FullyConnected(WeightsAndBias):
     r"""Fully connected layer, :math:`y = x W + b` (MATLAB's ``fullyConnectedLayer``).
 
     The ``S``, ``C`` and ``U`` axes are flattened into ``C`` in storage order (row-major, the last
@@ -74,8 +71,7 @@ class FullyConnected(Layer):
       ('BC', (2, 10))
     """
 
-    formattable = True
-    _factor_options: ClassVar = factor_options.conv_like()
+    _outputs: ClassVar[str] = "output_size"
 
     output_size: int
     _: dataclasses.KW_ONLY
@@ -92,17 +88,7 @@ class FullyConnected(Layer):
         self.output_size = positive_int(
             self, "output_size", self.output_size, fix="e.g. FullyConnected(10)."
         )
-        self.weights_initializer = init.check(
-            self, "weights_initializer", self.weights_initializer, init.WEIGHTS
-        )
-        self.bias_initializer = init.check(
-            self, "bias_initializer", self.bias_initializer, init.BIAS
-        )
-        self.weights = array_or_none(
-            self, "weights", self.weights, (None, self.output_size), "input_size, output_size"
-        )
-        self.bias = array_or_none(self, "bias", self.bias, (self.output_size,), "output_size")
-        factor_options.record(self, self._factor_options)
+        self._check_weights_and_bias((None, self.output_size), "input_size, output_size")
 
     def _check_features(self, features: int, where: str) -> None:
         if self.weights is not None and self.weights.shape[0] != features:
@@ -117,29 +103,9 @@ class FullyConnected(Layer):
         layout = layout_format(self, layout, lambda f: True, want="any format")
         features = _input_size(self, layout)
         self._check_features(features, f"the input layout {layout!r}")
-        k_weights, k_bias = jax.random.split(key)
-        changes = {}
-        if self.weights is None:
-            changes["weights"] = init.draw(
-                self,
-                "weights_initializer",
-                self.weights_initializer,
-                k_weights,
-                (features, self.output_size),
-                features,
-                self.output_size,
-            )
-        if self.bias is None:
-            changes["bias"] = init.draw(
-                self,
-                "bias_initializer",
-                self.bias_initializer,
-                k_bias,
-                (self.output_size,),
-                features,
-                self.output_size,
-            )
-        return self.replace(**changes) if changes else self
+        return self._draw_weights_and_bias(
+            key, (features, self.output_size), fan_in=features, fan_out=self.output_size
+        )
 
     def predict(self, x):
         require(self, "weights", "bias")

@@ -100,9 +100,6 @@ class GRU(_Recurrent):
         choice(self, "reset_gate_mode", self.reset_gate_mode, RESET_GATE_MODES)
         self._check_options(init.BIAS)
 
-    def initialize(self, layout, *, key):
-        return self._initialize(layout, key, unit_forget_gate=False)
-
     def predict(self, x, *, mask=None):
         xs, fmt = self._time_major(x)
         batch, h = xs.shape[1], self.num_hidden_units

@@ -70,3 +70,35 @@ def draw(layer, argument: str, initializer, key, shape, fan_in: int, fan_out: in
     if initializer == "ones":
         return jnp.ones(shape, dtype)
     raise AssertionError(initializer)  # check() admits only the names above
+
+
+def check_options(layer, allowed: dict[str, tuple[str, ...]]) -> None:
+    """Check each learnable's ``<name>_initializer`` option in place (call in ``__post_init__``).
+
+    Args:
+      layer: the layer being constructed (or replaced).
+      allowed: learnable field name -> the initializer names its option admits.
+    """
+    for field, names in allowed.items():
+        option = f"{field}_initializer"
+        setattr(layer, option, check(layer, option, getattr(layer, option), names))
+
+
+def fill(layer, draws, **changes):
+    """``layer`` with every learnable that is still ``None`` drawn from its initializer option.
+
+    Args:
+      layer: the layer being initialized.
+      draws: ``(field, key, shape, fan_in, fan_out)`` per learnable; its initializer is the
+        option ``<field>_initializer``.
+      **changes: other new values (initial states), set in the same copy.
+
+    Returns:
+      The new layer, or ``layer`` itself when nothing was ``None``.
+    """
+    for field, key, shape, fan_in, fan_out in draws:
+        if getattr(layer, field) is None:
+            option = f"{field}_initializer"
+            initializer = getattr(layer, option)
+            changes[field] = draw(layer, option, initializer, key, shape, fan_in, fan_out)
+    return layer.replace(**changes) if changes else layer

@@ -57,12 +57,7 @@ class _PerChannel(Layer):
             expected="a positive number",
             fix="e.g. epsilon=1e-5 (MATLAB's default).",
         )
-        self.offset_initializer = init.check(
-            self, "offset_initializer", self.offset_initializer, init.BIAS
-        )
-        self.scale_initializer = init.check(
-            self, "scale_initializer", self.scale_initializer, init.BIAS
-        )
+        init.check_options(self, {"offset": init.BIAS, "scale": init.BIAS})
         sizes = set()
         for name in self._parameters:
             value = array_or_none(self, name, getattr(self, name), (None,), "one value per channel")
@@ -87,30 +82,26 @@ class _PerChannel(Layer):
                     "it None so that initialize fills it."
                 )
 
-    def _initial(self, layout, key) -> dict:
-        """Check the layout; the offset and scale that are still ``None``, drawn."""
+    def initialize(self, layout, *, key):
         layout = layout_format(self, layout, lambda f: "C" in f, want="a format with a 'C' axis")
         channels = known_size(self, layout, "C", "number of channels")
         self._check_channels(channels, f"the input layout {layout!r}")
         self._check_layout(layout, channels)
         k_offset, k_scale = jax.random.split(key)
-        shape, changes = (channels,), {}
-        if self.offset is None:
-            changes["offset"] = init.draw(
-                self, "offset_initializer", self.offset_initializer, k_offset, shape, 1, 1
-            )
-        if self.scale is None:
-            changes["scale"] = init.draw(
-                self, "scale_initializer", self.scale_initializer, k_scale, shape, 1, 1
-            )
-        return changes
+        shape = (channels,)
+        return init.fill(
+            self,
+            [("offset", k_offset, shape, 1, 1), ("scale", k_scale, shape, 1, 1)],
+            **self._initial_states(channels),
+        )
 
     def _check_layout(self, layout, channels: int) -> None:
         del layout, channels
 
-    def initialize(self, layout, *, key):
-        changes = self._initial(layout, key)
-        return self.replace(**changes) if changes else self
+    def _initial_states(self, channels: int) -> dict:
+        """The state fields that are still ``None``, with their initial values."""
+        del channels
+        return {}
 
     def _prepare(self, x):
         require(self, *self._parameters)
@@ -209,14 +200,13 @@ class BatchNorm(_PerChannel):
             )
         self._check_per_channel_options()
 
-    def initialize(self, layout, *, key):
-        changes = self._initial(layout, key)
-        channels = layout.size("C")
+    def _initial_states(self, channels: int) -> dict:
+        states = {}
         if self.trained_mean is None:
-            changes["trained_mean"] = jnp.zeros((channels,), jnp.float32)
+            states["trained_mean"] = jnp.zeros((channels,), jnp.float32)
         if self.trained_variance is None:
-            changes["trained_variance"] = jnp.ones((channels,), jnp.float32)
-        return self.replace(**changes) if changes else self
+            states["trained_variance"] = jnp.ones((channels,), jnp.float32)
+        return states
 
     def _prepare(self, x):
         data, fmt = super()._prepare(x)

@@ -82,10 +82,13 @@ class _Recurrent(Layer):
         choice(
             self, "gate_activation_function", self.gate_activation_function, tuple(GATE_ACTIVATIONS)
         )
-        for name in ("input_weights_initializer", "recurrent_weights_initializer"):
-            setattr(self, name, init.check(self, name, getattr(self, name), init.RECURRENT))
-        self.bias_initializer = init.check(
-            self, "bias_initializer", self.bias_initializer, bias_initializers
+        init.check_options(
+            self,
+            {
+                "input_weights": init.RECURRENT,
+                "recurrent_weights": init.RECURRENT,
+                "bias": bias_initializers,
+            },
         )
         blocks = self._GATES * self._DIRECTIONS
         self.input_weights = array_or_none(
@@ -123,7 +126,7 @@ class _Recurrent(Layer):
                 f"({input_size}, {w.shape[1]}), or leave it None."
             )
 
-    def _initialize(self, layout, key, unit_forget_gate: bool):
+    def initialize(self, layout, *, key):
         layout = layout_format(
             self, layout, is_sequence_format, want="a 'C' axis and optionally 'B' and 'T'"
         )
@@ -131,30 +134,23 @@ class _Recurrent(Layer):
         self._check_input_size(input_size, f"the input layout {layout!r}")
         h, blocks = self.num_hidden_units, self._GATES * self._DIRECTIONS
         k_input, k_recurrent, k_bias = jax.random.split(key, 3)
+        draws = [
+            ("input_weights", k_input, (input_size, blocks * h), input_size, blocks * h),
+            ("recurrent_weights", k_recurrent, (h, blocks * h), h, blocks * h),
+        ]
         changes = {}
-        for name, k, shape, fan_in in (
-            ("input_weights", k_input, (input_size, blocks * h), input_size),
-            ("recurrent_weights", k_recurrent, (h, blocks * h), h),
-        ):
-            if getattr(self, name) is None:
-                initializer = getattr(self, f"{name}_initializer")
-                changes[name] = init.draw(
-                    self, f"{name}_initializer", initializer, k, shape, fan_in, blocks * h
-                )
         if self.bias is None:
             size = self._bias_blocks() * self._DIRECTIONS * h
-            if unit_forget_gate and self.bias_initializer == "unit-forget-gate":
+            if self.bias_initializer == "unit-forget-gate":  # LSTMs only (GRU's check)
                 # ones for the forget gate (block 1 of the four) of every direction
                 blocks_of_h = jnp.zeros((self._DIRECTIONS, 4, h), jnp.float32).at[:, 1].set(1.0)
                 changes["bias"] = blocks_of_h.reshape(size)
             else:
-                changes["bias"] = init.draw(
-                    self, "bias_initializer", self.bias_initializer, k_bias, (size,), h, size
-                )
+                draws.append(("bias", k_bias, (size,), h, size))
         for name in self._state_fields:
             if getattr(self, name) is None:
                 changes[name] = jnp.zeros((1, self._width()), jnp.float32)
-        return self.replace(**changes) if changes else self
+        return init.fill(self, draws, **changes)
 
     def reset_state(self):
         """The layer with zero states of shape ``(1, channels)`` (they broadcast over batches)."""
@@ -216,7 +212,47 @@ class _Recurrent(Layer):
         return relabel(x, y, out_fmt)
 
 
-class LSTM(_Recurrent):
+_OPTIONS_DOC = """
+      input_weights_initializer: ``"glorot"`` (default; fans ``input_size`` and the number of
+        weight columns), ``"he"``, ``"narrow-normal"``, ``"orthogonal"``, ``"zeros"``,
+        ``"ones"`` or a function ``fn(key, shape, dtype)``.
+      recurrent_weights_initializer: ``"orthogonal"`` (default), ``"glorot"``, ``"he"``,
+        ``"narrow-normal"``, ``"zeros"``, ``"ones"`` or a function.
+      input_weights_learn_rate_factor: multiplies the global learn rate (default 1); so do
+        ``recurrent_weights_learn_rate_factor`` and ``bias_learn_rate_factor``.
+      input_weights_l2_factor, recurrent_weights_l2_factor: multiply the global L2
+        regularization (default 1); bias_l2_factor: the same for the bias (default 0, as
+        MATLAB's ``BiasL2Factor``)."""
+
+
+class _LSTMFields(_Recurrent):
+    """The fields, checks and initialization of ``LSTM`` and ``BiLSTM`` (never used alone)."""
+
+    num_hidden_units: int
+    _: dataclasses.KW_ONLY
+    output_mode: str = "sequence"
+    state_activation_function: str = "tanh"
+    gate_activation_function: str = "sigmoid"
+    input_weights: jax.Array | None = learnable(default=None)
+    recurrent_weights: jax.Array | None = learnable(default=None)
+    bias: jax.Array | None = learnable(default=None, l2_factor=0.0)  # MATLAB: BiasL2Factor 0
+    hidden_state: jax.Array | None = state(default=None)
+    cell_state: jax.Array | None = state(default=None)
+    input_weights_initializer: Any = "glorot"
+    recurrent_weights_initializer: Any = "orthogonal"
+    bias_initializer: Any = "unit-forget-gate"
+    input_weights_learn_rate_factor: float = 1.0
+    recurrent_weights_learn_rate_factor: float = 1.0
+    bias_learn_rate_factor: float = 1.0
+    input_weights_l2_factor: float = 1.0
+    recurrent_weights_l2_factor: float = 1.0
+    bias_l2_factor: float = 0.0
+
+    def __post_init__(self):
+        self._check_options(init.LSTM_BIAS)
+
+
+class LSTM(_LSTMFields):
     r"""Long short-term memory layer (MATLAB's ``lstmLayer``), on ``df.ops.lstm``.
 
     Input: a format with ``C`` and optionally ``B`` and ``T``, in any order (``"BTC"``,
@@ -252,17 +288,12 @@ class LSTM(_Recurrent):
       hidden_state, cell_state: initial states, ``(H,)``, ``(1, H)`` or ``(batch, H)``; ``None``
         until ``initialize`` (zeros).
       bias_initializer: ``"unit-forget-gate"`` (default: ones for the forget gate, zeros
-        elsewhere), ``"zeros"``, ``"ones"``, ``"narrow-normal"`` or a function.
-      input_weights_initializer: ``"glorot"`` (default; fans ``input_size`` and the number of
-        weight columns), ``"he"``, ``"narrow-normal"``, ``"orthogonal"``, ``"zeros"``,
-        ``"ones"`` or a function ``fn(key, shape, dtype)``.
-      recurrent_weights_initializer: ``"orthogonal"`` (default), ``"glorot"``, ``"he"``,
-        ``"narrow-normal"``, ``"zeros"``, ``"ones"`` or a function.
-      input_weights_learn_rate_factor: multiplies the global learn rate (default 1); so do
-        ``recurrent_weights_learn_rate_factor`` and ``bias_learn_rate_factor``.
-      input_weights_l2_factor, recurrent_weights_l2_factor: multiply the global L2
-        regularization (default 1); bias_l2_factor: the same for the bias (default 0, as
-        MATLAB's ``BiasL2Factor``).
+        elsewhere), ``"zeros"``, ``"ones"``, ``"narrow-normal"`` or a function."""
+
+    __doc__ = (
+        (__doc__ or "").rstrip()
+        + _OPTIONS_DOC
+        + """
 
     Examples:
       >>> import jax, jax.numpy as jnp
@@ -276,32 +307,7 @@ class LSTM(_Recurrent):
       >>> last(df.dlarray(jnp.ones((2, 7, 3)), "BTC"))[0].format
       'BC'
     """
-
-    num_hidden_units: int
-    _: dataclasses.KW_ONLY
-    output_mode: str = "sequence"
-    state_activation_function: str = "tanh"
-    gate_activation_function: str = "sigmoid"
-    input_weights: jax.Array | None = learnable(default=None)
-    recurrent_weights: jax.Array | None = learnable(default=None)
-    bias: jax.Array | None = learnable(default=None, l2_factor=0.0)  # MATLAB: BiasL2Factor 0
-    hidden_state: jax.Array | None = state(default=None)
-    cell_state: jax.Array | None = state(default=None)
-    input_weights_initializer: Any = "glorot"
-    recurrent_weights_initializer: Any = "orthogonal"
-    bias_initializer: Any = "unit-forget-gate"
-    input_weights_learn_rate_factor: float = 1.0
-    recurrent_weights_learn_rate_factor: float = 1.0
-    bias_learn_rate_factor: float = 1.0
-    input_weights_l2_factor: float = 1.0
-    recurrent_weights_l2_factor: float = 1.0
-    bias_l2_factor: float = 0.0
-
-    def __post_init__(self):
-        self._check_options(init.LSTM_BIAS)
-
-    def initialize(self, layout, *, key):
-        return self._initialize(layout, key, unit_forget_gate=True)
+    )
 
     def predict(self, x, *, mask=None):
         xs, fmt = self._time_major(x)
@@ -321,7 +327,7 @@ class LSTM(_Recurrent):
         return y, h_last.astype(h0.dtype), c_last.astype(c0.dtype)
 
 
-class BiLSTM(_Recurrent):
+class BiLSTM(_LSTMFields):
     r"""Bidirectional LSTM layer (MATLAB's ``bilstmLayer``), on ``df.ops.lstm``.
 
     Two LSTMs read the sequence, one forward in time and one backward, and their hidden states
@@ -345,17 +351,12 @@ class BiLSTM(_Recurrent):
       input_weights, recurrent_weights, bias, hidden_state, cell_state: as above; ``None``
         until ``initialize``.
       bias_initializer: ``"unit-forget-gate"`` (default; both directions), ``"zeros"``,
-        ``"ones"``, ``"narrow-normal"`` or a function.
-      input_weights_initializer: ``"glorot"`` (default; fans ``input_size`` and the number of
-        weight columns), ``"he"``, ``"narrow-normal"``, ``"orthogonal"``, ``"zeros"``,
-        ``"ones"`` or a function ``fn(key, shape, dtype)``.
-      recurrent_weights_initializer: ``"orthogonal"`` (default), ``"glorot"``, ``"he"``,
-        ``"narrow-normal"``, ``"zeros"``, ``"ones"`` or a function.
-      input_weights_learn_rate_factor: multiplies the global learn rate (default 1); so do
-        ``recurrent_weights_learn_rate_factor`` and ``bias_learn_rate_factor``.
-      input_weights_l2_factor, recurrent_weights_l2_factor: multiply the global L2
-        regularization (default 1); bias_l2_factor: the same for the bias (default 0, as
-        MATLAB's ``BiasL2Factor``).
+        ``"ones"``, ``"narrow-normal"`` or a function."""
+
+    __doc__ = (
+        (__doc__ or "").rstrip()
+        + _OPTIONS_DOC
+        + """
 
     Examples:
       >>> import jax, jax.numpy as jnp
@@ -368,34 +369,9 @@ class BiLSTM(_Recurrent):
       >>> y.format, y.shape, bool(jnp.array_equal(y.data, h))
       ('BC', (2, 8), True)
     """
+    )
 
     _DIRECTIONS = 2
-
-    num_hidden_units: int
-    _: dataclasses.KW_ONLY
-    output_mode: str = "sequence"
-    state_activation_function: str = "tanh"
-    gate_activation_function: str = "sigmoid"
-    input_weights: jax.Array | None = learnable(default=None)
-    recurrent_weights: jax.Array | None = learnable(default=None)
-    bias: jax.Array | None = learnable(default=None, l2_factor=0.0)  # MATLAB: BiasL2Factor 0
-    hidden_state: jax.Array | None = state(default=None)
-    cell_state: jax.Array | None = state(default=None)
-    input_weights_initializer: Any = "glorot"
-    recurrent_weights_initializer: Any = "orthogonal"
-    bias_initializer: Any = "unit-forget-gate"
-    input_weights_learn_rate_factor: float = 1.0
-    recurrent_weights_learn_rate_factor: float = 1.0
-    bias_learn_rate_factor: float = 1.0
-    input_weights_l2_factor: float = 1.0
-    recurrent_weights_l2_factor: float = 1.0
-    bias_l2_factor: float = 0.0
-
-    def __post_init__(self):
-        self._check_options(init.LSTM_BIAS)
-
-    def initialize(self, layout, *, key):
-        return self._initialize(layout, key, unit_forget_gate=True)
 
     def predict(self, x, *, mask=None):
         xs, fmt = self._time_major(x)

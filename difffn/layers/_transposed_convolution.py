@@ -10,11 +10,7 @@ import jax
 from .. import ops
 from .._errors import LayerError
 from .._fields import learnable
-from .._layer import Layer
-from . import _factor_options as factor_options
-from . import _initializers as init
 from ._checks import (
-    array_or_none,
     data_and_format,
     int_pair,
     known_size,
@@ -26,9 +22,10 @@ from ._checks import (
     spatial_2d_format,
     who,
 )
+from ._weights_and_bias import WeightsAndBias
 
 
-class TransposedConv2D(Layer):
+class TransposedConv2D(WeightsAndBias):
     r"""Transposed 2-D convolution, for upsampling (MATLAB's ``transposedConv2dLayer``).
 
     The adjoint of ``Conv2D``: each input pixel spreads the filters over the output, ``stride``
@@ -66,8 +63,7 @@ class TransposedConv2D(Layer):
       (2, 10, 10, 8)
     """
 
-    formattable = True
-    _factor_options: ClassVar = factor_options.conv_like()
+    _outputs: ClassVar[str] = "num_filters"
 
     filter_size: Any
     num_filters: int
@@ -92,22 +88,11 @@ class TransposedConv2D(Layer):
         )
         self.stride = int_pair(self, "stride", self.stride, fix="e.g. stride=2 (upsample 2x).")
         self.cropping = padding_2d(self, self.cropping, argument="cropping")
-        self.weights_initializer = init.check(
-            self, "weights_initializer", self.weights_initializer, init.WEIGHTS
-        )
-        self.bias_initializer = init.check(
-            self, "bias_initializer", self.bias_initializer, init.BIAS
-        )
         fh, fw = self.filter_size
-        self.weights = array_or_none(
-            self,
-            "weights",
-            self.weights,
+        self._check_weights_and_bias(
             (fh, fw, self.num_filters, None),
             "filter height, filter width, num_filters, input channels",
         )
-        self.bias = array_or_none(self, "bias", self.bias, (self.num_filters,), "num_filters")
-        factor_options.record(self, self._factor_options)
 
     def _check_channels(self, channels: int, where: str) -> None:
         if self.weights is not None and self.weights.shape[-1] != channels:
@@ -125,23 +110,12 @@ class TransposedConv2D(Layer):
         channels = known_size(self, layout, "C", "number of channels")
         self._check_channels(channels, f"the input layout {layout!r}")
         fh, fw = self.filter_size
-        fans = dict(fan_in=fh * fw * channels, fan_out=fh * fw * self.num_filters)
-        k_weights, k_bias = jax.random.split(key)
-        changes = {}
-        if self.weights is None:
-            changes["weights"] = init.draw(
-                self,
-                "weights_initializer",
-                self.weights_initializer,
-                k_weights,
-                (fh, fw, self.num_filters, channels),
-                **fans,
-            )
-        if self.bias is None:
-            changes["bias"] = init.draw(
-                self, "bias_initializer", self.bias_initializer, k_bias, (self.num_filters,), **fans
-            )
-        return self.replace(**changes) if changes else self
+        return self._draw_weights_and_bias(
+            key,
+            (fh, fw, self.num_filters, channels),
+            fan_in=fh * fw * channels,
+            fan_out=fh * fw * self.num_filters,
+        )
 
     def predict(self, x):
         require(self, "weights", "bias")

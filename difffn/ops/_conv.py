@@ -47,6 +47,16 @@ def _weights(op: str, weights):
     return w
 
 
+def _operands(op: str, x, weights, fmt, what: str):
+    """``(data, fmt, formatted, weights, c_axis, window_axes)`` of a (transposed) convolution."""
+    data, fmt, formatted = unpack(op, x, fmt)
+    w = _weights(op, weights)
+    k = w.ndim - 2
+    c_axis = require_label(op, fmt, "C", data.shape, why="convolves the channels 'C'")
+    axes = window_axes(op, fmt, data.shape, k, what=f"a {k}-D {what}")
+    return data, fmt, formatted, w, c_axis, axes
+
+
 def _bias(op: str, bias, filters: int, ndim: int, c_axis: int, dtype):
     if bias is None:
         return None
@@ -133,11 +143,8 @@ def conv(
       Array([0., 1., 3., 5., 7., 9.], dtype=float32)
     """
     op = "conv"
-    data, fmt, formatted = unpack(op, x, fmt)
-    w = _weights(op, weights)
+    data, fmt, formatted, w, c_axis, axes = _operands(op, x, weights, fmt, "convolution")
     k = w.ndim - 2
-    c_axis = require_label(op, fmt, "C", data.shape, why="convolves the channels 'C'")
-    axes = window_axes(op, fmt, data.shape, k, what=f"a {k}-D convolution")
     in_channels, per_group, filters = data.shape[c_axis], w.shape[-2], w.shape[-1]
     if per_group < 1 or in_channels % per_group or filters % (in_channels // per_group):
         raise OpError(
@@ -262,11 +269,8 @@ def conv_transpose(
       (1, 6, 6, 5)
     """
     op = "conv_transpose"
-    data, fmt, formatted = unpack(op, x, fmt)
-    w = _weights(op, weights)
+    data, fmt, formatted, w, c_axis, axes = _operands(op, x, weights, fmt, "transposed convolution")
     k = w.ndim - 2
-    c_axis = require_label(op, fmt, "C", data.shape, why="convolves the channels 'C'")
-    axes = window_axes(op, fmt, data.shape, k, what=f"a {k}-D transposed convolution")
     in_channels, filters = data.shape[c_axis], w.shape[-2]
     if w.shape[-1] != in_channels:
         raise OpError(

@@ -205,14 +205,7 @@ def lstm(
     """
     data, fmt, formatted = read("lstm", x, fmt)
     require("lstm", fmt, is_sequence_format, _SEQUENCE)
-    act = STATE_ACTIVATIONS[
-        check_choice(
-            "lstm", "state_activation_function", state_activation_function, STATE_ACTIVATIONS
-        )
-    ]
-    gate = GATE_ACTIVATIONS[
-        check_choice("lstm", "gate_activation_function", gate_activation_function, GATE_ACTIVATIONS)
-    ]
+    act, gate = _activations("lstm", state_activation_function, gate_activation_function)
     xs = to_time_major(data, fmt)
     n = _hidden_size("lstm", recurrent_weights, 4)
     w, r, b = _parameters("lstm", xs.shape[2], n, 4, weights, recurrent_weights, bias)
@@ -302,14 +295,7 @@ def gru(
     data, fmt, formatted = read("gru", x, fmt)
     require("gru", fmt, is_sequence_format, _SEQUENCE)
     mode = check_choice("gru", "reset_gate_mode", reset_gate_mode, RESET_GATE_MODES)
-    act = STATE_ACTIVATIONS[
-        check_choice(
-            "gru", "state_activation_function", state_activation_function, STATE_ACTIVATIONS
-        )
-    ]
-    gate = GATE_ACTIVATIONS[
-        check_choice("gru", "gate_activation_function", gate_activation_function, GATE_ACTIVATIONS)
-    ]
+    act, gate = _activations("gru", state_activation_function, gate_activation_function)
     xs = to_time_major(data, fmt)
     n = _hidden_size("gru", recurrent_weights, 3)
     bias_blocks = 6 if mode == "recurrent-bias-after-multiplication" else 3
@@ -330,6 +316,15 @@ def gru(
     )
     y = label(from_time_major(hs, fmt), fmt, formatted)
     return y, _write_state(h.astype(h0.dtype), h_fmt, "B" in fmt)
+
+
+def _activations(op: str, state_activation_function: str, gate_activation_function: str):
+    """The state and gate activation functions that the options name (checked)."""
+    act = check_choice(
+        op, "state_activation_function", state_activation_function, STATE_ACTIVATIONS
+    )
+    gate = check_choice(op, "gate_activation_function", gate_activation_function, GATE_ACTIVATIONS)
+    return STATE_ACTIVATIONS[act], GATE_ACTIVATIONS[gate]
 
 
 def _time_major_mask(op: str, mask, shape, fmt: str):
