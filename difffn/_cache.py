@@ -2,13 +2,21 @@
 
 MATLAB caches one trace per (size, format, underlying type) of a layer's inputs; difffn does the
 same for whole networks. Each entry is its own ``jax.jit`` object, so evicting the least recently
-used entry really frees its compiled code. Networks with the same structure share one cache.
+used entry drops its compiled code from difffn. Networks with the same structure share one cache.
+
+JAX keeps its own caches of every function it has traced, lowered and compiled (up to 2048
+entries each in jax 0.10.2, also for ``jax.jit`` objects that are gone: measured, the entries of
+an evicted entry stay), so evicting from this cache alone does not bound a process's memory.
+``clear_caches`` drops both and hands freed memory back to the operating system; the measurements
+behind it are in ``docs/networks.md`` ("Acceleration and the trace cache").
 """
 
 from __future__ import annotations
 
+import ctypes
 import os
 import warnings
+import weakref
 from collections import OrderedDict
 from collections.abc import Callable, Hashable
 from typing import Any, NamedTuple
@@ -72,10 +80,51 @@ def describe_signature(value) -> str:
     return ", ".join(short(x) for x in leaves)
 
 
+_CACHES: weakref.WeakSet[CompileCache] = weakref.WeakSet()
+
+
+def clear_caches() -> None:
+    """Drop every compiled trace that difffn and JAX hold, and return the memory to the system.
+
+    A long-running service that predicts on many distinct input shapes grows by each shape's
+    compiled code (about 1.5 to 3 MiB per shape on CPU), and JAX keeps its share even after
+    difffn evicts an entry. Calling this every so many new shapes bounds the process: after it,
+    the next call of each network compiles again. Statistics (``cache_info``'s hits and misses)
+    are kept.
+
+    It runs ``jax.clear_caches()``, which also drops the compiled code of the caller's own
+    ``jax.jit`` functions, and then glibc's ``malloc_trim(0)`` (where the C library has it) so
+    that freed memory leaves the process instead of staying in the allocator's arenas.
+
+    Examples:
+      >>> import jax, jax.numpy as jnp
+      >>> import difffn as df
+      >>> net = df.Network([df.layers.FeatureInput(2), df.layers.FullyConnected(1)])
+      >>> net = net.initialize(key=jax.random.key(0))
+      >>> _ = net.predict(jnp.ones((3, 2)))
+      >>> df.clear_caches()
+      >>> net.cache_info().entries
+      0
+    """
+    for cache in list(_CACHES):
+        cache._entries.clear()
+    jax.clear_caches()
+    _malloc_trim()
+
+
+def _malloc_trim() -> None:
+    try:
+        trim = ctypes.CDLL(None).malloc_trim
+    except (OSError, AttributeError):  # not glibc (macOS, musl, Windows): nothing to hand back
+        return
+    trim(0)
+
+
 class CompileCache:
     """LRU of compiled callables with hit/miss statistics and a retrace warning."""
 
     def __init__(self, owner: str, maxsize: int | None = None):
+        _CACHES.add(self)
         self.owner = owner
         self.maxsize = default_maxsize() if maxsize is None else maxsize
         self.hits = 0
