@@ -1,10 +1,11 @@
 """Memory: RSS growth of a service predicting on many distinct input shapes, MiB per 1,000 shapes.
 
-Each case runs in a fresh Python process: a tiny network (4 -> 3, ReLU) predicts on batch sizes
-it has not seen, after a warm-up, and the resident set size (``/proc/self/statm``, after
-``gc.collect()``) is read at the end. Cases: a bare ``jax.jit`` of the same function (the
-baseline), ``net.predict`` with difffn's default cache, and ``net.predict`` with
-``df.clear_caches()`` every 25 new shapes (the documented bound). Linux only (``/proc``).
+Each case runs in a fresh Python process with ``DIFFFN_CACHE_SIZE=8``: a tiny network (4 -> 3,
+ReLU) predicts on NumPy inputs of batch sizes it has not seen, after a warm-up, and the resident
+set size (``/proc/self/statm``, after ``gc.collect()``) is read at the end. Cases: a bare
+``jax.jit`` of the same function (the baseline: JAX keeps every shape), ``net.predict``,
+``net.predict`` on inputs the caller makes with ``jnp.ones`` (jnp keeps a program per shape), and
+that with ``df.clear_caches()`` every 25 new shapes. Linux only (``/proc``).
 """
 
 from __future__ import annotations
@@ -19,7 +20,8 @@ from ._timing import table
 CASES = {
     "jax.jit (baseline)": "bare",
     "net.predict": "net",
-    "net.predict + df.clear_caches() every 25": "net-clear",
+    "net.predict, jnp.ones inputs": "net-jnp",
+    "net.predict, jnp.ones inputs, df.clear_caches() every 25": "net-jnp-clear",
 }
 CLEAR_EVERY = 25
 WARMUP = 10
@@ -37,6 +39,7 @@ def _measure(case: str, shapes: int) -> float:
 
     import jax
     import jax.numpy as jnp
+    import numpy as np
 
     import difffn as df
 
@@ -52,18 +55,18 @@ def _measure(case: str, shapes: int) -> float:
     bare = jax.jit(lambda x: jax.nn.relu(x @ w + b[None, :]))
 
     def call(n):
-        x = jnp.ones((n, 4), jnp.float32)
+        x = jnp.ones((n, 4)) if case.startswith("net-jnp") else np.ones((n, 4), np.float32)
         y = bare(x) if case == "bare" else net.predict(x).data
         y.block_until_ready()
 
     for n in range(1, WARMUP + 1):
         call(n)
-    if case == "net-clear":
+    if case.endswith("clear"):
         df.clear_caches()
     start = _rss_mib()
     for i in range(1, shapes + 1):
         call(WARMUP + i)
-        if case == "net-clear" and i % CLEAR_EVERY == 0:
+        if case.endswith("clear") and i % CLEAR_EVERY == 0:
             df.clear_caches()
     return _rss_mib() - start
 
@@ -77,6 +80,7 @@ def run(*, quick: bool = False) -> None:
             capture_output=True,
             text=True,
             check=True,
+            env={**os.environ, "DIFFFN_CACHE_SIZE": "8"},
         )
         growth[name] = float(out.stdout.split()[-1])
     baseline = growth["jax.jit (baseline)"]

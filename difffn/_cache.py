@@ -2,13 +2,13 @@
 
 MATLAB caches one trace per (size, format, underlying type) of a layer's inputs; difffn does the
 same for whole networks. Each entry is its own ``jax.jit`` object, so evicting the least recently
-used entry drops its compiled code from difffn. Networks with the same structure share one cache.
+used entry really frees its compiled code: JAX's own caches hold an entry's traces and
+executables only while its ``jax.jit`` object lives (measured, docs/networks.md "Acceleration
+and the trace cache"). Networks with the same structure share one cache.
 
-JAX keeps its own caches of every function it has traced, lowered and compiled (up to 2048
-entries each in jax 0.10.2, also for ``jax.jit`` objects that are gone: measured, the entries of
-an evicted entry stay), so evicting from this cache alone does not bound a process's memory.
-``clear_caches`` drops both and hands freed memory back to the operating system; the measurements
-behind it are in ``docs/networks.md`` ("Acceleration and the trace cache").
+What difffn cannot evict is JAX's per-shape code for functions that live for ever: jnp's own
+(``jnp.ones`` of a new shape compiles one) and the caller's ``jax.jit`` functions.
+``clear_caches`` drops those too.
 """
 
 from __future__ import annotations
@@ -86,11 +86,12 @@ _CACHES: weakref.WeakSet[CompileCache] = weakref.WeakSet()
 def clear_caches() -> None:
     """Drop every compiled trace that difffn and JAX hold, and return the memory to the system.
 
-    A long-running service that predicts on many distinct input shapes grows by each shape's
-    compiled code (about 1.5 to 3 MiB per shape on CPU), and JAX keeps its share even after
-    difffn evicts an entry. Calling this every so many new shapes bounds the process: after it,
-    the next call of each network compiles again. Statistics (``cache_info``'s hits and misses)
-    are kept.
+    difffn's trace caches are bounded on their own (``DIFFFN_CACHE_SIZE`` entries per network
+    structure). JAX's caches are not, for functions that stay alive: the caller's ``jax.jit``
+    functions, and jnp's own (``jnp.ones((n, 3))`` of a new ``n`` compiles and keeps about
+    1.3 MiB on CPU). A long-running service whose own code makes arrays of many shapes calls
+    this every so many new shapes; the next call of each network compiles again. Statistics
+    (``cache_info``'s hits and misses) are kept.
 
     It runs ``jax.clear_caches()``, which also drops the compiled code of the caller's own
     ``jax.jit`` functions, and then glibc's ``malloc_trim(0)`` (where the C library has it) so
