@@ -10,6 +10,7 @@ from . import losses as losses
 from . import metrics as metrics
 from . import ops as ops
 from ._cache import RetraceWarning as RetraceWarning
+from ._cache import clear_caches as clear_caches
 from ._check_function import check_function as check_function
 from ._check_layer import check_layer as check_layer
 from ._check_report import CheckReport as CheckReport

@@ -2,13 +2,21 @@
 
 MATLAB caches one trace per (size, format, underlying type) of a layer's inputs; difffn does the
 same for whole networks. Each entry is its own ``jax.jit`` object, so evicting the least recently
-used entry really frees its compiled code. Networks with the same structure share one cache.
+used entry really frees its compiled code: JAX's own caches hold an entry's traces and
+executables only while its ``jax.jit`` object lives (measured, docs/networks.md "Acceleration
+and the trace cache"). Networks with the same structure share one cache.
+
+What difffn cannot evict is JAX's per-shape code for functions that live for ever: jnp's own
+(``jnp.ones`` of a new shape compiles one) and the caller's ``jax.jit`` functions.
+``clear_caches`` drops those too.
 """
 
 from __future__ import annotations
 
+import ctypes
 import os
 import warnings
+import weakref
 from collections import OrderedDict
 from collections.abc import Callable, Hashable
 from typing import Any, NamedTuple
@@ -72,10 +80,52 @@ def describe_signature(value) -> str:
     return ", ".join(short(x) for x in leaves)
 
 
+_CACHES: weakref.WeakSet[CompileCache] = weakref.WeakSet()
+
+
+def clear_caches() -> None:
+    """Drop every compiled trace that difffn and JAX hold, and return the memory to the system.
+
+    difffn's trace caches are bounded on their own (``DIFFFN_CACHE_SIZE`` entries per network
+    structure). JAX's caches are not, for functions that stay alive: the caller's ``jax.jit``
+    functions, and jnp's own (``jnp.ones((n, 3))`` of a new ``n`` compiles and keeps about
+    1.3 MiB on CPU). A long-running service whose own code makes arrays of many shapes calls
+    this every so many new shapes; the next call of each network compiles again. Statistics
+    (``cache_info``'s hits and misses) are kept.
+
+    It runs ``jax.clear_caches()``, which also drops the compiled code of the caller's own
+    ``jax.jit`` functions, and then glibc's ``malloc_trim(0)`` (where the C library has it) so
+    that freed memory leaves the process instead of staying in the allocator's arenas.
+
+    Examples:
+      >>> import jax, jax.numpy as jnp
+      >>> import difffn as df
+      >>> net = df.Network([df.layers.FeatureInput(2), df.layers.FullyConnected(1)])
+      >>> net = net.initialize(key=jax.random.key(0))
+      >>> _ = net.predict(jnp.ones((3, 2)))
+      >>> df.clear_caches()
+      >>> net.cache_info().entries
+      0
+    """
+    for cache in list(_CACHES):
+        cache._entries.clear()
+    jax.clear_caches()
+    _malloc_trim()
+
+
+def _malloc_trim() -> None:
+    try:
+        trim = ctypes.CDLL(None).malloc_trim
+    except (OSError, AttributeError):  # not glibc (macOS, musl, Windows): nothing to hand back
+        return
+    trim(0)
+
+
 class CompileCache:
     """LRU of compiled callables with hit/miss statistics and a retrace warning."""
 
     def __init__(self, owner: str, maxsize: int | None = None):
+        _CACHES.add(self)
         self.owner = owner
         self.maxsize = default_maxsize() if maxsize is None else maxsize
         self.hits = 0

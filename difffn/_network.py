@@ -20,12 +20,11 @@ from collections.abc import Sequence
 from typing import Any
 
 import jax
-import jax.numpy as jnp
 
 from . import _cache, _execute, _graph_edit, _mask, _parameters
 from ._errors import AccelerationError, NetworkError
 from ._fields import LEARNABLE, STATE, NetworkBase
-from ._format import FormattedArray, Layout
+from ._format import FormattedArray, Layout, as_array
 from ._graph import Graph, build_graph, flatten_layers, name_layers
 from ._input_layer import InputLayer
 from ._layer import Layer
@@ -556,7 +555,7 @@ class Network(NetworkBase):
         for k, x in enumerate(inputs):
             layout, name = known[k], g.input_names[k]
             if not isinstance(x, (FormattedArray, jax.Array)):
-                x = jnp.asarray(x)
+                x = as_array(x)
             if layout is None:
                 prepared.append(x)
                 continue

@@ -1,0 +1,91 @@
+"""df.clear_caches and the bounded trace cache (difffn/_cache.py).
+
+The memory bound is measured in a fresh Python process: RSS from /proc/self/statm after
+gc.collect(), a tiny network predicting on batch sizes it has not seen.
+"""
+
+from __future__ import annotations
+
+import json
+import textwrap
+
+import jax
+import jax.numpy as jnp
+import pytest
+from helpers import run_python
+
+import difffn as df
+
+
+def _mlp(key):
+    layers = [df.layers.FeatureInput(3), df.layers.FullyConnected(2), df.layers.ReLU()]
+    return df.Network(layers).initialize(key=key)
+
+
+def test_clear_caches_drops_difffn_and_jax_entries_and_recompiles_the_same_numbers(key):
+    net = _mlp(key)
+    x = jax.random.normal(key, (4, 3))
+    before = net.predict(x).data
+    user_jit = jax.jit(lambda v: jnp.sin(v) * 2)
+    user_jit(x)
+    assert net.cache_info().entries == 1 and user_jit._cache_size() == 1
+    misses = net.cache_info().misses
+
+    df.clear_caches()
+
+    assert net.cache_info().entries == 0
+    assert user_jit._cache_size() == 0  # JAX's own C++ dispatch cache for the user's function
+    after = net.predict(x).data
+    assert net.cache_info().misses == misses + 1  # compiled again
+    assert jnp.array_equal(before, after)
+
+
+_SERVICE = textwrap.dedent(
+    """
+    import gc, json, os, warnings
+    import jax, jax.numpy as jnp, numpy as np
+    import difffn as df
+
+    warnings.simplefilter("ignore", df.RetraceWarning)
+
+    def rss_mib():
+        gc.collect()
+        with open("/proc/self/statm") as f:
+            return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE") / 2**20
+
+    net = df.Network([df.layers.FeatureInput(2, normalization="none"),
+                      df.layers.FullyConnected(1)]).initialize(key=jax.random.key(0))
+    for n in range(1, 9):  # warm-up, and the cache full (DIFFFN_CACHE_SIZE=4)
+        net.predict(np.ones((n, 2), np.float32)).data.block_until_ready()
+    start, entries = rss_mib(), []
+    for n in range(9, 25):  # NumPy inputs of new shapes: only difffn's cache grows, bounded
+        net.predict(np.ones((n, 2), np.float32)).data.block_until_ready()
+        entries.append(net.cache_info().entries)
+    numpy_growth = rss_mib() - start
+    for n in range(25, 33):  # the caller's own jnp.ones of new shapes: JAX keeps each
+        jnp.ones((n, 2)).block_until_ready()
+    jnp_growth = rss_mib() - start
+    df.clear_caches()
+    cleared = rss_mib() - start
+    print(json.dumps({"numpy": numpy_growth, "jnp": jnp_growth, "cleared": cleared,
+                      "entries": entries, "maxsize": net.cache_info().maxsize}))
+    """
+)
+
+
+@pytest.mark.slow
+def test_a_service_on_many_shapes_stays_within_the_bound():
+    """16 new NumPy-shaped inputs stay in the cache's bound; df.clear_caches() frees the rest.
+
+    With DIFFFN_CACHE_SIZE=4 the cache evicts, and JAX releases an evicted entry's compiled code:
+    16 new shapes grow RSS by under 8 MiB (before ``as_array``, NumPy inputs went through
+    ``jnp.asarray``, compiled per shape: 1.4 MiB each, over 20 MiB here). The caller's own
+    ``jnp.ones`` of 8 new shapes is held by JAX (about 1.3 MiB each) until ``df.clear_caches()``.
+    """
+    out = run_python(_SERVICE, env={"DIFFFN_CACHE_SIZE": "4"}, timeout=300)
+    assert out.returncode == 0, out.stderr
+    result = json.loads(out.stdout.splitlines()[-1])
+    assert result["maxsize"] == 4 and max(result["entries"]) <= 4, result
+    assert result["numpy"] < 8, result
+    assert result["jnp"] > result["numpy"] + 5, result  # what clear_caches is for
+    assert result["cleared"] < result["numpy"] + 2, result
