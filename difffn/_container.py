@@ -27,8 +27,6 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-from flax import serialization
-
 from ._errors import SerializationError
 
 MAGIC = b"DIFFFN\x00\x01"
@@ -39,7 +37,7 @@ _HEADER = struct.Struct("<8sI16sQ32s")
 def write(path: str | os.PathLike, kind: str, payload: dict[str, Any]) -> Path:
     """Serialize ``payload`` and write it atomically to ``path``; returns the path."""
     path = Path(path)
-    data = serialization.msgpack_serialize(payload)
+    data = msgpack_codec().msgpack_serialize(payload)
     header = _HEADER.pack(
         MAGIC,
         VERSION,
@@ -137,7 +135,7 @@ def read(path: str | os.PathLike, kind: str | tuple[str, ...]) -> dict[str, Any]
             "copy."
         )
     try:
-        return serialization.msgpack_restore(data)
+        return msgpack_codec().msgpack_restore(data)
     except Exception as error:  # a valid checksum over undecodable data: a writer bug
         raise SerializationError(f"{str(path)!r} could not be decoded: {error}.") from error
 
@@ -231,3 +229,11 @@ def _malformed(source: str, what: str):
         "(by another program, or another version). Fix: write it again (df.save, or a new "
         "checkpoint), or use another copy."
     )
+
+
+def msgpack_codec():
+    """flax's msgpack codec, imported when a file is read or written: importing flax costs
+    about a second (it loads flax.linen), which every ``import difffn`` would otherwise pay."""
+    from flax import serialization
+
+    return serialization

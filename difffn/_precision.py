@@ -22,7 +22,6 @@ from typing import Any, NamedTuple
 
 import jax
 import jax.numpy as jnp
-from flax.training.dynamic_scale import DynamicScale
 
 DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16, "float16": jnp.float16}
 
@@ -83,6 +82,9 @@ class Policy:
     def initial_scaling(self) -> Scaling:
         dynamic = None
         if self.scaled:
+            # imported here: flax's package import costs about a second (it loads flax.linen)
+            from flax.training.dynamic_scale import DynamicScale
+
             dynamic = DynamicScale(fin_steps=jnp.zeros((), jnp.int32), scale=jnp.float32(2**16))
         return Scaling(dynamic, jnp.zeros((), jnp.int32))
 

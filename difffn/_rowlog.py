@@ -23,8 +23,7 @@ import os
 import struct
 from pathlib import Path
 
-from flax import serialization
-
+from ._container import msgpack_codec
 from ._errors import SerializationError
 
 MAGIC = b"DIFFFNLOG\x00\x01\x00"
@@ -102,7 +101,7 @@ def append(path: Path, training: tuple[int, list], validation: tuple[int, list])
       SerializationError: the log cannot be written (the disk, the folder).
     """
     _folder(path)
-    body = serialization.msgpack_serialize(
+    body = msgpack_codec().msgpack_serialize(
         {"training": [training[0], training[1]], "validation": [validation[0], validation[1]]}
     )
     try:
@@ -131,7 +130,7 @@ def read(path: Path, training: int, validation: int) -> tuple[list, list, str | 
     rows: dict[str, list] = {"training": [], "validation": []}
     for _, body in _records(blob):
         try:
-            record = serialization.msgpack_restore(body)
+            record = msgpack_codec().msgpack_restore(body)
             for kind in rows:
                 start, new = record[kind]
                 kept = rows[kind]
