@@ -189,3 +189,22 @@ def test_a_small_network_of_layers_trains(key):
     assert float(value) < float(first)
     assert float(jnp.max(jnp.abs(layers[2].trained_mean))) > 0
     assert layers[1].weights.dtype == jnp.float32
+
+
+@pytest.mark.parametrize(
+    ("make", "argument"),
+    [
+        (lambda: L.Conv2D(3, 4, bias="bad"), "bias"),
+        (lambda: L.FullyConnected(5, weights=[[1.0, 2.0], [3.0]]), "weights"),
+        (lambda: L.LSTM(3, hidden_state="zeros"), "hidden_state"),
+        (
+            lambda: L.FeatureInput(4, normalization="zscore", mean="x", standard_deviation=1.0),
+            "mean",
+        ),
+    ],
+)
+def test_a_non_numeric_array_argument_is_the_layers_error(make, argument):
+    with pytest.raises(
+        df.LayerError, match=rf"{argument} must be a real array .*; got .*Fix: pass numbers"
+    ):
+        make()

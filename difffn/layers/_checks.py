@@ -109,15 +109,24 @@ def padding_2d(layer, value: Any, *, argument: str = "padding"):
     raise bad_argument(layer, argument, expected, value, fix)
 
 
-def as_float_array(value: Any) -> jax.Array:
+def as_float_array(layer, argument: str, value: Any) -> jax.Array:
     """An array keeps its floating dtype; Python numbers, lists and integers become float32.
 
-    (``jnp.asarray(0.5)`` would be float64 when ``jax_enable_x64`` is on.)
+    (``jnp.asarray(0.5)`` would be float64 when ``jax_enable_x64`` is on.) A value that is not
+    numeric (a string, a ragged list, a complex array) is the layer's ``LayerError``.
     """
     if isinstance(value, (jax.Array, np.ndarray, np.generic)) and jnp.issubdtype(
         value.dtype, jnp.floating
     ):
         return jnp.asarray(value)
+    try:
+        kind = np.asarray(value).dtype.kind
+    except ValueError:  # ragged nesting
+        kind = "O"
+    if kind not in "biuf":
+        raise bad_argument(
+            layer, argument, "a real array (or a number)", value, "pass numbers, e.g. an array."
+        )
     return jnp.asarray(value, jnp.float32)
 
 
@@ -125,7 +134,7 @@ def array_or_none(layer, argument: str, value: Any, shape: tuple | None, what: s
     """``None`` or a float array whose shape is ``shape`` (``None`` entries match any size)."""
     if value is None:
         return None
-    array = as_float_array(value)
+    array = as_float_array(layer, argument, value)
     if shape is not None and (
         array.ndim != len(shape)
         or any(s is not None and s != n for s, n in zip(shape, array.shape, strict=True))

@@ -75,7 +75,7 @@ class _NormalizingInput(InputLayer):
             value = getattr(self, name)
             if value is None:
                 continue
-            array = as_float_array(value)
+            array = as_float_array(self, name, value)
             stat_shape = tuple(
                 n for n, label in zip(observation, self._FORMAT[1:], strict=True) if label != "T"
             )

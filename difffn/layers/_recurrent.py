@@ -104,7 +104,7 @@ class _Recurrent(Layer):
             value = getattr(self, name)
             if value is None:
                 continue
-            value = as_float_array(value)
+            value = as_float_array(self, name, value)
             value = value[None] if value.ndim == 1 else value
             if value.ndim != 2 or value.shape[1] != width:
                 raise bad_argument(
