@@ -19,7 +19,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from ._errors import FormatError, type_name
-from ._formatted_array import FormattedArray
+from ._formatted_array import FormattedArray, asarray
 from ._labels import _UNIQUE_LABELS, _validate_format, _validate_label
 
 __all__ = ["FormattedArray", "Layout", "dims", "dlarray", "finddim", "permute", "stripdims"]
@@ -195,8 +195,8 @@ def dlarray(x: Any, fmt: str | None = None) -> Any:
         difffn._errors.FormatError: dlarray: fmt 'BSC' has 3 labels ... (shape (2, 3)); ...
     """
     if fmt is None:
-        return x if isinstance(x, FormattedArray) else jnp.asarray(x)
-    data = jnp.asarray(x._data if isinstance(x, FormattedArray) else x)
+        return x if isinstance(x, FormattedArray) else asarray(x)
+    data = asarray(x._data if isinstance(x, FormattedArray) else x)
     return FormattedArray._wrap(
         data, _validate_format(fmt, data.ndim, what="dlarray: fmt", shape=data.shape)
     )

@@ -25,6 +25,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from ._arrays import as_numbers
 from ._errors import FormatError, type_name
 from ._labels import _validate_format
 
@@ -54,6 +55,16 @@ def _describe_index(k: object) -> str:
     if shape is not None and dtype is not None:
         return f"{type_name(k)} of shape {tuple(shape)} and dtype {dtype}"
     return f"{type_name(k)} {k!r}"
+
+
+def asarray(data: Any) -> jax.Array:
+    """``jnp.asarray(data)``; strings, Python objects and ragged lists are a named FormatError."""
+    try:
+        return jnp.asarray(data)
+    except (TypeError, ValueError):
+        pass  # named below, outside the handler: JAX's error is not chained to ours
+    as_numbers(data, what="dlarray: the data", error=FormatError, real=False)
+    return jnp.asarray(data)  # not strings, objects or a ragged list: JAX's reason stands
 
 
 def _binary(fn: Callable[[Any, Any], Any], symbol: str, *, reflected: bool = False):
@@ -116,7 +127,7 @@ class FormattedArray:
     def __init__(self, data: Any, fmt: str):
         if isinstance(data, FormattedArray):
             data = data._data
-        data = jnp.asarray(data)
+        data = asarray(data)
         self._data = data
         self._format = _validate_format(fmt, data.ndim, shape=data.shape)
 

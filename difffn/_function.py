@@ -110,7 +110,7 @@ class DifferentiableFunction:
         if "<locals>" not in cls.__qualname__:
             jax.tree_util.register_static(cls)
         if (
-            cls.__init__ is object.__init__
+            cls.__init__ is DifferentiableFunction.__init__
             and _defines(cls, "forward")
             and _defines(cls, "backward")
         ):
@@ -118,6 +118,18 @@ class DifferentiableFunction:
             names, required, variadic = _signature(cls)
             if not variadic:
                 _check_backward_arity(cls, rules.flags_of_class(cls), names)
+
+    def __init__(self, *args, **kwargs):
+        if args or kwargs:
+            # MATLAB calls the object directly (``f = MyFunction(); y = f(x)``); giving the
+            # inputs to the constructor is the mistake this names.
+            cls = type(self).__name__
+            raise DifferentiableFunctionError(
+                f"{cls}(...) got {len(args) + len(kwargs)} argument(s), but {cls} defines no "
+                f"__init__ to take configuration. A DifferentiableFunction is made, then called "
+                f"on its inputs. Fix: {cls}()(x, ...), or define __init__(self, ...) for "
+                "configuration."
+            )
 
     def forward(self, *inputs):
         raise NotImplementedError
@@ -190,7 +202,8 @@ class DifferentiableFunction:
                 m in message for m in _FORWARD_MODE_MESSAGES
             ):
                 raise
-            raise ForwardModeError(forward_mode_message(cls.__name__)) from error
+            # JAX's own error names only its custom_vjp internals: not chained.
+            raise ForwardModeError(forward_mode_message(cls.__name__)) from None
         outputs = jax.tree.unflatten(out_tree.value, list(out_leaves))
         return outputs[0] if flags.num_outputs == 1 else tuple(outputs)
 

@@ -51,7 +51,8 @@ class Graph:
             return self.names.index(name)
         except ValueError:
             raise NetworkError(
-                f"the network has no layer named {name!r}; its layers are {list(self.names)}."
+                f"the network has no layer named {name!r}; its layers are {list(self.names)}. "
+                "Fix: use one of those names."
             ) from None
 
     def port(self, spec: str, *, kind: str, what: str) -> tuple[int, int]:
@@ -76,7 +77,8 @@ class Graph:
 
 def _port_error(what, name, ports, kind):
     return NetworkError(
-        f"{what}: layer {name!r} has no {kind} {ports[1]!r}; its {kind}s are {list(ports[0])}."
+        f"{what}: layer {name!r} has no {kind} {ports[1]!r}; its {kind}s are {list(ports[0])}. "
+        f"Fix: name one of them, as '{name}/{ports[0][0]}'."
     )
 
 
@@ -86,7 +88,10 @@ def _parse(spec: str, ports, names: Sequence[str], *, kind: str, what: str):
         raise NetworkError(f"{what}: expected a 'layer' or 'layer/port' string; got {spec!r}.")
     layer_name, _, port = spec.partition("/")
     if layer_name not in names:
-        raise NetworkError(f"{what}: no layer named {layer_name!r}; the layers are {list(names)}.")
+        raise NetworkError(
+            f"{what}: no layer named {layer_name!r}; the layers are {list(names)}. Fix: use one "
+            "of those names."
+        )
     i = names.index(layer_name)
     port_names = ports[i][1] if kind == "output" else ports[i][0]
     if not port:

@@ -349,6 +349,11 @@ def get_loss(loss, *, who: str = "trainnet"):
                 f"{sorted(LOSSES)} (or pass any callable loss(Y, T) returning a scalar)."
             )
         return fn
+    if isinstance(loss, type):
+        raise OptionsError(
+            f"{who}: loss is the class {loss.__name__}, not a loss. Fix: pass an instance, "
+            f"{loss.__name__}() (with its configuration), or a function loss(Y, T)."
+        )
     if callable(loss):
         return loss
     raise OptionsError(

@@ -27,6 +27,7 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 
+from . import _user_code
 from ._errors import OptionsError
 from ._format import stripdims
 from ._losses import _float, _layout, _observations, _targets, canonical, check_labels
@@ -257,6 +258,12 @@ class FunctionMetric(Metric):
     """
 
     def __init__(self, fn, *, name: str | None = None, maximize: bool | None = None):
+        if not callable(fn):
+            raise OptionsError(
+                f"FunctionMetric: fn must be a callable fn(Y, T) returning a scalar; got "
+                f"{type(fn).__name__} {fn!r}. Fix: e.g. FunctionMetric(lambda Y, T: "
+                "jnp.mean(jnp.abs(df.stripdims(Y) - T)), name='mae')."
+            )
         self.fn = fn
         self.name = name or getattr(fn, "__name__", type(fn).__name__)
         self.title = self.name
@@ -268,7 +275,21 @@ class FunctionMetric(Metric):
     def update(self, state, Y, T):
         ys = Y if isinstance(Y, tuple) else (Y,)
         ts = T if isinstance(T, tuple) else (T,)
-        value = jnp.asarray(self.fn(*ys, *ts))
+        value = _user_code.call(
+            self.fn,
+            *ys,
+            *ts,
+            what=f"metric {self.name!r}",
+            call_fix="a metric takes the network outputs, then the targets, fn(Y1, ..., T1, "
+            "...), and returns a scalar.",
+            error=OptionsError,
+        )
+        if value is None:
+            raise OptionsError(
+                f"metric {self.name!r} returned None; a metric must return a scalar. Fix: add "
+                "the missing `return`."
+            )
+        value = jnp.asarray(value)
         if value.ndim != 0:
             raise OptionsError(
                 f"metric {self.name!r} returned an array of shape {value.shape}; a metric must "
@@ -306,6 +327,11 @@ def get_metric(spec, *, who: str = "trainnet") -> Metric:
                 "pass a callable fn(Y, T) returning a scalar, or a df.metrics.Metric)."
             )
         return cls()
+    if isinstance(spec, type):
+        raise OptionsError(
+            f"{who}: the metric {spec.__name__} is a class. Fix: pass an instance, "
+            f"{spec.__name__}(), a name such as 'accuracy', or a function fn(Y, T)."
+        )
     if callable(spec):
         return FunctionMetric(spec)
     raise OptionsError(

@@ -391,6 +391,22 @@ OPTIONS: tuple[Option, ...] = (
 )
 
 
+def _positional_message(solver, pairs: tuple) -> str:
+    """The error for options given positionally, as MATLAB's name-value pairs."""
+    head = f"TrainingOptions got {len(pairs)} positional argument(s) after the solver"
+    names, values = pairs[0::2], pairs[1::2]
+    if len(pairs) % 2 == 0 and all(isinstance(n, str) for n in names):
+        keywords = ", ".join(f"{_snake(n)}={v!r}" for n, v in zip(names, values))
+        return (
+            f"{head}: {list(pairs)!r}, MATLAB's name-value pairs. Options are keyword arguments "
+            f"here. Fix: df.TrainingOptions({solver!r}, {keywords})."
+        )
+    return (
+        f"{head}: {list(pairs)!r}; only the solver is positional. Fix: name each option, e.g. "
+        f"df.TrainingOptions({solver!r}, max_epochs=30, mini_batch_size=128)."
+    )
+
+
 def _rows() -> dict[str, Option]:
     # Read at call time (not frozen at import), so the table is the only list of options.
     return {o.name: o for o in OPTIONS}
@@ -518,7 +534,9 @@ class TrainingOptions:
       TrainingOptions: unknown option 'max_epoch' (did you mean 'max_epochs'?)
     """
 
-    def __init__(self, solver="sgdm", **options):
+    def __init__(self, solver="sgdm", *pairs, **options):
+        if pairs:
+            raise OptionsError(_positional_message(solver, pairs))
         rows = _rows()
         solver = rows["solver"].check("solver", solver, {})
         names = option_names()

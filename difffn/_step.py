@@ -22,7 +22,7 @@ import jax
 import jax.numpy as jnp
 import optax
 
-from . import _batches, _options
+from . import _batches, _options, _user_code
 from ._errors import OptionsError
 from ._format import stripdims
 from ._state import combine, split
@@ -72,8 +72,33 @@ def _keep_if(frozen, old, new):
     return jax.tree.map(lambda o, n: jnp.where(frozen, o, n), old, new)
 
 
+def loss_value(loss, name, outputs, targets):
+    """The user's loss on the outputs and targets, as a scalar (named errors otherwise)."""
+    value = _user_code.call(
+        loss,
+        *outputs,
+        *targets,
+        what=f"trainnet: the loss {name!r}",
+        fix=(
+            f"{_user_code.TRACEABLE_FIX} (the loss is compiled into the training step), or "
+            "compute it from jnp functions without Python branches"
+        ),
+        call_fix=(
+            "a loss takes the network outputs, then the targets, loss(Y1, ..., T1, ...), and "
+            "returns a scalar."
+        ),
+        error=OptionsError,
+    )
+    return scalar_loss(value, name)
+
+
 def scalar_loss(value, name):
     """The loss value as a scalar array (a clear error for anything else)."""
+    if value is None:
+        raise OptionsError(
+            f"trainnet: the loss {name!r} returned None; a loss must return a scalar array. "
+            "Fix: add the missing `return` (e.g. return jnp.mean((Y - T) ** 2))."
+        )
     value = stripdims(value)
     if jnp.ndim(value) != 0:
         raise OptionsError(
@@ -108,7 +133,7 @@ class Steps:
             # statistics (BatchNorm) do not define reset_state and keep theirs.
             net = combine(self.treedef, self.learnable_index, learnables, others).reset_state()
             outputs, states = net.run(xs, step_key, training=True, outputs=self.wanted)
-            value = scalar_loss(self.loss(*outputs, *ts), self.loss_label)
+            value = loss_value(self.loss, self.loss_label, outputs, ts)
             return value, (outputs, states)
 
         (value, (outputs, states)), grads = jax.value_and_grad(objective, has_aux=True)(learnables)
@@ -200,7 +225,7 @@ class Steps:
         def evaluate(learnables, others, xs, ts):
             net = combine(self.treedef, self.learnable_index, learnables, others)
             outputs, _ = net.run(xs, None, training=False, outputs=self.wanted)
-            value = scalar_loss(self.loss(*outputs, *ts), self.loss_label)
+            value = loss_value(self.loss, self.loss_label, outputs, ts)
             states = tuple(m.update(m.init(outputs[0]), outputs[0], ts[0]) for m in self.metrics)
             return value, states
 

@@ -26,6 +26,7 @@ from . import _batches, _checkpoint, _fingerprint, _options, _progress
 from ._errors import OptionsError
 from ._factors import L2, LEARN_RATE, leaf_factors
 from ._format import FormattedArray, Layout
+from ._keys import check_key
 from ._layer import Layer
 from ._losses import get_loss, loss_name
 from ._metrics import Metric
@@ -111,7 +112,7 @@ def trainnet(*args, key=None, resume_from=None):
         raise OptionsError(
             f"{who}: options must be df.TrainingOptions(...); got {type(options).__name__}."
         )
-    _check_key(who, key)
+    check_key(who, key, OptionsError, optional=True)
     loss_fn = get_loss(loss, who=who)
     checkpoint = None
     if resume_from is not None:
@@ -169,24 +170,6 @@ def _form(who: str, args: tuple) -> str:
         f"{who} takes (X, T, net, loss, options) or (data, net, loss, options); got "
         f"{len(args)} positional argument(s) ({got})."
     )
-
-
-def _check_key(who: str, key) -> None:
-    if key is None:
-        return
-    typed = isinstance(key, jax.Array) and jnp.issubdtype(key.dtype, jax.dtypes.prng_key)
-    raw = (
-        hasattr(key, "shape")
-        and hasattr(key, "dtype")
-        and tuple(key.shape) == (2,)
-        and key.dtype == np.uint32
-    )
-    if not (typed or raw):
-        hint = f"jax.random.key({key})" if isinstance(key, int) else "jax.random.key(0)"
-        raise OptionsError(
-            f"{who}: key must be a jax.random key; got {type(key).__name__} {repr(key)[:40]}. "
-            f"Fix: key={hint}."
-        )
 
 
 class _Run:

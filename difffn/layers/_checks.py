@@ -253,7 +253,7 @@ def flatten_features(layer, data, fmt: str):
     if not fmt:
         if data.ndim < 1:
             raise FormatError(f"{who(layer)} needs at least one axis; got a scalar.")
-        return jnp.reshape(data, data.shape[:1] + (-1,)), ""
+        return jnp.reshape(data, data.shape[:1] + (math.prod(data.shape[1:]),)), ""
     keep = [i for i, label in enumerate(fmt) if label in "BT"]
     features = [i for i, label in enumerate(fmt) if label not in "BT"]
     if not features:
@@ -263,4 +263,6 @@ def flatten_features(layer, data, fmt: str):
         )
     data = jnp.transpose(data, keep + features)
     kept = tuple(data.shape[: len(keep)])
-    return jnp.reshape(data, kept + (-1,)), "".join(fmt[i] for i in keep) + "C"
+    # The feature size is spelled out: -1 cannot be inferred for an empty batch.
+    size = math.prod(data.shape[len(keep) :])
+    return jnp.reshape(data, kept + (size,)), "".join(fmt[i] for i in keep) + "C"
