@@ -4,7 +4,9 @@ Targets (issue 2): overhead against the hand-written custom_vjp <= 1.05x; parame
 gradients >= 2x faster than plain autodiff; forward within 1.3x of the copy bandwidth.
 Issue 11 adds two rows against the same hand-written rule, also <= 1.05x: the parameters as one
 pytree input (a dict), and the gradients under ``jax.checkpoint`` against a custom_vjp with
-``optimize_remat=True``.
+``optimize_remat=True``; and, for remat, how many times an opaque forward (a counted
+``jax.pure_callback`` kernel) executes per gradient under each checkpoint policy (difffn's count
+<= the hand-written custom_vjp's).
 
 GB/s is the *necessary* traffic divided by the time: forward reads x and writes y; the gradient
 of all inputs reads x and dL/dY and writes dL/dX; the parameter gradient reads x and dL/dY.
@@ -17,6 +19,9 @@ import re
 
 import jax
 import jax.numpy as jnp
+import numpy as np
+
+import difffn as df
 
 from ._examples import load
 from ._timing import compare, fmt_time, table
@@ -174,7 +179,90 @@ def _ratios(title, cases, timings, kinds, ours, theirs):
     print(table(rows, header))
 
 
+_KERNEL_RUNS = [0]
+
+
+def _kernel(x):
+    """sin(x) on the host: opaque to XLA, so every execution is counted."""
+
+    def host(x):
+        _KERNEL_RUNS[0] += 1
+        return np.sin(x)
+
+    return jax.pure_callback(host, jax.ShapeDtypeStruct(x.shape, x.dtype), x)
+
+
+class _CountedKernel(df.DifferentiableFunction):
+    save_inputs_for_backward = True
+
+    def forward(self, x, w):
+        return _kernel(x) * w
+
+    def backward(self, dy, compute_gradients, x, w):
+        return dy * jnp.cos(x) * w, jnp.sum(dy * jnp.sin(x))
+
+
+def _counted_kernel_custom_vjp():
+    @jax.custom_vjp
+    def f(x, w):
+        return _kernel(x) * w
+
+    def fwd(x, w):
+        return f(x, w), (x, w)
+
+    def bwd(residuals, dy):
+        x, w = residuals
+        return dy * jnp.cos(x) * w, jnp.sum(dy * jnp.sin(x))
+
+    f.defvjp(fwd, bwd, optimize_remat=True)
+    return f
+
+
+def _forward_runs(f, wrap, *, jit: bool) -> int:
+    """Executions of the kernel in one gradient of ``wrap(loss)``, jitted or eager."""
+    grad = jax.grad(wrap(lambda x, w: jnp.sum(jnp.tanh(f(x, w)))), (0, 1))
+    grad = jax.jit(grad) if jit else grad
+    x, w = jnp.linspace(0.0, 1.0, 8), jnp.array(2.0)
+    jax.block_until_ready(grad(x, w))  # compile (and a first run)
+    _KERNEL_RUNS[0] = 0
+    jax.block_until_ready(grad(x, w))
+    return _KERNEL_RUNS[0]
+
+
+def remat_counts() -> None:
+    """How often the forward executes per gradient, difffn against custom_vjp(optimize_remat)."""
+    policies = {
+        "no checkpoint": lambda f: f,
+        "jax.checkpoint": jax.checkpoint,
+        "jax.remat": jax.remat,
+        "nothing_saveable": lambda f: jax.checkpoint(
+            f, policy=jax.checkpoint_policies.nothing_saveable
+        ),
+        "dots_saveable": lambda f: jax.checkpoint(f, policy=jax.checkpoint_policies.dots_saveable),
+        "everything_saveable": lambda f: jax.checkpoint(
+            f, policy=jax.checkpoint_policies.everything_saveable
+        ),
+    }
+    ours, theirs = _CountedKernel(), _counted_kernel_custom_vjp()
+    rows = []
+    for name, wrap in policies.items():
+        counts = [_forward_runs(f, wrap, jit=jit) for jit in (True, False) for f in (ours, theirs)]
+        ok = counts[0] <= counts[1] and counts[2] <= counts[3]
+        rows.append([name, *map(str, counts), "yes" if ok else "NO"])
+    print("\nremat: forward executions per gradient (an opaque, counted pure_callback kernel)")
+    header = [
+        "policy",
+        "jit: difffn",
+        "custom_vjp(optimize_remat)",
+        "eager: difffn",
+        "custom_vjp(optimize_remat)",
+        "difffn <= custom_vjp",
+    ]
+    print(table(rows, header))
+
+
 def run(*, quick: bool = False) -> None:
+    remat_counts()
     example = load("01_srelu_function")
     implementations = {
         "difffn": example.SReLUFunction("BSSC"),

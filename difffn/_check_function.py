@@ -2,7 +2,8 @@
 
 ``check_function(fcn, *example_inputs)`` runs the tests of ``_check_list`` that
 ``check_function`` runs (forward, backward, gradients per input, ``compute_gradients``, jit and
-vmap), in that order, and returns a :class:`~difffn.CheckReport`.
+vmap), in that order, and returns a :class:`~difffn.CheckReport`. Pytree inputs are checked leaf by
+leaf (``_check_function_inputs``).
 
 The gradient tests run in float64 (enabled only inside the check) on the example inputs cast to
 float64, with random upstream gradients; see ``_numerical.py`` for the method and tolerances.
@@ -26,11 +27,16 @@ from ._check_common import (
     record_gradient_tests,
     surrogate_outcome,
 )
-from ._check_function_gradients import (
-    FunctionGradients,
-    all_flags,
+from ._check_function_gradients import FunctionGradients
+from ._check_function_inputs import (
+    ExampleInputs,
     call_backward,
+    describe_input,
     differentiable,
+    leaf_gradients,
+    output_leaves,
+    second_example,
+    validate_inputs,
 )
 from ._check_list import FUNCTION, run_by
 from ._check_report import (
@@ -42,9 +48,8 @@ from ._check_report import (
     passed,
     skipped,
 )
-from ._errors import CheckError, type_name
-from ._format import FormattedArray, stripdims
-from ._function import DifferentiableFunction, _forward_parameters, _input_names, run_forward
+from ._errors import BackwardError, CheckError, type_name
+from ._function import DifferentiableFunction, _input_names, run_forward
 
 GRADIENTS = "gradients_are_correct"
 TRANSFORM_RTOL = {"float16": 1e-2, "bfloat16": 1e-2, "float32": 1e-5, "float64": 1e-12}
@@ -55,7 +60,9 @@ def check_function(fcn, *example_inputs, key=None) -> CheckReport:
 
     Args:
       fcn: a ``df.DifferentiableFunction`` instance.
-      *example_inputs: one example array per forward input (formats are stripped, as in a call).
+      *example_inputs: one example array, or pytree of arrays, per forward input (formats are
+        stripped, as in a call). Each floating-point leaf of a pytree input gets its own gradient
+        test, named by its path: ``gradients_are_correct[params['w']]``.
       key: a ``jax.random`` key (or an int seed) for the upstream gradients; default
         ``jax.random.key(0)``.
 
@@ -84,7 +91,7 @@ def check_function(fcn, *example_inputs, key=None) -> CheckReport:
     key = as_key(key)
     recorder = Recorder()
     _FunctionChecker(fcn, xs, key, recorder).run_all()
-    inputs = ", ".join(describe_value(x) for x in xs)
+    inputs = ", ".join(describe_input(x) for x in xs)
     return recorder.report(repr(fcn), inputs)
 
 
@@ -99,26 +106,7 @@ def _validate(fcn, example_inputs) -> tuple:
             f"check_function got a {type_name(fcn)}; expected a df.DifferentiableFunction "
             "instance. Fix: pass an instance of your subclass (use df.check_layer for a layer)."
         )
-    cls = type(fcn)
-    names, variadic = _forward_parameters(cls)
-    count = len(example_inputs)
-    if count == 0 or count < len(names) or (count > len(names) and not variadic):
-        raise CheckError(
-            f"check_function: {cls.__name__}.forward takes {len(names)} input(s) "
-            f"({', '.join(names)}) but got {count} example input(s). Fix: pass one example array "
-            "per forward input, e.g. check_function(fcn, " + ", ".join(names or ["x"]) + ")."
-        )
-    xs = []
-    for i, x in enumerate(example_inputs):
-        if isinstance(x, FormattedArray):
-            x = x.data
-        if not isinstance(x, (jax.Array, np.ndarray, np.generic, int, float)):
-            raise CheckError(
-                f"check_function: example input {i + 1} of {cls.__name__} is a {type_name(x)}; "
-                "expected an array. Fix: pass jax or numpy arrays."
-            )
-        xs.append(jnp.asarray(x))
-    return tuple(xs)
+    return validate_inputs(type(fcn), example_inputs)
 
 
 class _FunctionChecker:
@@ -127,16 +115,19 @@ class _FunctionChecker:
         self.data = Data(key)
         self.cls = type(fcn)
         self.names = _input_names(self.cls, len(xs))
+        self.inputs = ExampleInputs(xs, self.names)
+        self.leaves = self.inputs.leaves
         self.surrogates = declared_surrogates(self.cls, "check_function", self.names)
-        self.gradients = FunctionGradients(fcn, xs, self.names, self.data)
+        self.gradients = FunctionGradients(fcn, self.inputs, self.data)
         self.outputs = None
         self.unusable: str | None = "backward did not run (see backward_runs)"
-        self.invalid: dict[int, str] = {}
+        self.invalid: dict[int, str] = {}  # leaf index -> the unusable gradient
 
-    def cotangents(self, outputs, tag: int):
+    def cotangents(self, outputs, tag: int) -> list:
+        """Random upstream gradients, one per output leaf."""
         return [
             self.data.normal(tag + i, y.shape, y.dtype if differentiable(y) else jnp.float32)
-            for i, y in enumerate(outputs)
+            for i, y in enumerate(output_leaves(outputs))
         ]
 
     def run_all(self) -> None:
@@ -172,13 +163,17 @@ class _FunctionChecker:
 
     def test_backward_runs(self):
         self._require_forward()
-        call_backward(self.fcn, self.xs, self.cotangents(self.outputs, 100), all_flags(self.xs))
+        call_backward(
+            self.fcn, self.xs, self.cotangents(self.outputs, 100), self.inputs.all_flags()
+        )
 
     def test_backward_valid(self):
         self._require_forward()
-        flags = all_flags(self.xs)
+        inputs = self.inputs
         self.unusable = "backward did not run (see backward_runs)"
-        grads = call_backward(self.fcn, self.xs, self.cotangents(self.outputs, 100), flags)
+        grads = call_backward(
+            self.fcn, self.xs, self.cotangents(self.outputs, 100), inputs.all_flags()
+        )
         order = ", ".join(f"dLd{n}" for n in self.names)
         if not isinstance(grads, tuple) or len(grads) != len(self.xs):
             got = f"{len(grads)} values" if isinstance(grads, tuple) else type_name(grads)
@@ -187,14 +182,18 @@ class _FunctionChecker:
                 f"backward returned {got}; expected {len(self.xs)} gradients ({order}), one per "
                 "input in forward's order (None where compute_gradients is False)."
             )
+        try:
+            found = leaf_gradients(self.fcn, inputs, grads)
+        except BackwardError as error:
+            self.unusable = "backward returned a gradient of the wrong structure (see "
+            self.unusable += "backward_returns_valid_gradients)"
+            return failed(f"{error} Expected {order}, in forward's input order.")
         self.unusable = None
         problems = []
-        for i, (name, x, g, wanted) in enumerate(
-            zip(self.names, self.xs, grads, flags, strict=True)
-        ):
-            g = stripdims(g)
+        for k, (x, g) in enumerate(zip(self.leaves, found, strict=True)):
+            name, wanted = inputs.leaf_names[k], differentiable(x)
             if wanted and (not is_array(g) or tuple(g.shape) != tuple(x.shape)):
-                self.invalid[i] = describe_value(g)
+                self.invalid[k] = describe_value(g)
             if g is None:
                 if wanted:
                     problems.append(f"the gradient of {name!r} is None")
@@ -217,58 +216,53 @@ class _FunctionChecker:
             return failed(
                 "backward returned invalid gradients: "
                 + "; ".join(problems)
-                + f". Expected {order}, each with the shape and dtype of its input. Fix: for an "
-                "input broadcast in forward, sum over the broadcast axes with keepdims=True."
+                + f". Expected {order}, each with the structure, shapes and dtypes of its input. "
+                "Fix: for an input broadcast in forward, sum over the broadcast axes with "
+                "keepdims=True."
             )
         return None
 
     # -- gradients --
 
-    def checked(self) -> list[int]:
-        """The inputs whose gradients are checked: the floating-point ones."""
-        return [i for i, x in enumerate(self.xs) if differentiable(x)]
-
     def run_gradient_tests(self) -> None:
-        """Record ``gradients_are_correct[NAME]`` for every input."""
-        rec = self.rec
-        checked = self.checked()
-        names = [self.names[i] for i in checked]
-        for i, x in enumerate(self.xs):
-            if i not in checked:
-                rec.add(
-                    f"{GRADIENTS}[{self.names[i]}]",
-                    skipped(f"input {self.names[i]!r} is {x.dtype}, not differentiable"),
-                )
-        declared = {
-            self.names[i]: surrogate_outcome(self.surrogates[self.names[i]])
-            for i in checked
-            if self.names[i] in self.surrogates
+        """Record ``gradients_are_correct[NAME]`` for every input leaf, in order."""
+        rec, inputs = self.rec, self.inputs
+        checked = inputs.differentiable()
+        names = list(inputs.leaf_names)
+        fixed = {
+            inputs.leaf_names[k]: skipped(f"{inputs.label(k)} is {x.dtype}, not differentiable")
+            for k, x in enumerate(self.leaves)
+            if k not in checked
         }
+        for k in checked:
+            owner = self.names[inputs.owner[k]]
+            if owner in self.surrogates:
+                fixed[inputs.leaf_names[k]] = surrogate_outcome(self.surrogates[owner])
         if self.outputs is None or self.unusable:
             reason = "forward did not run" if self.outputs is None else self.unusable
             for n in names:
-                rec.add(f"{GRADIENTS}[{n}]", declared.get(n, incomplete(reason)))
+                rec.add(f"{GRADIENTS}[{n}]", fixed.get(n, incomplete(reason)))
             return
 
         def compute():
             with jax.enable_x64(True):
                 outcomes = self.gradients.first_order(
-                    [i for i in checked if self.names[i] not in declared]
+                    [k for k in checked if inputs.leaf_names[k] not in fixed]
                 )
-            for i in self.invalid:
-                outcomes[i] = incomplete(
-                    f"the backward's gradient for input {self.names[i]!r} is unusable (got "
-                    f"{self.invalid[i]}); see backward_returns_valid_gradients"
+            for k in self.invalid:
+                outcomes[k] = incomplete(
+                    f"the backward's gradient for {inputs.label(k)} is unusable (got "
+                    f"{self.invalid[k]}); see backward_returns_valid_gradients"
                 )
-            return {self.names[i]: outcomes[i] for i in outcomes}
+            return {inputs.leaf_names[k]: outcomes[k] for k in outcomes}
 
-        record_gradient_tests(rec, GRADIENTS, names, compute, fixed=declared)
+        record_gradient_tests(rec, GRADIENTS, names, compute, fixed=fixed)
 
     def test_second_order(self):
         reason = second_order.skip_reason(self.cls)
         if reason:
             return skipped(reason)
-        checked = self.checked()
+        checked = self.inputs.differentiable()
         if not checked:
             return skipped("no input is differentiable")
         if self.outputs is None or self.unusable or self.invalid:
@@ -276,59 +270,67 @@ class _FunctionChecker:
             if self.outputs is None:
                 reason = "forward did not run"
             return incomplete(f"{reason} (see backward_returns_valid_gradients)")
+        blocked = second_order.blocked_by_first_order(self.rec)
+        if blocked is not None:
+            return blocked
         with jax.enable_x64(True):
             return self.gradients.second_order(checked, trust_reference=not self.surrogates)
 
-    # -- flags and transformations --
+    # -- flags and transformations: the function of its input leaves --
 
-    def _call(self, *xs):
-        return self.fcn(*xs)
+    def _call(self, *leaves):
+        return self.fcn(*jax.tree.unflatten(self.inputs.tree, list(leaves)))
 
-    def _vjp(self, xs, cotangents, argnums):
-        def f(*chosen):
-            full = list(xs)
-            for i, v in zip(argnums, chosen, strict=True):
-                full[i] = v
-            out = self.fcn(*full)
-            return out if isinstance(out, tuple) else (out,)
+    def _vjp(self, leaves, cotangents, chosen):
+        def f(*values):
+            full = list(leaves)
+            for k, v in zip(chosen, values, strict=True):
+                full[k] = v
+            return jax.tree.leaves(self._call(*full))
 
-        _, vjp = jax.vjp(f, *(xs[i] for i in argnums))
-        return vjp(tuple(cotangents))
+        _, vjp = jax.vjp(f, *(leaves[k] for k in chosen))
+        return vjp(list(cotangents))
 
     def test_compute_gradients(self):
         self._require_forward()
-        checked = [i for i, x in enumerate(self.xs) if differentiable(x)]
+        inputs = self.inputs
+        checked = inputs.differentiable()
         if len(checked) < 2:
             return passed("a single differentiable input: every flag set is the full one")
         cotangents = self.cotangents(self.outputs, 200)
-        full = self._vjp(self.xs, cotangents, checked)
+        full = self._vjp(self.leaves, cotangents, checked)
         problems, extra = [], []
-        for position, i in enumerate(checked):
-            flags = tuple(j == i for j in range(len(self.xs)))
+        for position, k in enumerate(checked):
+            flags = inputs.flags([j == k for j in range(len(self.leaves))])
             try:
-                raw = call_backward(self.fcn, self.xs, cotangents, flags)
+                raw = leaf_gradients(
+                    self.fcn, inputs, call_backward(self.fcn, self.xs, cotangents, flags)
+                )
             except Exception as error:  # noqa: BLE001 - that is the finding
                 problems.append(
                     f"with compute_gradients={flags} backward raised "
                     f"{describe_exception(error).splitlines()[0]}"
                 )
                 continue
-            if isinstance(raw, tuple):
-                extra += [
-                    self.names[j]
-                    for j, g in enumerate(raw)
-                    if j != i and g is not None and is_array(g)
-                ]
-            (alone,) = self._vjp(self.xs, cotangents, [i])
+            extra += [
+                inputs.leaf_names[j]
+                for j, g in enumerate(raw)
+                if j != k and g is not None and is_array(g)
+            ]
+            (alone,) = self._vjp(self.leaves, cotangents, [k])
             problems += compare(
-                f"dLd{self.names[i]} asked alone", full[position], alone, _rtol(full[position])
+                f"dLd{inputs.leaf_names[k]} asked alone",
+                full[position],
+                alone,
+                _rtol(full[position]),
             )
         if problems:
             return failed(
                 "backward does not handle compute_gradients: "
                 + "; ".join(problems)
-                + ". Fix: compute the gradient of input i when compute_gradients[i] is True, "
-                "return None for the others, and do not depend on which others are asked for."
+                + ". Fix: compute the gradient of input i when compute_gradients[i] is True (for "
+                "a pytree input, per leaf), return None for the others, and do not depend on "
+                "which others are asked for."
             )
         if extra:
             names = sorted(set(extra))
@@ -340,51 +342,35 @@ class _FunctionChecker:
 
     def test_jit(self):
         self._require_forward()
-        checked = [i for i, x in enumerate(self.xs) if differentiable(x)]
+        checked = self.inputs.differentiable()
         cotangents = self.cotangents(self.outputs, 300)
         problems = []
-        eager, jitted = self._call(*self.xs), jax.jit(self._call)(*self.xs)
+        eager, jitted = self._call(*self.leaves), jax.jit(self._call)(*self.leaves)
         problems += compare_trees("outputs", eager, jitted, _rtol, equal_nan=True)
         if checked:
-            eager_vjp = self._vjp(self.xs, cotangents, checked)
-            jit_vjp = jax.jit(lambda xs, c: self._vjp(xs, c, checked))(self.xs, cotangents)
+            eager_vjp = self._vjp(self.leaves, cotangents, checked)
+            jit_vjp = jax.jit(lambda xs, c: self._vjp(xs, c, checked))(self.leaves, cotangents)
             problems += compare_trees("gradients", eager_vjp, jit_vjp, _rtol, equal_nan=True)
         if problems:
             return failed("jax.jit disagrees with eager: " + "; ".join(problems))
         return None
 
-    def _second_example(self, tag: int, x):
-        """Another example inside the domain of ``x``: its values mixed with each other (a
-        random convex combination of ``x`` and a shuffle of it, so within ``x``'s range: a
-        positive example stays positive), or scaled by 0.9 to 1.1 for a single value."""
-        if not jnp.issubdtype(x.dtype, jnp.floating):
-            return x
-        values = np.asarray(x, np.float64)
-        rng = self.data.rng(tag)
-        if values.size > 1:
-            shuffled = values.ravel()[rng.permutation(values.size)].reshape(values.shape)
-            mixed = values + rng.uniform(0.25, 0.75, values.shape) * (shuffled - values)
-        else:
-            mixed = values * rng.uniform(0.9, 1.1, values.shape)
-        return jnp.asarray(mixed, x.dtype)
-
     def test_vmap(self):
         self._require_forward()
-        other = [self._second_example(20 + i, x) for i, x in enumerate(self.xs)]
-        stacked = [jnp.stack([a, b]) for a, b in zip(self.xs, other, strict=True)]
+        other = [second_example(self.data.rng(20 + k), x) for k, x in enumerate(self.leaves)]
+        stacked = [jnp.stack([a, b]) for a, b in zip(self.leaves, other, strict=True)]
         mapped = jax.vmap(self._call)(*stacked)
-        one, two = self._call(*self.xs), self._call(*other)
+        one, two = self._call(*self.leaves), self._call(*other)
         expected = jax.tree.map(lambda a, b: jnp.stack([a, b]), one, two)
         problems = compare_trees("outputs", expected, mapped, _rtol, equal_nan=True)
-        checked = [i for i, x in enumerate(self.xs) if differentiable(x)]
+        checked = self.inputs.differentiable()
         if checked:
-            outs = one if isinstance(one, tuple) else (one,)
-            cotangents = self.cotangents(outs, 400)
+            cotangents = self.cotangents(one if isinstance(one, tuple) else (one,), 400)
             stacked_ct = [jnp.stack([c, c]) for c in cotangents]
             mapped_vjp = jax.vmap(lambda xs, c: self._vjp(xs, c, checked))(stacked, stacked_ct)
             expected_vjp = jax.tree.map(
                 lambda a, b: jnp.stack([a, b]),
-                self._vjp(self.xs, cotangents, checked),
+                self._vjp(self.leaves, cotangents, checked),
                 self._vjp(other, cotangents, checked),
             )
             problems += compare_trees("gradients", expected_vjp, mapped_vjp, _rtol, equal_nan=True)

@@ -1,10 +1,11 @@
 """``check_function``'s gradient tests: the function as a numerical model, and the verdicts.
 
-``gradients_are_correct[NAME]`` per floating-point input (the backward's gradient against
-numerical derivatives, JAX autodiff of forward as the reference), and
+``gradients_are_correct[NAME]`` per floating-point input, or per floating-point leaf of a pytree
+input (NAME with the leaf's path: ``params['w']``): the backward's gradient against numerical
+derivatives, JAX autodiff of forward as the reference; and
 ``second_order_gradients_are_correct`` (``_check_second_order``). An input named in the class's
-``surrogate_gradients`` is Skipped with the declared reason; a forward that computes in a
-narrower dtype inside is compared with JAX autodiff at that dtype's tolerance.
+``surrogate_gradients`` (every leaf of it) is Skipped with the declared reason; a forward that
+computes in a narrower dtype inside is compared with JAX autodiff at that dtype's tolerance.
 """
 
 from __future__ import annotations
@@ -29,69 +30,53 @@ from ._check_common import (
     narrowest_float,
     reference_outcome,
 )
-from ._format import stripdims
+from ._check_function_inputs import ExampleInputs, call_backward, leaf_gradients
 from ._function import DifferentiableFunction, run_forward
-
-
-def differentiable(x) -> bool:
-    return jnp.issubdtype(x.dtype, jnp.inexact)
-
-
-def all_flags(xs) -> tuple[bool, ...]:
-    return tuple(differentiable(x) for x in xs)
-
-
-def call_backward(fcn, xs, cotangents, flags):
-    """The user's backward, called as the runtime calls it; its result as a tuple."""
-    cls = type(fcn)
-    outputs, memory = run_forward(fcn, xs)
-    saved_inputs = tuple(xs) if cls.save_inputs_for_backward else ()
-    saved_outputs = tuple(outputs) if cls.save_outputs_for_backward else ()
-    cotangents = [jnp.asarray(c, y.dtype) for c, y in zip(cotangents, outputs, strict=True)]
-    result = fcn.backward(*cotangents, flags, *saved_inputs, *saved_outputs, *memory)
-    if len(xs) == 1 and not isinstance(result, (tuple, list)):
-        result = (result,)
-    return tuple(result) if isinstance(result, (tuple, list)) else result
 
 
 @dataclasses.dataclass(frozen=True)
 class FunctionModel(CheckModel):
-    """The function's outputs as a function of its floating inputs (hashable, static).
+    """The function's output leaves as a function of its checked input leaves (hashable, static).
 
-    ``args``: ``(inputs, upstream gradients)``.
+    ``args``: ``(input leaves, upstream gradients: one per output leaf)``.
     """
 
     fcn: DifferentiableFunction
-    checked: tuple[int, ...]
+    tree: jax.tree_util.PyTreeDef  # of the inputs tuple
+    checked: tuple[int, ...]  # leaf indices
     shapes: tuple[tuple[int, ...], ...]
     with_backward: bool = True
     with_autodiff: bool = True
     traceable: bool = True
 
     def inputs(self, args, parts):
-        xs = list(args[0])
-        for i, shape, flat in zip(self.checked, self.shapes, parts, strict=True):
-            xs[i] = flat.reshape(shape)
-        return xs
+        leaves = list(args[0])
+        for k, shape, flat in zip(self.checked, self.shapes, parts, strict=True):
+            leaves[k] = flat.reshape(shape)
+        return jax.tree.unflatten(self.tree, leaves)
 
     def outputs(self, args, parts):
-        return list(run_forward(self.fcn, self.inputs(args, parts))[0])
+        return jax.tree.leaves(run_forward(self.fcn, self.inputs(args, parts))[0])
 
     def runtime_outputs(self, args, parts):
-        out = self.fcn(*self.inputs(args, parts))
-        return list(out) if isinstance(out, tuple) else [out]
+        return jax.tree.leaves(self.fcn(*self.inputs(args, parts)))
 
     def cotangents(self, args):
         return args[1]
 
     def backward_gradient(self, args, parts):
         xs = self.inputs(args, parts)
-        grads = call_backward(self.fcn, xs, list(args[1]), all_flags(xs))
+        inputs = ExampleInputs(xs, [str(i) for i in range(len(xs))])
+        grads = call_backward(self.fcn, xs, list(args[1]), inputs.all_flags())
+        try:
+            found = leaf_gradients(self.fcn, inputs, grads)
+        except Exception:  # noqa: BLE001 - backward_returns_valid_gradients names it
+            found = [None] * len(inputs.leaves)
         pieces = []
-        for i, shape in zip(self.checked, self.shapes, strict=True):
-            g = grads[i] if isinstance(grads, tuple) and len(grads) == len(xs) else None
+        for k, shape in zip(self.checked, self.shapes, strict=True):
+            g = found[k]
             if is_array(g) and tuple(g.shape) == shape:
-                pieces.append(jnp.ravel(stripdims(g)).astype(jnp.float64))
+                pieces.append(jnp.ravel(g).astype(jnp.float64))
             else:
                 pieces.append(jnp.full((math.prod(shape),), jnp.nan, jnp.float64))
         return jnp.concatenate(pieces)
@@ -100,49 +85,51 @@ class FunctionModel(CheckModel):
 class FunctionGradients:
     """The gradient tests of one check: the float64 point, the model, and the words."""
 
-    def __init__(self, fcn, xs, names, data):
-        self.fcn, self.cls, self.names, self.data = fcn, type(fcn), names, data
-        self.shapes = tuple(tuple(x.shape) for x in xs)
-        self._xs = xs
+    def __init__(self, fcn, inputs: ExampleInputs, data):
+        self.fcn, self.cls, self.inputs, self.data = fcn, type(fcn), inputs, data
+        self.shapes = inputs.shapes
         self.who = f"{self.cls.__name__}.backward"
 
     def point(self, checked):
-        """``(model, args, segments, base, scale, parts)`` for the inputs ``checked``."""
-        xs = tuple(cast_floating(self._xs, "float64"))
-        shapes = tuple(tuple(xs[i].shape) for i in checked)
-        model = FunctionModel(self.fcn, tuple(checked), shapes)
+        """``(model, args, segments, base, scale, parts)`` for the input leaves ``checked``."""
+        leaves = tuple(cast_floating(self.inputs.leaves, "float64"))
+        shapes = tuple(self.shapes[k] for k in checked)
+        model = FunctionModel(self.fcn, self.inputs.tree, tuple(checked), shapes)
         segments, base, scale, parts = numerical.lay_out(
-            [str(i) for i in checked], [np.ravel(np.asarray(xs[i], np.float64)) for i in checked]
+            [str(k) for k in checked],
+            [np.ravel(np.asarray(leaves[k], np.float64)) for k in checked],
         )
         try:
-            shapes_out = jax.eval_shape(lambda p: model.outputs((xs, ()), p), parts)
+            shapes_out = jax.eval_shape(lambda p: model.outputs((leaves, ()), p), parts)
         except Exception:  # noqa: BLE001 - not traceable: evaluate eagerly, without autodiff
             model = dataclasses.replace(model, traceable=False, with_autodiff=False)
-            shapes_out = model.outputs((xs, ()), parts)
+            shapes_out = model.outputs((leaves, ()), parts)
         cotangents = tuple(
             self.data.normal(60 + i, tuple(y.shape), jnp.float64) for i, y in enumerate(shapes_out)
         )
-        return model, (xs, cotangents), segments, base, scale, parts
+        return model, (leaves, cotangents), segments, base, scale, parts
 
-    def locate(self, i):
-        return lambda k: index_text(k, self.shapes[i])
+    def locate(self, k):
+        return lambda i: index_text(i, self.shapes[k])
 
     def first_order(self, checked) -> dict:
-        """``{input index: Outcome}`` for the inputs ``checked``. Runs with float64 enabled."""
+        """``{leaf index: Outcome}`` for the input leaves ``checked``. Runs with float64 enabled."""
         if not checked:
             return {}
         model, args, segments, base, scale, parts = self.point(checked)
         model, grads, note = gradients_or_without_autodiff(model, args, parts)
-        labels = {str(i): f"input {self.names[i]!r}" for i in checked}
-        order = ", ".join(f"dLd{n}" for n in self.names)
+        inputs = self.inputs
+        labels = {str(k): inputs.label(k) for k in checked}
+        order = ", ".join(f"dLd{n}" for n in inputs.names)
 
-        def fix(i):
+        def fix(k):
+            name = inputs.leaf_names[k]
             return (
-                f"Fix: check backward's formula for dLd{self.names[i]}: by the chain rule it "
-                f"is the sum over outputs of dLdY * dY/d{self.names[i]} (multiply by the "
-                "upstream gradient; for an input broadcast in forward, sum over the broadcast "
-                f"axes); backward returns {order}, in forward's input order. "
-                + SURROGATE_HINT.format(name=self.names[i])
+                f"Fix: check backward's formula for dLd{name}: by the chain rule it is the sum "
+                f"over outputs of dLdY * dY/d{name} (multiply by the upstream gradient; for an "
+                f"input broadcast in forward, sum over the broadcast axes); backward returns "
+                f"{order}, in forward's input order. "
+                + SURROGATE_HINT.format(name=inputs.names[inputs.owner[k]])
             )
 
         dtype = None
@@ -189,7 +176,7 @@ class FunctionGradients:
             scale,
             parts,
             tuple(segments),
-            {str(i): f"input {self.names[i]!r}" for i in checked},
+            {str(k): self.inputs.label(k) for k in checked},
             {str(i): self.locate(i) for i in checked},
         )
         return second_order.second_order_outcome(

@@ -429,6 +429,9 @@ def second_order_gradients_are_correct(s: LayerSubject):
             "it differentiates a second time, so its second derivative cannot be taken"
         )
     s.require("forwarded")
+    blocked = second_order.blocked_by_first_order(s.rec)
+    if blocked is not None:
+        return blocked
     custom = s.custom_backward
     takes_state = False
     if custom:

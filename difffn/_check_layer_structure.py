@@ -319,17 +319,7 @@ def returns_valid_state(s: LayerSubject, method: str):
         old = getattr(s.layer, name)
         if isinstance(old, NetworkBase):
             continue  # a nested network's state table: the network validates it
-        if not is_array(value):
-            problems.append(f"state {name!r} is {describe_value(value)}")
-        elif is_array(old) and not _state_shape_ok(old.shape, stripdims(value).shape):
-            problems.append(
-                f"state {name!r} has shape {shape_text(stripdims(value).shape)}; the "
-                f"layer's is {shape_text(old.shape)}"
-            )
-        elif is_array(old) and stripdims(value).dtype != old.dtype:
-            problems.append(
-                f"state {name!r} has dtype {stripdims(value).dtype}; the layer's is {old.dtype}"
-            )
+        problems += _state_problems(name, old, value)
     if problems:
         return failed(
             f"{method} returned invalid state: "
@@ -355,6 +345,8 @@ def reset_state_runs(s: LayerSubject):
         old, value = getattr(s.layer, name), getattr(new, name)
         if is_array(old) and (not is_array(value) or tuple(value.shape) != tuple(old.shape)):
             problems.append(f"state {name!r} became {describe_value(value)}")
+        elif old is not None and not is_array(old) and not isinstance(old, NetworkBase):
+            problems += _state_problems(name, old, value, grow=False)
     for name, kind in cls._field_kinds.items():
         if kind in ("property", "base") and name != "name":
             if _tree_change(getattr(s.layer, name), getattr(new, name)) is not None:
@@ -410,6 +402,52 @@ def formattable_is_formatted(s: LayerSubject, method: str):
             + ". Fix: return df.dlarray(y, fmt) with a format that has a C (channel) label."
         )
     return None
+
+
+def _state_problems(name: str, old, new, *, grow: bool = True) -> list[str]:
+    """What is wrong with ``new`` as the value of state field ``name`` (which holds ``old``).
+
+    A field may hold one array or a pytree of arrays (a dict of batch statistics): the two are
+    compared leaf by leaf, each leaf named by its pytree path. ``grow``: an axis of size 1 may
+    grow (see :func:`_state_shape_ok`).
+    """
+    if old is None or is_array(old):  # one array (or not set yet): the value is one array
+        if not is_array(new):
+            return [f"state {name!r} is {describe_value(new)}"]
+        pairs = [((), new, old)]
+    else:
+        old_leaves, old_tree = _state_leaves(old)
+        new_leaves, new_tree = _state_leaves(new)
+        if old_tree != new_tree:
+            return [
+                f"state {name!r} has the structure {new_tree}; the layer's is {old_tree} (a "
+                "state held as a pytree keeps its structure)"
+            ]
+        pairs = [(p, leaf, b) for (p, leaf), (_, b) in zip(new_leaves, old_leaves, strict=True)]
+    problems = []
+    for path, leaf, before in pairs:
+        what = f"state {name!r}{jax.tree_util.keystr(path)}"
+        if not is_array(leaf):
+            problems.append(f"{what} is {describe_value(leaf)}")
+            continue
+        if not is_array(before):
+            continue
+        shape = stripdims(leaf).shape
+        if not (_state_shape_ok(before.shape, shape) if grow else shape == before.shape):
+            problems.append(
+                f"{what} has shape {shape_text(shape)}; the layer's is {shape_text(before.shape)}"
+            )
+        elif stripdims(leaf).dtype != before.dtype:
+            problems.append(
+                f"{what} has dtype {stripdims(leaf).dtype}; the layer's is {before.dtype}"
+            )
+    return problems
+
+
+def _state_leaves(value):
+    return jax.tree_util.tree_flatten_with_path(
+        value, is_leaf=lambda v: v is None or isinstance(v, FormattedArray)
+    )
 
 
 def _state_shape_ok(old, new) -> bool:

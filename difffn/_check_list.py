@@ -112,7 +112,8 @@ TESTS: tuple[CheckTest, ...] = (
     ),
     CheckTest(
         "predict_returns_valid_state",
-        "state count, shape (an axis of size 1 may grow), dtype",
+        "state count, shape (an axis of size 1 may grow), dtype; a state field holding a pytree "
+        "of arrays, leaf by leaf",
         (LAYER,),
         skipped="no state",
         matlab="predictReturnsValidStates",
@@ -188,7 +189,7 @@ TESTS: tuple[CheckTest, ...] = (
         "second_order_gradients_are_correct",
         "the gradient is differentiable: JAX's derivative of `<v, gradient>` (through the custom "
         "rule) agrees with finite differences of the gradient; names the input or learnable "
-        "with the largest error",
+        "with the largest error (Incomplete when a first-order gradient test failed)",
         _BOTH,
         skipped="the class sets `once_differentiable = True`, or the layer `acceleratable = False`",
     ),

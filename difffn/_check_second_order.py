@@ -30,9 +30,10 @@ from ._check_common import (
     narrowest_float,
     reference_outcome,
 )
-from ._check_report import describe_exception, failed, incomplete, passed
+from ._check_report import Recorder, describe_exception, failed, incomplete, passed
 
 TEST = "second_order_gradients_are_correct"
+FIRST_ORDER_TEST = "gradients_are_correct"
 
 
 @dataclass(frozen=True)
@@ -76,6 +77,26 @@ def skip_reason(cls) -> str:
             "first-order only"
         )
     return ""
+
+
+def blocked_by_first_order(rec: Recorder):
+    """Incomplete when a first-order gradient test failed (``None`` otherwise).
+
+    With the second-order rule (outer derivatives use the hand-written backward), a wrong
+    first-order gradient makes its derivative wrong too: a checker names the wrong gradient
+    once, where it is wrong.
+    """
+    failing = [
+        r.name
+        for r in rec.results
+        if r.name.startswith(f"{FIRST_ORDER_TEST}[") and r.status == "Failed"
+    ]
+    if not failing:
+        return None
+    return incomplete(
+        f"first-order gradients are wrong ({', '.join(failing)}); fix those first (the second "
+        "derivative differentiates them, so it cannot be right before they are)"
+    )
 
 
 @dataclass(frozen=True)

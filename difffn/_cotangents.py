@@ -17,6 +17,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax.custom_derivatives import SymbolicZero
 
+from ._describe import is_array
 from ._errors import BackwardError, ForwardError
 
 try:  # the internal zero type that JAX's newer custom_vjp hands to rules
@@ -80,7 +81,7 @@ def split_memory(memory, who: str) -> tuple[Static, tuple]:
     leaves, tree = jax.tree_util.tree_flatten_with_path(memory)
     static, arrays = [], []
     for path, leaf in leaves:
-        if isinstance(leaf, (jax.Array, np.ndarray, np.generic)):
+        if is_array(leaf):
             static.append(_ARRAY)
             arrays.append(jnp.asarray(leaf))
             continue
@@ -159,7 +160,7 @@ def check_gradient(
         return None
     if isinstance(grad, (int, float, complex)) and not isinstance(grad, bool):
         grad = np.asarray(grad, spec.dtype)  # a Python scalar takes the value's dtype
-    if not isinstance(grad, (jax.Array, np.ndarray, np.generic)):
+    if not is_array(grad):
         raise BackwardError(
             f"{who} returned a {type(grad).__name__} as {what}; expected an array with "
             f"{spec.describe()}. Fix: return a jax array (or None where not needed)."

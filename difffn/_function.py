@@ -26,13 +26,11 @@ from typing import ClassVar
 import jax
 
 from . import _function_rules as rules
-from ._errors import DifferentiableFunctionError, ForwardModeError
+from ._errors import DifferentiableFunctionError
 from ._function_rules import forward_mode_message, run_forward
 from ._signatures import positional
 
 __all__ = ["DifferentiableFunction", "forward_mode_message", "run_forward"]
-
-_FORWARD_MODE_MESSAGES = ("forward-mode", "jvp")
 
 
 class DifferentiableFunction:
@@ -52,9 +50,15 @@ class DifferentiableFunction:
         reach the loss arrives as zeros; ``False``: as ``None`` (skip that work).
       once_differentiable: ``True``: differentiating ``backward`` (a second-order derivative)
         raises ``df.HigherOrderError`` instead of differentiating it; ``backward`` may then use
-        non-differentiable code.
+        non-differentiable code, and ``df.check_function`` reports
+        ``second_order_gradients_are_correct`` Skipped.
+      surrogate_gradients: optional ``{forward input name: reason}`` for inputs whose backward
+        is intentionally not the derivative (a straight-through estimator, gradient reversal):
+        ``df.check_function`` reports their ``gradients_are_correct[name]`` Skipped with the
+        reason (and runs every other test); a name that is not an input of ``forward`` is a
+        ``df.CheckError``. Read by the checkers only; it changes nothing in a call.
 
-    The four flags may also be set per instance in ``__init__``.
+    The flags (not ``surrogate_gradients``) may also be set per instance in ``__init__``.
 
     ``forward(self, *X)`` returns ``Y`` (one output, no memory) or the tuple
     ``(Y1, ..., YM, mem1, ..., memK)``. Inputs and outputs may be arrays or pytrees of arrays;
@@ -97,6 +101,7 @@ class DifferentiableFunction:
     num_memory_values: ClassVar[int] = 0
     materialize_zero_gradients: ClassVar[bool] = True
     once_differentiable: ClassVar[bool] = False
+    surrogate_gradients: ClassVar[dict[str, str] | None] = None
 
     def __init_subclass__(cls, **kwargs):
         super().__init_subclass__(**kwargs)
@@ -194,16 +199,7 @@ class DifferentiableFunction:
         )
         leaves, in_tree = jax.tree.flatten(xs)
         op = rules.operation(self, flags, in_tree, all_names)
-        try:
-            out_tree, out_leaves = op.outer(*leaves)
-        except (TypeError, NotImplementedError) as error:
-            message = str(error)
-            if isinstance(error, DifferentiableFunctionError) or not all(
-                m in message for m in _FORWARD_MODE_MESSAGES
-            ):
-                raise
-            # JAX's own error names only its custom_vjp internals: not chained.
-            raise ForwardModeError(forward_mode_message(cls.__name__)) from None
+        out_tree, out_leaves = op.outer(*leaves)
         outputs = jax.tree.unflatten(out_tree.value, list(out_leaves))
         return outputs[0] if flags.num_outputs == 1 else tuple(outputs)
 
@@ -233,8 +229,8 @@ def _signature(cls) -> tuple[tuple[str, ...], int, bool]:
 
 def _forward_parameters(cls) -> tuple[tuple[str, ...], bool]:
     """Names of forward's required inputs, and whether it accepts more (``*args`` or optional)."""
-    names, required, variadic = _signature(cls)
-    return names[:required], variadic or len(names) > required
+    forward = positional(cls.forward)
+    return forward.required, forward.variadic or len(forward.names) > len(forward.required)
 
 
 def _input_names(cls, count: int) -> tuple[str, ...]:

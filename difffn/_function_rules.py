@@ -40,6 +40,7 @@ import numpy as np
 
 from . import _cotangents as ct
 from . import _user_code
+from ._describe import is_array
 from ._errors import DifferentiableFunctionError, ForwardError
 from ._format import FormattedArray
 from ._primitive import custom_vjp, once_differentiable_guard
@@ -112,17 +113,13 @@ def _is_formatted(value) -> bool:
     return isinstance(value, FormattedArray)
 
 
-def _is_array(value) -> bool:
-    return isinstance(value, (jax.Array, np.ndarray, np.generic))
-
-
 def _as_array(value):
     """A jax array for an array-like leaf, or ``None`` if it is not one."""
     if isinstance(value, FormattedArray):
         value = value.data  # MATLAB semantics: formats are stripped
     if isinstance(value, jax.Array):
         return value  # tracers and typed PRNG keys included
-    if isinstance(value, (np.ndarray, np.generic, bool, int, float, complex)):
+    if is_array(value) or isinstance(value, (bool, int, float, complex)):
         return jnp.asarray(value)
     return None
 
@@ -170,7 +167,7 @@ def split_forward_result(fcn, flags: Flags, result, who: str):
     if type(result) not in (tuple, list) or len(result) != total:
         if isinstance(result, (tuple, list)):
             got = f"{len(result)} values"
-        elif _is_array(result):
+        elif is_array(result):
             got = "a single array"
         else:
             got = f"a single {type(result).__name__}"

@@ -171,6 +171,14 @@ class Layer(metaclass=_LayerMeta):
         the input's format. ``True``: it receives and returns ``df.FormattedArray``.
       acceleratable: ``True`` (default): networks compile the layer into their trace. ``False``:
         networks run it eagerly (for Python control flow on values) and compile around it.
+      surrogate_gradients: optional ``{input or learnable name: reason}`` for values whose
+        ``backward`` is intentionally not the derivative (a straight-through estimator, gradient
+        reversal): ``df.check_layer`` reports their ``gradients_are_correct[name]`` Skipped with
+        the reason (and runs every other test); a name that is neither an input nor a learnable
+        is a ``df.CheckError``. Read by the checkers only.
+      once_differentiable: ``True``: ``backward`` is declared first-order only, so
+        ``df.check_layer`` reports ``second_order_gradients_are_correct`` Skipped. Read by the
+        checkers only (a layer's backward is not guarded against a second derivative).
 
     Base properties (keyword-only): ``name``, ``description``, ``type``, ``num_inputs``,
     ``input_names``, ``num_outputs``, ``output_names``, with MATLAB's defaults (``("in",)`` or
@@ -199,6 +207,8 @@ class Layer(metaclass=_LayerMeta):
 
     formattable: ClassVar[bool] = False
     acceleratable: ClassVar[bool] = True
+    surrogate_gradients: ClassVar[dict[str, str] | None] = None
+    once_differentiable: ClassVar[bool] = False
 
     name: str = dataclasses.field(default="", kw_only=True)
     description: str = dataclasses.field(default="", kw_only=True)

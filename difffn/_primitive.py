@@ -18,16 +18,30 @@ whose derivative (reverse or forward) raises, and only when a nonzero derivative
 through it, like PyTorch's ``once_differentiable``.
 
 ``VJPHiPrimitive`` is internal to JAX; difffn uses it only in these cases.
+
+Without a forward-mode rule, every traced input passes through ``reverse_only``, the identity,
+whose tangent goes through a linear identity that raises ``ForwardModeError`` when it is
+*evaluated* (eagerly, or when ``jax.jit`` lowers it) and transposes to the identity. Reverse mode
+only transposes it, so it costs nothing there; forward mode (``jax.jvp``, ``jax.jacfwd``,
+``jax.hessian``, running ``jax.linearize``'s linear function) evaluates it before the operation's
+own tangent, and gets the named error instead of JAX's ``TypeError`` about a ``custom_vjp``.
+It is written with JAX's public primitive API (``jax.extend.core.Primitive`` and the
+``jax.interpreters`` rule tables), because no JAX mechanism tells forward from reverse mode.
 """
 
 from __future__ import annotations
 
+import dataclasses
+
 import jax
+import jax.extend.core as jax_core
+import jax.numpy as jnp
+from jax.interpreters import ad, batching, mlir
 
 try:
     from jax._src import ad_util
     from jax._src.hijax import VJPHiPrimitive, fake_linear_op
-    from jax._src.interpreters import batching
+    from jax._src.interpreters.batching import batch_jaxpr2
     from jax._src.tree_util import broadcast_prefix
 except ImportError as error:  # pragma: no cover - depends on the JAX version
     _IMPORT_ERROR: ImportError | None = error
@@ -73,8 +87,8 @@ def custom_vjp(
         the outputs themselves come from calling the operation again, so an outer derivative of
         them uses these same rules.
       name: for messages.
-      forward_mode_message: the ``ForwardModeError`` message for ``jax.linearize`` without
-        ``jvp`` on difffn's primitive (default: a generic one naming ``name``).
+      forward_mode_message: the ``ForwardModeError`` message for forward mode without ``jvp``
+        (default: a generic one naming ``name``).
       error: the ``df.Error`` class for a user mistake the primitive finds (a closure over a
         traced value).
     """
@@ -86,6 +100,8 @@ def custom_vjp(
 
     def call(*args):
         nonlocal public
+        if jvp is None:
+            args = reverse_only(args, no_jvp)
         if jvp is None and not jax.config.jax_custom_vjp3:
             if public is None:
                 public = jax.custom_vjp(fun)
@@ -172,7 +188,7 @@ class _CustomVJPPrimitive(VJPHiPrimitive):  # type: ignore[misc,valid-type]
 
     def batch_dim_rule(self, axis_data, in_dims):
         in_dims_flat = self.in_tree.flatten_up_to(in_dims)
-        _, out_dims = batching.batch_jaxpr2(self._traced.jaxpr, axis_data, tuple(in_dims_flat))
+        _, out_dims = batch_jaxpr2(self._traced.jaxpr, axis_data, tuple(in_dims_flat))
         return jax.tree.unflatten(self.out_tree, out_dims)
 
 
@@ -227,3 +243,76 @@ class _Guard(VJPHiPrimitive):  # type: ignore[misc,valid-type]
     def batch_dim_rule(self, axis_data, in_dims):
         del axis_data
         return in_dims[0]
+
+
+# -- reverse mode only --------------------------------------------------------------------------
+
+
+def reverse_only(tree, message: str):
+    """``tree``, unchanged; differentiating it in forward mode raises ``ForwardModeError``.
+
+    Only traced floating-point leaves can carry a tangent, so only they pass through the guard
+    (an eager call outside any transformation binds nothing).
+    """
+
+    message = _Message(message)
+
+    def guard(leaf):
+        if isinstance(leaf, jax.core.Tracer) and jnp.issubdtype(leaf.dtype, jnp.inexact):
+            return _reverse_only_p.bind(leaf, message=message)
+        return leaf
+
+    return jax.tree.map(guard, tree)
+
+
+@dataclasses.dataclass(frozen=True)
+class _Message:
+    """The error message as a primitive parameter (hashable); printed jaxprs show its start."""
+
+    text: str
+
+    def __str__(self):
+        return self.text[:40] + "..." if len(self.text) > 40 else self.text
+
+    __repr__ = __str__
+
+
+def _identity_lowering(ctx, x, **params):
+    del ctx, params
+    return [x]
+
+
+def _raise_forward_mode(*args, message: _Message, **kwargs):
+    del args, kwargs
+    raise ForwardModeError(message.text)
+
+
+def _batch_identity(primitive):
+    def rule(args, dims, **params):
+        return primitive.bind(*args, **params), dims[0]
+
+    return rule
+
+
+def _reverse_only_jvp(primals, tangents, *, message: _Message):
+    (x,), (t,) = primals, tangents
+    y = _reverse_only_p.bind(x, message=message)
+    if type(t) is ad.Zero:
+        return y, t
+    return y, _forward_tangent_p.bind(t, message=message)
+
+
+_reverse_only_p = jax_core.Primitive("difffn_reverse_only")
+_reverse_only_p.def_impl(lambda x, *, message: x)
+_reverse_only_p.def_abstract_eval(lambda aval, *, message: aval)
+mlir.register_lowering(_reverse_only_p, _identity_lowering)
+batching.primitive_batchers[_reverse_only_p] = _batch_identity(_reverse_only_p)
+ad.primitive_jvps[_reverse_only_p] = _reverse_only_jvp
+
+# The tangent map: linear, transposed to the identity in reverse mode, never evaluated there.
+_forward_tangent_p = jax_core.Primitive("difffn_forward_tangent")
+_forward_tangent_p.def_impl(_raise_forward_mode)
+_forward_tangent_p.def_abstract_eval(lambda aval, *, message: aval)
+mlir.register_lowering(_forward_tangent_p, _raise_forward_mode)
+batching.primitive_batchers[_forward_tangent_p] = _batch_identity(_forward_tangent_p)
+ad.deflinear2(_forward_tangent_p, lambda ct, x, *, message: [ct])

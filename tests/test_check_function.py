@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import re
+from typing import NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -47,6 +48,13 @@ def test_swapped_gradient_order_names_both_inputs(key):
     assert "input 'tr'" in diagnostic and "SReLUFunctionSwapped.backward" in diagnostic
     assert re.search(r"largest absolute error \S+ at \(0, 0, 0, \d\)", diagnostic)
     assert "expected gradient of input 'ar'" in diagnostic
+    second = report["second_order_gradients_are_correct"]
+    assert second.status == "Incomplete", str(report)
+    assert re.search(
+        r"first-order gradients are wrong \(gradients_are_correct\[tr\], "
+        r"gradients_are_correct\[ar\]\); fix those first",
+        second.diagnostic,
+    ), second.diagnostic
 
 
 def test_two_outputs_and_a_memory_value_pass():
@@ -369,3 +377,100 @@ def test_a_wrong_backward_of_a_float32_forward_fails():
     diagnostic = report["gradients_are_correct[x]"].diagnostic
     assert "from Float32TanhWrong.backward disagrees with JAX autodiff of forward" in diagnostic
     assert re.search(r"largest relative error 0\.04\d* at \(\d,\)", diagnostic), diagnostic
+
+
+# -- pytree inputs --------------------------------------------------------------------------------
+
+
+class Affine(NamedTuple):
+    w: jax.Array
+    b: jax.Array
+
+
+class TanhLayerFunction(df.DifferentiableFunction):
+    """tanh(x @ p.w + p.b) * scale["s"], with a NamedTuple and a dict input (per-leaf flags)."""
+
+    save_inputs_for_backward = True
+    save_outputs_for_backward = True
+
+    def forward(self, x, p, scale):
+        return jnp.tanh(x @ p.w + p.b) * scale["s"]
+
+    def backward(self, dy, compute_gradients, x, p, scale, y):
+        needs_x, needs_p, needs_scale = compute_gradients
+        t = y / scale["s"]
+        dz = dy * scale["s"] * (1 - t**2)
+        dx = dz @ p.w.T if needs_x else None
+        dw = x.T @ dz if needs_p.w else None
+        db = self.bias_gradient(dz) if needs_p.b else None
+        ds = jnp.sum(dy * t, axis=0, keepdims=True) if needs_scale["s"] else None
+        return dx, Affine(dw, db), {"s": ds, "n": None}
+
+    def bias_gradient(self, dz):
+        return jnp.sum(dz, axis=0, keepdims=True)
+
+
+class TanhLayerFunctionWrongBias(TanhLayerFunction):
+    def bias_gradient(self, dz):
+        return jnp.mean(dz, axis=0, keepdims=True)  # should be the sum over the batch
+
+
+def pytree_inputs(key):
+    kx, kw, kb = jax.random.split(key, 3)
+    x = jax.random.normal(kx, (5, 3))
+    p = Affine(0.5 * jax.random.normal(kw, (3, 2)), jax.random.normal(kb, (1, 2)))
+    return x, p, {"s": jnp.array([[1.5, -0.5]]), "n": jnp.arange(2)}
+
+
+def test_pytree_inputs_are_checked_leaf_by_leaf_named_by_path(key):
+    report = df.check_function(TanhLayerFunction(), *pytree_inputs(key))
+    assert report.ok, str(report)
+    names = [r.name for r in report.results if r.name.startswith("gradients_are_correct")]
+    assert names == [
+        "gradients_are_correct[x]",
+        "gradients_are_correct[p.w]",
+        "gradients_are_correct[p.b]",
+        "gradients_are_correct[scale['n']]",
+        "gradients_are_correct[scale['s']]",
+    ]
+    assert report["gradients_are_correct[scale['n']]"].status == "Skipped"
+    assert (
+        "input 'scale' at ['n'] is int32" in report["gradients_are_correct[scale['n']]"].diagnostic
+    )
+    assert report["compute_gradients_is_respected"].status == "Passed"
+    assert "dict of 2 arrays" in str(report)
+
+
+def test_a_wrong_leaf_gradient_is_named_by_its_path(key):
+    report = df.check_function(TanhLayerFunctionWrongBias(), *pytree_inputs(key))
+    assert failed(report) == {"gradients_are_correct[p.b]"}, str(report)
+    diagnostic = report["gradients_are_correct[p.b]"].diagnostic
+    assert "with respect to input 'p' at .b (1 x 2)" in diagnostic
+    assert "check backward's formula for dLdp.b" in diagnostic
+    assert report["second_order_gradients_are_correct"].status == "Incomplete"
+
+
+class WrongGradientStructure(TanhLayerFunction):
+    def backward(self, dy, compute_gradients, x, p, scale, y):
+        dx, dp, dscale = super().backward(dy, compute_gradients, x, p, scale, y)
+        return dx, {"w": dp.w, "b": dp.b}, dscale  # a dict for a NamedTuple input
+
+
+def test_a_gradient_of_the_wrong_structure_names_the_input(key):
+    report = df.check_function(WrongGradientStructure(), *pytree_inputs(key))
+    result = report["backward_returns_valid_gradients"]
+    assert result.status == "Failed"
+    assert re.search(
+        r"the gradient of input 'p' with structure \{'w': \*, 'b': \*\}; expected "
+        r"Affine\(w=\*, b=\*\)",
+        result.diagnostic,
+    ), result.diagnostic
+    assert report["gradients_are_correct[p.w]"].status == "Incomplete"
+
+
+def test_a_non_array_leaf_of_an_example_is_a_check_error(key):
+    x, p, scale = pytree_inputs(key)
+    with pytest.raises(
+        df.CheckError, match=r"example input 3 of TanhLayerFunction at \['s'\] is a str"
+    ):
+        df.check_function(TanhLayerFunction(), x, p, {"s": "big", "n": scale["n"]})

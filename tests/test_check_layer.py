@@ -113,6 +113,11 @@ def test_each_wrong_backward_fails_with_the_culprit_named(bug, seed):
         assert re.search(r"largest absolute error \S+ at \(", diagnostic), diagnostic
         assert re.search(r"largest relative error \S+ at \(", diagnostic), diagnostic
         assert "Fix:" in diagnostic
+    # the wrong gradient is named once: its derivative is not blamed as well
+    second = report["second_order_gradients_are_correct"]
+    assert second.status == "Incomplete", str(report)
+    assert "first-order gradients are wrong" in second.diagnostic
+    assert all(name in second.diagnostic for name in expected), second.diagnostic
     # a failed gradient does not stop the other checks
     assert report["export_matches_predict"].status == "Skipped"
     assert report["autodiff_works[forward]"].status == "Skipped"
@@ -169,6 +174,33 @@ def test_initialize_diagnostic_names_the_parameter():
 def test_state_diagnostic_gives_shapes():
     result = df.check_layer(L.BadState(), IMAGES)["predict_returns_valid_state"]
     assert "state 'count' has shape (6, 6, 3); the layer's is (3,)" in result.diagnostic
+
+
+class RunningMoments(df.Layer):
+    """State held as a dict of arrays (as flax.nnx batch statistics are); ``wrong`` breaks one
+    leaf's shape."""
+
+    moments: dict | None = df.state(
+        default_factory=lambda: {"mean": jnp.zeros((3,)), "var": jnp.ones((3,))}
+    )
+    wrong: bool = False
+
+    def predict(self, x):
+        x2 = x.reshape(-1, 3)
+        mean = 0.9 * self.moments["mean"] + 0.1 * jnp.mean(x2, axis=0)
+        var = 0.9 * self.moments["var"] + 0.1 * jnp.var(x2, axis=0)
+        return x, {"mean": mean, "var": var[None] if self.wrong else var}
+
+
+def test_a_state_held_as_a_dict_of_arrays_is_checked_leaf_by_leaf():
+    report = df.check_layer(RunningMoments(), IMAGES)
+    assert report.ok, str(report)
+    assert report["predict_returns_valid_state"].status == "Passed"
+    report = df.check_layer(RunningMoments(wrong=True), IMAGES)
+    assert failed(report) == {"predict_returns_valid_state", "forward_returns_valid_state"}
+    assert "state 'moments'['var'] has shape (1, 3); the layer's is (3,)" in (
+        report["predict_returns_valid_state"].diagnostic
+    )
 
 
 class RaisesInPredict(df.Layer):

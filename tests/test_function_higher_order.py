@@ -255,10 +255,14 @@ def test_memory_values_in_forward_mode_over_reverse(x64):
     "transform",
     [
         lambda f, x: jax.jvp(f, (x,), (x,)),
+        lambda f, x: jax.jit(lambda x: jax.jvp(f, (x,), (x,)))(x),
         lambda f, x: jax.jacfwd(f)(x),
         lambda f, x: jax.hessian(f)(x),
+        lambda f, x: jax.jvp(jax.grad(f), (x,), (x,)),
+        lambda f, x: jax.vmap(lambda x: jax.jvp(f, (x,), (x,)))(jnp.full(3, x)),
+        lambda f, x: jax.jit(jax.linearize(f, x)[1])(x),
     ],
-    ids=["jvp", "jacfwd", "hessian"],
+    ids=["jvp", "jit-of-jvp", "jacfwd", "hessian", "jvp-of-grad", "vmap-of-jvp", "jit-linearized"],
 )
 def test_forward_mode_without_jvp_is_a_named_error(transform):
     with pytest.raises(df.ForwardModeError, match=r"Square was differentiated in forward mode"):
@@ -266,11 +270,40 @@ def test_forward_mode_without_jvp_is_a_named_error(transform):
 
 
 def test_linearize_without_jvp_fails_when_its_linear_function_runs():
-    """jax.linearize of a custom_vjp is lazy: JAX's own message when the tangent map is run
-    (difffn's primitive, under JAX_CUSTOM_VJP3=1, names the class at once)."""
-    with pytest.raises(TypeError, match=r"forward-mode autodiff|Square was differentiated"):
+    """jax.linearize is lazy: the named error comes when the tangent map is run (difffn's
+    primitive, under JAX_CUSTOM_VJP3=1, names the class at once)."""
+    with pytest.raises(df.ForwardModeError, match=r"Square was differentiated in forward mode"):
         _, f_jvp = jax.linearize(Square(), 1.0)
         f_jvp(1.0)
+
+
+class TrueSquare(df.DifferentiableFunction):
+    save_inputs_for_backward = True
+
+    def forward(self, x):
+        return x**2
+
+    def backward(self, dy, compute_gradients, x):
+        return 2 * x * dy
+
+
+def test_the_forward_mode_guard_costs_reverse_mode_nothing(x64):
+    """Reverse mode transposes the guard's tangent map away: grad, grad-of-grad, vmap-of-grad
+    and checkpointed grad agree with JAX autodiff, and the gradient's program keeps only the
+    guard's identity on the primal (its tangent map was transposed away)."""
+    x = jnp.linspace(-1.0, 2.0, 4)
+    loss = lambda f: lambda x: jnp.sum(jnp.sin(f(x)))  # noqa: E731
+    reference = loss(lambda x: x**2)
+    for transform in (
+        jax.grad,
+        lambda f: jax.grad(lambda x: jnp.sum(jax.grad(f)(x) ** 2)),
+        lambda f: jax.jit(jax.grad(jax.checkpoint(f))),
+    ):
+        assert_tree_allclose(transform(loss(TrueSquare()))(x), transform(reference)(x), rtol=1e-12)
+    per_row = jax.vmap(jax.grad(loss(TrueSquare())))(jnp.stack([x, 2 * x]))
+    assert_tree_allclose(per_row, jax.vmap(jax.grad(reference))(jnp.stack([x, 2 * x])), rtol=1e-12)
+    jaxpr = str(jax.make_jaxpr(jax.grad(loss(TrueSquare())))(x))
+    assert "difffn_reverse_only" in jaxpr and "difffn_forward_tangent" not in jaxpr
 
 
 # --------------------------------------------------------------------------------------------
