@@ -191,7 +191,7 @@ def _check_header(path: Path, head: bytes, size: int, kind) -> bytes:
     if size - _HEADER.size != length:
         raise SerializationError(
             f"{str(path)!r} is truncated or has trailing bytes: expected a payload of {length} "
-            f"bytes, found {size - _HEADER.size}. The file is damaged; use another copy."
+            f"bytes, found {size - _HEADER.size}. The file is damaged. Fix: use another copy."
         )
     return digest
 

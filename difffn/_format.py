@@ -55,7 +55,7 @@ class Layout:
         if isinstance(shape, (str, bytes)) or not isinstance(shape, Iterable):
             raise FormatError(
                 f"Layout shape must be a sequence of sizes (int or None), got "
-                f"{type_name(shape)} {shape!r}."
+                f"{type_name(shape)} {shape!r}. Fix: e.g. df.Layout((None, 3), 'BC')."
             )
         sizes = []
         for i, n in enumerate(shape):
@@ -165,7 +165,8 @@ def _validate_size(n: object, *, what: str) -> int | None:
     if isinstance(n, (int, np.integer)) and not isinstance(n, (bool, np.bool_)) and n >= 0:
         return int(n)
     raise FormatError(
-        f"{what} must be a non-negative int or None (unknown size), got {type_name(n)} {n!r}."
+        f"{what} must be a non-negative int or None (unknown size), got {type_name(n)} {n!r}. "
+        "Fix: pass a whole number of elements, or None where the size may vary."
     )
 
 

@@ -59,12 +59,10 @@ def _describe_index(k: object) -> str:
 
 def asarray(data: Any) -> jax.Array:
     """``jnp.asarray(data)``; strings, Python objects and ragged lists are a named FormatError."""
-    try:
-        return jnp.asarray(data)
-    except (TypeError, ValueError):
-        pass  # named below, outside the handler: JAX's error is not chained to ours
-    as_numbers(data, what="dlarray: the data", error=FormatError, real=False)
-    return jnp.asarray(data)  # not strings, objects or a ragged list: JAX's reason stands
+    if not isinstance(data, jax.Array):
+        # Checked first: JAX would warn (NumPy's deprecated 'a' alias) or fail in its own words.
+        data = as_numbers(data, what="dlarray: the data", error=FormatError, real=False)
+    return jnp.asarray(data)
 
 
 def _binary(fn: Callable[[Any, Any], Any], symbol: str, *, reflected: bool = False):
@@ -282,8 +280,8 @@ class FormattedArray:
                 raise FormatError(
                     f"FormattedArray {self._format!r} supports basic indexing only (ints, slices "
                     f"and ...), got {_describe_index(k)}; boolean and array indexing do not "
-                    f"keep axes in place. Index df.stripdims(x) instead and re-apply a format "
-                    f"with df.dlarray."
+                    f"keep axes in place. Fix: index df.stripdims(x) instead and re-apply a "
+                    f"format with df.dlarray."
                 )
         explicit = sum(k is not Ellipsis for k in items)
         if explicit > len(self._format) or sum(k is Ellipsis for k in items) > 1:

@@ -246,7 +246,7 @@ def _topological_order(names, sources) -> tuple[int, ...]:
         raise NetworkError(
             f"the connections form a cycle through {_find_cycle(names, sources, set(order))}. "
             "Networks are acyclic; for recurrence use a recurrent layer (e.g. df.layers.LSTM) "
-            "or a custom layer with state."
+            "or a custom layer with state. Fix: remove the connection that closes the cycle."
         )
     return tuple(order)
 
@@ -277,7 +277,8 @@ def flatten_layers(layers):
     if not isinstance(layers, (list, tuple)) or not layers:
         raise NetworkError(
             f"Network(layers) expected a non-empty list of df.Layer (or of lists of layers); "
-            f"got {type(layers).__name__}."
+            f"got {'an empty ' if not layers else ''}{type(layers).__name__}. Fix: e.g. "
+            "df.Network([df.layers.FeatureInput(3), df.layers.FullyConnected(2)])."
         )
     flat, chains = [], []
     current: list[int] = []
@@ -301,8 +302,9 @@ def flatten_layers(layers):
             chains.append(chain)
         else:
             raise NetworkError(
-                f"Network(layers): got {type(item).__name__}; expected df.Layer objects (or "
-                "lists of them, one per chain)."
+                f"Network(layers): got {type(item).__name__} {item!r:.40}; expected df.Layer "
+                "objects (or lists of them, one per chain). Fix: pass layer objects, e.g. "
+                "df.layers.ReLU() instead of 'relu'."
             )
     if current:
         chains.append(current)

@@ -145,7 +145,8 @@ class _LayerMeta(type):
         except TypeError as error:
             fields = ", ".join(f.name for f in dataclasses.fields(cls))
             raise LayerError(
-                f"{cls.__name__}(...) could not be constructed: {error}. Its fields are: {fields}."
+                f"{cls.__name__}(...) could not be constructed: {error}. Its fields are: {fields}. "
+                "Fix: pass only those fields (options after the required ones are keywords)."
             ) from None
         cls.__init__(self, *args, **kwargs)
         missing = [f.name for f in dataclasses.fields(cls) if f.name not in self.__dict__]

@@ -112,6 +112,12 @@ def _split_returns(layer, method: str, result, with_memory: bool):
     state_names = layer.state_names
     m, k = layer.num_outputs, len(state_names)
     total = m + k + (1 if with_memory else 0)
+    if result is None:
+        raise ForwardError(
+            f"{who(layer, method)} returned None; expected {total} value(s) ({m} output(s)"
+            + (f", then the state field(s) {list(state_names)}" if k else "")
+            + "). Fix: add the missing `return`."
+        )
     if total == 1 and not isinstance(result, (tuple, list)):
         result = (result,)
     if not isinstance(result, (tuple, list)) or len(result) != total:

@@ -323,8 +323,9 @@ def get_metric(spec, *, who: str = "trainnet") -> Metric:
         cls = METRICS.get(canonical(spec).replace("-", ""))
         if cls is None:
             raise OptionsError(
-                f"{who}: unknown metric {spec!r}; the built-in metrics are {list(METRICS)} (or "
-                "pass a callable fn(Y, T) returning a scalar, or a df.metrics.Metric)."
+                f"{who}: unknown metric {spec!r}; the built-in metrics are {list(METRICS)}. Fix: "
+                "use one of those names, or pass a callable fn(Y, T) returning a scalar, or a "
+                "df.metrics.Metric."
             )
         return cls()
     if isinstance(spec, type):

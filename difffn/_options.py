@@ -102,8 +102,10 @@ def _choice(choices: Sequence[str], hints: Mapping[str, str] | None = None) -> C
         if not isinstance(value, str) or value not in choices:
             listed = ", ".join(repr(c) for c in choices)
             hint = (hints or {}).get(value, "") if isinstance(value, str) else ""
+            close = difflib.get_close_matches(value, choices, n=1) if isinstance(value, str) else []
             raise OptionsError(
-                f"TrainingOptions: {name} must be one of {listed}; got {value!r}.{hint}"
+                f"TrainingOptions: {name} must be one of {listed}; got {value!r}.{hint} Fix: "
+                f"{name}={(close or choices)[0]!r}, or another of those."
             )
         return value
 
@@ -119,7 +121,8 @@ def _positive_int(*, allow_inf: bool = False, allow_none: bool = False) -> Check
         if not (_is_int(value) and value > 0):
             more = " or math.inf" if allow_inf else " or None" if allow_none else ""
             raise OptionsError(
-                f"TrainingOptions: {name} must be a positive int{more}; got {value!r}."
+                f"TrainingOptions: {name} must be a positive int{more}; got {value!r}. Fix: "
+                f"pass a whole number >= 1 (e.g. {name}=10), or leave {name} out for its default."
             )
         return int(value)
 
@@ -143,7 +146,10 @@ def _real(*, low=None, high=None, low_open=False, high_open=False, inf=False) ->
                 what = "a positive real number" + (" or math.inf" if inf else "")
             elif low == 0 and not low_open and high is None:
                 what = "a non-negative real number"
-            raise OptionsError(f"TrainingOptions: {name} must be {what}; got {value!r}.")
+            raise OptionsError(
+                f"TrainingOptions: {name} must be {what}; got {value!r}. Fix: pass {what} as a "
+                f"Python float, or leave {name} out for its default."
+            )
         return float(value)
 
     return check
@@ -156,7 +162,8 @@ def _solver(name, value, checked):
         listed = ", ".join(repr(c) for c in SOLVERS)
         raise OptionsError(
             f"TrainingOptions: solver must be one of {listed}, or an optax.GradientTransformation "
-            f"(e.g. optax.inject_hyperparams(optax.lion)(learning_rate=1e-4)); got {value!r}."
+            f"(e.g. optax.inject_hyperparams(optax.lion)(learning_rate=1e-4)); got {value!r}. Fix: "
+            "pass one of those names as the first argument, or the optax transformation."
         )
     return value
 
@@ -174,7 +181,10 @@ def _learn_rate(name, value, checked):
 
 def _bool(name, value, checked):
     if not isinstance(value, bool):
-        raise OptionsError(f"TrainingOptions: {name} must be True or False; got {value!r}.")
+        raise OptionsError(
+            f"TrainingOptions: {name} must be True or False; got {value!r}. Fix: {name}=True or "
+            f"{name}=False."
+        )
     return value
 
 
@@ -209,7 +219,7 @@ def _validation_data(name, value, checked):
         raise OptionsError(
             "TrainingOptions: validation_data must be (X, T) (arrays, or a tuple of inputs and "
             f"a tuple of targets) or an iterable of (inputs..., targets...) batches; got "
-            f"{type(value).__name__}."
+            f"{type(value).__name__}. Fix: validation_data=(X_val, T_val)."
         )
     return value
 
@@ -219,9 +229,15 @@ def _metrics(name, value, checked) -> tuple[Metric, ...]:
     metrics = tuple(get_metric(m, who="TrainingOptions: metrics") for m in items)
     names = [m.name for m in metrics]
     if len(set(names)) != len(names):
-        raise OptionsError(f"TrainingOptions: metrics has repeated names {names}.")
+        raise OptionsError(
+            f"TrainingOptions: metrics has repeated names {names}. Fix: give each metric its own "
+            "name (FunctionMetric(fn, name=...))."
+        )
     if "loss" in names:
-        raise OptionsError("TrainingOptions: a metric may not be called 'loss' (the loss is).")
+        raise OptionsError(
+            "TrainingOptions: a metric may not be called 'loss' (the loss is). Fix: name it "
+            "otherwise (FunctionMetric(fn, name='my_loss'))."
+        )
     return metrics
 
 
@@ -248,7 +264,8 @@ def _output_network(name, value, checked):
 def _plots_path(name, value, checked):
     if value is not None and not isinstance(value, (str, os.PathLike)):
         raise OptionsError(
-            f"TrainingOptions: plots_path must be a file path or None; got {value!r}."
+            f"TrainingOptions: plots_path must be a file path or None; got {value!r}. Fix: "
+            "plots_path='progress.png'."
         )
     return None if value is None else os.fspath(value)
 
@@ -261,7 +278,8 @@ def _callables(name, value, checked):
         if not callable(item):
             raise OptionsError(
                 f"TrainingOptions: {name} must be a callable fn(info) -> bool or a sequence "
-                f"of them; got {type(item).__name__}."
+                f"of them; got {type(item).__name__}. Fix: pass a function (or a list of "
+                "functions) of the training info that returns True to stop."
             )
     return items
 
@@ -547,7 +565,9 @@ class TrainingOptions:
             hint = f" (did you mean {close[0]!r}?)" if close else ""
             raise OptionsError(
                 f"TrainingOptions: unknown option {name!r}{hint}. Valid options: "
-                f"{', '.join(names)}."
+                f"{', '.join(names)}. Fix: "
+                + (f"{close[0]}=..." if close else "use one of the valid option names")
+                + "."
             )
         for name in options:
             if not rows[name].applies_to(solver):
@@ -561,7 +581,8 @@ class TrainingOptions:
                 )
                 raise OptionsError(
                     f"TrainingOptions: {name} is an option of solver(s) {takers}, not of "
-                    f"{label}. The {label} options are {own}.{more}"
+                    f"{label}. The {label} options are {own}.{more} Fix: leave {name} out, or "
+                    f"choose the solver {takers[0]!r}."
                 )
         options = {k: v for k, v in options.items() if not (v is None and rows[k].none_is_default)}
         checked: dict[str, Any] = {"solver": solver}

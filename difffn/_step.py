@@ -103,7 +103,8 @@ def scalar_loss(value, name):
     if jnp.ndim(value) != 0:
         raise OptionsError(
             f"trainnet: the loss {name!r} returned an array of shape {jnp.shape(value)}; a loss "
-            "must return a scalar (sum or average over the observations)."
+            "must return a scalar. Fix: reduce it over the observations, e.g. jnp.mean(...) "
+            "or jnp.sum(...)."
         )
     return value
 

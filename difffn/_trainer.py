@@ -110,7 +110,9 @@ def trainnet(*args, key=None, resume_from=None):
         data, net, loss, options = args
     if not isinstance(options, TrainingOptions):
         raise OptionsError(
-            f"{who}: options must be df.TrainingOptions(...); got {type(options).__name__}."
+            f"{who}: options must be df.TrainingOptions(...); got {type(options).__name__}. "
+            "Fix: df.TrainingOptions('adam', max_epochs=10, ...)"
+            + (" (the keywords of the dict)." if isinstance(options, dict) else ".")
         )
     check_key(who, key, OptionsError, optional=True)
     loss_fn = get_loss(loss, who=who)
@@ -164,7 +166,8 @@ def _form(who: str, args: tuple) -> str:
     if len(args) in (4, 5) and not nets:
         net = args[2] if len(args) == 5 else args[1]
         raise OptionsError(
-            f"{who}: net must be a df.Network or a list of layers; got {type(net).__name__}."
+            f"{who}: net must be a df.Network or a list of layers; got {type(net).__name__}. "
+            "Fix: pass df.Network(layers) (or the list of layers; a single layer: [layer])."
         )
     raise OptionsError(
         f"{who} takes (X, T, net, loss, options) or (data, net, loss, options); got "

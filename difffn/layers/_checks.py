@@ -205,7 +205,8 @@ def layout_format(layer, layout, allowed, *, want: str) -> Layout:
     if not allowed(layout.format):
         raise FormatError(
             f"{who(layer)}.initialize: the input layout {layout!r} has format "
-            f"{layout.format!r}; expected {want}."
+            f"{layout.format!r}; expected {want}. Fix: put the layer after an input layer or "
+            "layer giving that format (or build the network's input layer for it)."
         )
     return layout
 
