@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import functools
 import re
+import traceback
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -1194,3 +1195,20 @@ def test_a_mistake_gets_a_named_error_with_a_fix(mistake: Case):
     assert isinstance(error, mistake.error), f"{type(error).__name__}: {message}"
     for pattern in (*mistake.match, FIX):
         assert re.search(pattern, message, re.S), f"{pattern!r} not in: {message}"
+
+
+def test_an_error_in_backward_under_grad_shows_one_traceback():
+    # Item 12: JAX chains its record of the forward call (JaxStackTraceBeforeTransformation) to
+    # an error raised in a backward rule, printed as a second traceback of JAX's frames.
+    class WrongShape(df.DifferentiableFunction):
+        def forward(self, x):
+            return 2 * x
+
+        def backward(self, dy, compute_gradients):
+            return jnp.ones(4)
+
+    with pytest.raises(df.BackwardError, match=r"WrongShape\.backward") as caught:
+        jax.grad(lambda x: WrongShape()(x).sum())(jnp.ones(3))
+    assert type(caught.value.__cause__).__name__ != "JaxStackTraceBeforeTransformation"
+    printed = "".join(traceback.format_exception(caught.value))
+    assert "preceding stack trace" not in printed
