@@ -7,7 +7,7 @@ VENV   := .venv
 PY     := $(VENV)/bin/python
 PIP    := $(PY) -m pip
 
-.PHONY: demo test bench lint docs clean
+.PHONY: demo test bench lint docs clean gpu-check
 
 $(PY):
 	$(PYTHON) -m venv $(VENV)
@@ -20,10 +20,22 @@ $(VENV)/.installed-%: pyproject.toml | $(PY)
 demo: $(VENV)/.installed-examples
 	$(PY) examples/00_elu_digits.py
 
+# -n auto: one pytest worker per core (2 on CI): most of the suite's time is XLA compiling
+# and subprocesses, one core each. worksteal gives each worker a contiguous half of the
+# suite (a module's fixtures run once), then rebalances when one runs dry, so a few long tests
+# do not leave a core idle. --maxprocesses: each worker holds its own JAX runtime.
 test: $(VENV)/.installed-test
-	$(PY) -m pytest -q
+	$(PY) -m pytest -q -n auto --maxprocesses=8 --dist worksteal
 
 bench: $(VENV)/.installed-bench
+	$(PY) -m benchmarks
+
+# The tests marked gpu and the benchmarks on whatever accelerator JAX sees; jax[cuda12] is
+# installed for it here only (make test never needs it).
+gpu-check: $(VENV)/.installed-bench $(VENV)/.installed-test
+	$(PIP) install --quiet "jax[cuda12]==$$($(PY) -c 'import jax; print(jax.__version__)')"
+	$(PY) -c "import jax; print('devices:', jax.devices())"
+	$(PY) -m pytest -q -m gpu || [ $$? -eq 5 ]  # 5: no test marked gpu collected
 	$(PY) -m benchmarks
 
 # NO_MKDOCS_2_WARNING: mkdocs-material prints a notice about MkDocs 2.0 on every build

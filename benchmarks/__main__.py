@@ -10,7 +10,7 @@ import time
 
 import jax
 
-BENCHMARKS = ["function", "network", "train", "check", "layers"]
+BENCHMARKS = ["function", "network", "train", "check", "layers", "scale"]
 
 
 def main(argv=None) -> int:

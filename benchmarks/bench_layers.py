@@ -1,14 +1,19 @@
 """Layers: each built-in layer's jitted forward+backward against flax.nnx's module of its kind.
 
-One row per layer: the gradient of ``sum(y * upstream)`` with respect to the input and every
-learnable, jitted, for the difffn layer (through ``call_layer``: formats, state, checks) and for
-the flax.nnx module with the same weights (``nnx.split`` / ``nnx.merge`` inside ``jax.jit``).
-Where flax has no such module, the baseline is the same math written with ``jax.numpy``. The
-ratio is difffn / baseline (target <= 1.1x). Sizes are modest: batch 32, 32 steps, 32 channels.
+One row per layer: one ``jax.jit`` function computes ``jax.grad`` of ``sum(y * upstream)`` with
+respect to the input(s) and every learnable (``upstream`` is an argument too, so that XLA cannot
+fold a linear layer's input gradient into a constant). The difffn layer is a pytree passed to the
+jitted function and run through ``call_layer`` (formats, state, checks); the flax.nnx module with
+the same weights is split (``nnx.split``) and merged inside the jitted function, its state passed
+as an argument. Where flax.nnx has no module of that kind (pooling, activations, resizing,
+merging, position embedding) the baseline is the flax.nnx function (``nnx.avg_pool``,
+``nnx.gelu``, ...), ``jax.image.resize`` or the same math written with ``jax.numpy``. The ratio is
+difffn / baseline (target <= 1.1x). The XLA-flops column compares the two compiled programs
+(XLA's cost analysis): 1.00x means the same computation, so a time ratio above 1 there is the
+per-call cost of passing a layer pytree and formatted arrays, or noise.
 
 The PositionEmbedding row is a broadcast of a few kilobytes: both calls take tens of
-microseconds, nearly all per-call dispatch, and difffn's passes a layer pytree and a formatted
-array where the baseline passes two arrays, so its ratio measures that overhead, not the compiled
+microseconds, nearly all per-call dispatch, so its ratio measures that overhead, not the compiled
 computation. SinusoidalPositionEncoding has no row: it has no learnables and its output does not
 depend on the input's values, so there is no backward pass to time.
 """
@@ -24,34 +29,144 @@ from difffn._layer import call_layer
 
 from ._timing import compare, fmt_time, table
 
-B, T, C, H = 32, 32, 32, 64
+L = df.layers
+B, T, C, H = 32, 32, 32, 64  # the sequence rows
 
 
-def _difffn_step(layer, x, upstream, argnums=(0, 1)):
-    """A jitted forward+backward of a difffn layer, as a thunk."""
+def _difffn_step(layer, xs, upstream, argnums=(0, 1)):
+    """The layer's jitted training-time forward+backward (BatchNorm uses batch statistics)."""
 
     @jax.jit
-    def step(layer, x):
-        def loss(layer, x):
-            (y, *_), _ = call_layer(layer, (x,), training=True)
+    def step(layer, xs, upstream):
+        def loss(layer, xs):
+            (y, *_), _ = call_layer(layer, xs, training=True)
             return jnp.sum(df.stripdims(y) * upstream)
 
-        return jax.grad(loss, argnums=argnums)(layer, x)
+        return jax.grad(loss, argnums=argnums)(layer, xs)
 
-    return lambda: step(layer, x)
+    return step, (layer, tuple(xs), upstream)
 
 
 def _nnx_step(module, x, upstream, call=lambda m, x: m(x), argnums=(0, 1)):
-    graphdef, params, rest = nnx.split(module, nnx.Param, ...)  # rest: RNG keys, not trained
+    graphdef, params, rest = nnx.split(module, nnx.Param, ...)  # rest: statistics, RNG keys
 
     @jax.jit
-    def step(params, rest, x):
+    def step(params, rest, x, upstream):
         def loss(p, x):
             return jnp.sum(call(nnx.merge(graphdef, p, rest), x) * upstream)
 
         return jax.grad(loss, argnums=argnums)(params, x)
 
-    return lambda: step(params, rest, x)
+    return step, (params, rest, x, upstream)
+
+
+def _fn_step(fn, xs, upstream):
+    """A function of the input(s) with no parameters, e.g. ``nnx.gelu``."""
+    step = jax.jit(
+        jax.grad(lambda xs, upstream: jnp.sum(fn(*xs) * upstream)),
+    )
+    return step, (tuple(xs), upstream)
+
+
+def _flops(step, args) -> float:
+    """The compiled program's floating-point operations, by XLA's cost analysis."""
+    cost = step.lower(*args).compile().cost_analysis()
+    cost = cost[0] if isinstance(cost, (list, tuple)) else cost
+    return float((cost or {}).get("flops", 0.0))
+
+
+def _copy(module, **values):
+    for name, value in values.items():
+        getattr(module, name)[...] = value
+    return module
+
+
+def _upstream(key, layer, xs):
+    y = layer(*xs)
+    y = y[0] if isinstance(y, tuple) else y  # BatchNorm also returns its state
+    return jax.random.normal(jax.random.fold_in(key, 1), y.shape)
+
+
+def _describe(x) -> str:
+    return "x".join(map(str, x.shape)) + f":{df.dims(x)}"
+
+
+def _image_rows(key, quick: bool):
+    """Convolution, normalization, pooling, activations, merging, resizing."""
+    rngs = nnx.Rngs(0)
+    n = 8 if quick else 32
+    image = jax.random.normal(key, (n, 16, 16, 16))
+    seq = jax.random.normal(key, (n, 64, 16))
+    volume = jax.random.normal(key, (n // 4 or 1, 8, 8, 8, 8))
+    features = jax.random.normal(key, (n * 16, 64))
+
+    def conv(layer, **options):
+        w = layer.weights
+        module = nnx.Conv(w.shape[-2], w.shape[-1], w.shape[:-2], rngs=rngs, **options)
+        return _copy(module, kernel=w, bias=layer.bias)
+
+    def norm(module):
+        return lambda layer: _copy(module, bias=layer.offset, scale=layer.scale)
+
+    def transposed(layer):
+        module = nnx.ConvTranspose(
+            16, 16, (4, 4), strides=2, padding="VALID", transpose_kernel=True, rngs=rngs
+        )
+        return _copy(module, kernel=layer.weights, bias=layer.bias)
+
+    def resize(x):
+        return jax.image.resize(x, (x.shape[0], 32, 32, 16), "linear", antialias=False)
+
+    cases = [
+        ("Conv1D", L.Conv1D(5, 32, padding="causal", dilation=2), (seq,), "BTC", "nnx.Conv",
+         lambda l: conv(l, padding="CAUSAL", kernel_dilation=2)),
+        ("Conv2D", L.Conv2D(3, 32, padding="same"), (image,), "BSSC", "nnx.Conv",
+         lambda l: conv(l, padding="SAME")),
+        ("Conv3D", L.Conv3D(3, 16, padding="same"), (volume,), "BSSSC", "nnx.Conv",
+         lambda l: conv(l, padding="SAME")),
+        ("TransposedConv2D", L.TransposedConv2D(4, 16, stride=2), (image,), "BSSC",
+         "nnx.ConvTranspose", transposed),
+        ("FullyConnected", L.FullyConnected(64), (features,), "BC", "nnx.Linear",
+         lambda l: _copy(nnx.Linear(64, 64, rngs=rngs), kernel=l.weights, bias=l.bias)),
+        ("BatchNorm (training)", L.BatchNorm(), (image,), "BSSC", "nnx.BatchNorm",
+         norm(nnx.BatchNorm(16, momentum=0.9, epsilon=1e-5, use_fast_variance=False,
+                            rngs=rngs))),
+        ("LayerNorm", L.LayerNorm(), (seq,), "BTC", "nnx.LayerNorm",
+         norm(nnx.LayerNorm(16, epsilon=1e-5, use_fast_variance=False, rngs=rngs))),
+        ("GroupNorm", L.GroupNorm(4), (image,), "BSSC", "nnx.GroupNorm",
+         norm(nnx.GroupNorm(16, num_groups=4, epsilon=1e-5, use_fast_variance=False, rngs=rngs))),
+        ("InstanceNorm", L.InstanceNorm(), (image,), "BSSC", "nnx.GroupNorm",
+         norm(nnx.GroupNorm(16, num_groups=16, epsilon=1e-5, use_fast_variance=False, rngs=rngs))),
+        ("AveragePool2D", L.AveragePool2D(2, stride=2), (image,), "BSSC", "nnx.avg_pool",
+         lambda l: lambda x: nnx.avg_pool(x, (2, 2), (2, 2))),
+        ("GlobalMaxPool2D", L.GlobalMaxPool2D(), (image,), "BSSC", "nnx.max_pool",
+         lambda l: lambda x: nnx.max_pool(x, (16, 16))),
+        ("LeakyReLU", L.LeakyReLU(), (image,), "BSSC", "nnx.leaky_relu",
+         lambda l: lambda x: nnx.leaky_relu(x, 0.01)),
+        ("ClippedReLU", L.ClippedReLU(6.0), (image,), "BSSC", "nnx.relu6", lambda l: nnx.relu6),
+        ("Tanh", L.Tanh(), (image,), "BSSC", "nnx.tanh", lambda l: nnx.tanh),
+        ("Sigmoid", L.Sigmoid(), (image,), "BSSC", "nnx.sigmoid", lambda l: nnx.sigmoid),
+        ("Swish", L.Swish(), (image,), "BSSC", "nnx.swish", lambda l: nnx.swish),
+        ("GELU", L.GELU(), (image,), "BSSC", "nnx.gelu",
+         lambda l: lambda x: nnx.gelu(x, approximate=False)),
+        ("Multiplication", L.Multiplication(), (image, image), "BSSC", "jax.numpy",
+         lambda l: lambda a, b: a * b),
+        ("Resize2D (bilinear)", L.Resize2D(scale=2, method="bilinear"), (image,), "BSSC",
+         "jax.image.resize", lambda l: resize),
+        ("Identity", L.Identity(), (image,), "BSSC", "identity", lambda l: lambda x: x),
+    ]  # fmt: skip
+    for name, layer, xs, fmt, baseline, peer in cases:
+        layout = df.Layout((None, *xs[0].shape[1:]), fmt)
+        layer = layer.initialize(*[layout] * len(xs), key=key)
+        formatted = [df.dlarray(x, fmt) for x in xs]
+        up = _upstream(key, layer, formatted)
+        target = peer(layer)
+        theirs = (
+            _nnx_step(target, xs[0], up)
+            if isinstance(target, nnx.Module)
+            else _fn_step(target, xs, up)
+        )
+        yield name, _describe(formatted[0]), baseline, _difffn_step(layer, formatted, up), theirs
 
 
 def _lstm_cell(w, r, b):
@@ -65,18 +180,21 @@ def _lstm_cell(w, r, b):
     return cell
 
 
-def _rows(key, x, upstream_of):
-    """``(layer name, reference name, difffn thunk, reference thunk)`` per layer."""
+def _sequence_rows(key):
+    """Recurrent, attention and embedding layers."""
+    x = jax.random.normal(key, (B, T, C))
     layout = df.Layout((None, T, C), "BTC")
     xf = df.dlarray(x, "BTC")
+    size = _describe(xf)
     zeros = lambda n: jnp.zeros((B, n))  # noqa: E731  (the layers' initial states: zeros)
 
     lstm = df.layers.LSTM(H).initialize(layout, key=key)
-    up = upstream_of((B, T, H))
+    up = _upstream(key, lstm, [xf])
     yield (
         "LSTM",
+        size,
         "nnx.RNN(LSTMCell)",
-        _difffn_step(lstm, xf, up),
+        _difffn_step(lstm, [xf], up),
         _nnx_step(
             nnx.RNN(_lstm_cell(lstm.input_weights, lstm.recurrent_weights, lstm.bias)),
             x,
@@ -92,8 +210,9 @@ def _rows(key, x, upstream_of):
     cell.dense_h.kernel[...] = gru.recurrent_weights
     yield (
         "GRU",
+        size,
         "nnx.RNN(GRUCell)",
-        _difffn_step(gru, xf, up),
+        _difffn_step(gru, [xf], up),
         _nnx_step(nnx.RNN(cell), x, up, lambda m, x: m(x, initial_carry=zeros(H))),
     )
 
@@ -106,8 +225,9 @@ def _rows(key, x, upstream_of):
     )
     yield (
         "BiLSTM",
+        size,
         "nnx.Bidirectional",
-        _difffn_step(bilstm, xf, up),
+        _difffn_step(bilstm, [xf], up),
         _nnx_step(
             bidirectional,
             x,
@@ -125,11 +245,12 @@ def _rows(key, x, upstream_of):
         dense.bias[...] = getattr(attention, f"{name}_bias").reshape(heads, -1)
     mha.out.kernel[...] = attention.output_weights.reshape(heads, -1, C)
     mha.out.bias[...] = attention.output_bias
-    up = upstream_of((B, T, C))
+    up = _upstream(key, attention, [xf])
     yield (
         "SelfAttention",
+        size,
         "nnx.MultiHeadAttention",
-        _difffn_step(attention, xf, up),
+        _difffn_step(attention, [xf], up),
         _nnx_step(mha, x, up, lambda m, x: m(x, deterministic=True)),
     )
 
@@ -140,46 +261,63 @@ def _rows(key, x, upstream_of):
     indices = jax.random.randint(key, (B, T), 0, words)
     yield (
         "Embedding",
+        _describe(df.dlarray(indices, "BT")),
         "nnx.Embed",
-        _difffn_step(embedding, df.dlarray(indices, "BT"), up, argnums=0),
+        _difffn_step(embedding, [df.dlarray(indices, "BT")], up, argnums=0),
         _nnx_step(embed, indices, up, lambda m, i: m(i), argnums=0),
     )
 
     position = df.layers.PositionEmbedding(C, 2 * T).initialize(layout, key=key)
 
     @jax.jit
-    def plain_position(weights, x):
+    def plain_position(weights, x, up):
         loss = lambda w, x: jnp.sum((jnp.broadcast_to(w[:T], x.shape) + 0 * x) * up)  # noqa: E731
         return jax.grad(loss, argnums=(0, 1))(weights, x)
 
     yield (
         "PositionEmbedding",
+        size,
         "jax.numpy",
-        _difffn_step(position, xf, up),
-        lambda: plain_position(position.weights, x),
+        _difffn_step(position, [xf], up),
+        (plain_position, (position.weights, x, up)),
     )
 
 
 def run(*, quick: bool = False) -> None:
     key = jax.random.key(0)
     rounds = 5 if quick else 15
-    x = jax.random.normal(key, (B, T, C))
-    upstream_of = lambda shape: jax.random.normal(jax.random.fold_in(key, 1), shape)  # noqa: E731
-    rows = []
-    for layer, reference, ours, theirs in _rows(key, x, upstream_of):
-        timings = compare({"difffn": ours, "reference": theirs}, rounds=rounds)
-        ratio = timings["difffn"].ratio_to(timings["reference"])
-        noise = max(timings["difffn"].noise, timings["reference"].noise)
+    rows, misses = [], []
+    for name, size, baseline, ours, theirs in (*_image_rows(key, quick), *_sequence_rows(key)):
+        steps = {"difffn": ours, "baseline": theirs}
+        timings = compare(
+            {n: (lambda f=f, a=a: f(*a)) for n, (f, a) in steps.items()}, rounds=rounds
+        )
+        flops = {n: _flops(f, a) for n, (f, a) in steps.items()}
+        ratio = timings["difffn"].ratio_to(timings["baseline"])
+        if ratio > 1.1:
+            misses.append(f"{name} ({ratio:.2f}x)")
         rows.append(
             [
-                layer,
+                name,
+                size,
                 fmt_time(timings["difffn"].median_s),
-                reference,
-                fmt_time(timings["reference"].median_s),
+                baseline,
+                fmt_time(timings["baseline"].median_s),
                 f"{ratio:5.2f}x",
-                f"{noise * 100:4.1f}%",
+                f"{max(timings['difffn'].noise, timings['baseline'].noise) * 100:4.1f}%",
+                f"{flops['difffn'] / flops['baseline']:5.2f}x" if flops["baseline"] else "n/a",
             ]
         )
-    print(f"\njitted forward+backward (input and learnables), batch {B}, {T} steps, {C} channels")
-    print(table(rows, ["layer", "difffn", "baseline", "baseline time", "ratio", "noise"]))
-    print("target: ratio <= 1.1x")
+    header = [
+        "layer",
+        "input",
+        "difffn",
+        "baseline",
+        "baseline time",
+        "ratio",
+        "noise",
+        "XLA flops",
+    ]
+    print("\njitted forward+backward (gradients of the input(s) and learnables), float32")
+    print(table(rows, header))
+    print(f"target <= 1.1x; missed by: {', '.join(misses) if misses else 'none'}")

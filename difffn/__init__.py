@@ -29,6 +29,8 @@ from ._errors import HigherOrderError as HigherOrderError
 from ._errors import LayerError as LayerError
 from ._errors import MissingDependencyError as MissingDependencyError
 from ._errors import NetworkError as NetworkError
+from ._errors import ONNXExportError as ONNXExportError
+from ._errors import ONNXImportError as ONNXImportError
 from ._errors import OpError as OpError
 from ._errors import OptionsError as OptionsError
 from ._errors import SerializationError as SerializationError
@@ -49,10 +51,13 @@ from ._function import DifferentiableFunction as DifferentiableFunction
 from ._input_layer import InputLayer as InputLayer
 from ._layer import Layer as Layer
 from ._network import Network as Network
+from ._onnx import export_onnx as export_onnx
+from ._onnx import import_onnx as import_onnx
 from ._options import TrainingOptions as TrainingOptions
 from ._predict import minibatchpredict as minibatchpredict
 from ._predict import scores2label as scores2label
 from ._predict import testnet as testnet
+from ._sequences import padsequences as padsequences
 from ._serialization import load as load
 from ._serialization import save as save
 from ._solvers import adamupdate as adamupdate

@@ -7,6 +7,7 @@ used entry really frees its compiled code. Networks with the same structure shar
 
 from __future__ import annotations
 
+import os
 import warnings
 from collections import OrderedDict
 from collections.abc import Callable, Hashable
@@ -15,9 +16,30 @@ from typing import Any, NamedTuple
 import jax
 
 from ._describe import short
+from ._errors import OptionsError
 from ._format import FormattedArray
 
 DEFAULT_MAXSIZE = 50
+SIZE_VARIABLE = "DIFFFN_CACHE_SIZE"
+
+
+def default_maxsize() -> int:
+    """Entries per structure's cache: ``DIFFFN_CACHE_SIZE`` when set (a positive int), else 50."""
+    value = os.environ.get(SIZE_VARIABLE, "")
+    if not value:
+        return DEFAULT_MAXSIZE
+    try:
+        size = int(value)
+    except ValueError:
+        size = 0
+    if size < 1:
+        raise OptionsError(
+            f"the environment variable {SIZE_VARIABLE}={value!r} must be a positive int (the "
+            f"compiled traces kept per network structure; default {DEFAULT_MAXSIZE})."
+        )
+    return size
+
+
 RETRACE_WARNING_AT = 10
 
 
@@ -53,19 +75,17 @@ def describe_signature(value) -> str:
 class CompileCache:
     """LRU of compiled callables with hit/miss statistics and a retrace warning."""
 
-    def __init__(self, owner: str, maxsize: int = DEFAULT_MAXSIZE):
+    def __init__(self, owner: str, maxsize: int | None = None):
         self.owner = owner
-        self.maxsize = maxsize
+        self.maxsize = default_maxsize() if maxsize is None else maxsize
         self.hits = 0
         self.misses = 0
         self._entries: OrderedDict[Hashable, Any] = OrderedDict()
         self._warned = False
 
     def get(self, key: Hashable, build: Callable[[], Any], describe: Callable[[], str]):
-        entry = self._entries.get(key)
+        entry = self.lookup(key)
         if entry is not None:
-            self.hits += 1
-            self._entries.move_to_end(key)
             return entry
         self.misses += 1
         entry = build()
@@ -79,10 +99,19 @@ class CompileCache:
                 f"{len(self._entries)} of at most {self.maxsize}); each new input signature "
                 f"(shape, format, dtype) costs a trace and a compilation. Latest: "
                 f"{describe()}. If sizes vary from call to call (e.g. sequence lengths), pad "
-                "them to a few fixed sizes, or call with acceleration='none'.",
+                "them to a few fixed sizes (trainnet, minibatchpredict and testnet do for "
+                "lists of sequences: sequence_bucketing), or call with acceleration='none'.",
                 RetraceWarning,
                 stacklevel=4,
             )
+        return entry
+
+    def lookup(self, key: Hashable):
+        """The entry for ``key`` (counted as a hit), or None when there is none."""
+        entry = self._entries.get(key)
+        if entry is not None:
+            self.hits += 1
+            self._entries.move_to_end(key)
         return entry
 
     def info(self) -> CacheInfo:

@@ -19,6 +19,10 @@ is a :class:`CheckpointWarning`: training goes on, and the older checkpoints sta
 Resuming reads a file, or the newest valid checkpoint in a folder: a damaged newest checkpoint
 (truncated, corrupted, not a difffn file, from a newer difffn) is reported with a
 :class:`CheckpointWarning` and the previous good one is used.
+
+A multi-process run (``execution_environment="multi-host"``) writes its checkpoints through
+orbax instead, collectively (``_checkpoint_sharded``): folders ``<iteration>`` in
+``checkpoint_path``. :func:`find` reads either kind (the newer, when a folder holds both).
 """
 
 from __future__ import annotations
@@ -32,17 +36,15 @@ from pathlib import Path
 from typing import Any
 
 from . import _container, _fingerprint, _rowlog
+from ._checkpoint_sharded import ShardedCheckpoint
+from ._checkpoint_sharded import steps as sharded_steps
 from ._errors import SerializationError
 from ._network import Network
 from ._serialization import restore_network
-from ._state import Checkpoint, key_payload, plain_row, same_key
+from ._state import Checkpoint, CheckpointWarning, key_payload, plain_row, same_key
 
 KIND = "checkpoint"
 _NAME = re.compile(r"^net_checkpoint__(\d+)__(\d{4}_\d\d_\d\d__\d\d_\d\d_\d\d)\.difffn$")
-
-
-class CheckpointWarning(UserWarning):
-    """A checkpoint could not be written, or a damaged one was skipped when resuming."""
 
 
 # -- writing ----------------------------------------------------------------------------------
@@ -214,7 +216,13 @@ def find(resume_from) -> Checkpoint:
         )
     if not path.is_dir():
         return Checkpoint(str(path), read(path))
+    if path.name.isdigit() and (path / "progress").is_dir():  # one multi-process checkpoint
+        return ShardedCheckpoint.read(path.parent, int(path.name))
     candidates = checkpoints(path)
+    sharded = sharded_steps(path)
+    newest_file = int(_NAME.match(candidates[0].name).group(1)) if candidates else -1
+    if sharded and sharded[0] >= newest_file:
+        return _newest_sharded(path, sharded)
     if not candidates:
         raise SerializationError(
             f"trainnet: resume_from={str(path)!r} holds no checkpoints (files named "
@@ -244,6 +252,30 @@ def find(resume_from) -> Checkpoint:
     )
 
 
+def _newest_sharded(folder: Path, steps: list[int]) -> Checkpoint:
+    damaged = []
+    for step in steps:
+        try:
+            checkpoint = ShardedCheckpoint.read(folder, step)
+        except SerializationError as error:
+            damaged.append((step, error))
+            continue
+        for bad, error in damaged:
+            warnings.warn(
+                f"trainnet: skipping the damaged checkpoint {bad} ({error}); resuming from the "
+                f"previous good one, {step}.",
+                CheckpointWarning,
+                stacklevel=4,
+            )
+        return checkpoint
+    tried = "; ".join(f"{bad}: {error}" for bad, error in damaged)
+    raise SerializationError(
+        f"trainnet: resume_from={str(folder)!r}: none of its {len(damaged)} checkpoint(s) is "
+        f"valid. Tried, newest first: {tried}. Fix: resume from another copy of the checkpoints, "
+        "or start the run again."
+    )
+
+
 # -- resuming ---------------------------------------------------------------------------------
 
 
@@ -266,6 +298,9 @@ def resume(
             "that wrote the checkpoint started with. Fix: pass that run's key, or "
             "leave key out to use the checkpoint's."
         )
+    if checkpoint.sharded:  # its arrays are read onto the run's devices with the state's
+        _fingerprint.check(checkpoint.fingerprint, fingerprint, source, defaults=defaults)
+        return net
     try:
         restored = restore_network(checkpoint.network, net, source=source)
     except SerializationError as error:

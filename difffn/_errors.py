@@ -93,6 +93,19 @@ class CheckError(Error, ValueError):
     """``check_layer``/``check_function`` was called with arguments it cannot use."""
 
 
+class ONNXImportError(Error, ValueError):
+    """An ONNX model cannot be imported (``df.import_onnx``).
+
+    One error lists every problem found in the model: each unsupported node with its operator
+    type and name, each input size difffn needs but the file leaves open, and how to fix it.
+    """
+
+
+class ONNXExportError(Error, ValueError):
+    """A network cannot be written as ONNX (``df.export_onnx``): the message names the layer and
+    the operation that has no ONNX lowering."""
+
+
 class MissingDependencyError(Error, ImportError):
     """An optional dependency that a feature needs is not installed (the message says which)."""
 

@@ -11,6 +11,11 @@
   under ``jax.grad`` too (the segments are jitted functions of JVP tracers), which is how trainnet
   trains such networks.
 
+Padding masks (``_mask``) travel beside the inputs: each value computed from a masked input
+carries the input's mask while it keeps the input's batch and time sizes, and a layer whose
+method takes ``mask`` gets the mask of its first input. With masks, ``run`` also returns the mask
+of each output (None where it has none).
+
 A network whose sizes were never checked (built from initialized layers, or edited so that the
 layouts could not be propagated) may fail inside a layer with JAX's shape error; ``run`` then
 propagates the layouts to name the layer that does not fit, and raises that instead.
@@ -23,7 +28,7 @@ from typing import Any
 
 import jax
 
-from . import _cache
+from . import _cache, _mask
 from ._errors import AccelerationError, Error
 from ._format import FormattedArray
 from ._graph import Graph
@@ -33,10 +38,25 @@ from ._propagate import propagate
 ACCELERATION = ("auto", "none")
 
 
-def run(net, inputs, key, *, training: bool, wanted, acceleration: str = "auto"):
-    """Run ``net`` on prepared inputs; returns (values for ``wanted``, new state per layer)."""
+def run(
+    net, inputs, key, *, training: bool, wanted, acceleration: str = "auto", masks=None, seen=None
+):
+    """Run ``net`` on prepared inputs; returns (values for ``wanted``, new state per layer),
+    and with ``masks`` (one per input, None where it has none) the masks of those values.
+
+    ``seen`` is ``dispatch_key`` of the raw inputs: when the compiled path runs, the network
+    object remembers which cache entry those inputs reached, for ``run_seen``.
+    """
     try:
-        return _run(net, inputs, key, training=training, wanted=wanted, acceleration=acceleration)
+        result = _run(
+            net,
+            inputs,
+            key,
+            training=training,
+            wanted=wanted,
+            acceleration=acceleration,
+            masks=masks,
+        )
     except (TypeError, ValueError) as error:
         layouts = net.input_layouts
         if (
@@ -49,33 +69,119 @@ def run(net, inputs, key, *, training: bool, wanted, acceleration: str = "auto")
             except Error as found:  # names the layer whose sizes do not fit
                 raise found from None
         raise
+    if seen is not None and masks is None and acceleration == "auto" and net.acceleratable:
+        memo = net.__dict__.setdefault("_seen", {})
+        if len(memo) >= net.compile_cache.maxsize:
+            memo.clear()
+        memo[seen] = _compiled_key(inputs, key, training=training, wanted=wanted)
+    return result
 
 
-def _run(net, inputs, key, *, training: bool, wanted, acceleration: str):
+def dispatch_key(inputs, key, *, training: bool, outputs):
+    """A cheap key of raw, concrete inputs (format, shape, dtype), or None when there is none.
+
+    A network object that has run inputs with this key before (checked, prepared, compiled)
+    reaches the same compiled entry again without repeating the checks (``run_seen``).
+    """
+    if not (outputs is None or isinstance(outputs, str)):
+        return None
+    parts = []
+    for x in inputs:
+        fmt = None
+        if isinstance(x, FormattedArray):
+            fmt, x = x.format, x.data
+        if not isinstance(x, jax.Array) or isinstance(x, jax.core.Tracer):
+            return None
+        parts.append((fmt, x.shape, x.dtype, x.weak_type))
+    if key is not None:
+        if isinstance(key, jax.core.Tracer):
+            return None
+        key = (key.shape, key.dtype)
+    return training, outputs, tuple(parts), key
+
+
+def run_seen(net, inputs, key, seen):
+    """The compiled run of inputs whose ``dispatch_key`` this network object has run, or None."""
+    memo = net.__dict__.get("_seen")
+    if memo is None or (cache_key := memo.get(seen)) is None:
+        return None
+    compiled = net.compile_cache.lookup(cache_key)
+    if compiled is None:  # evicted since: the caller takes the full path
+        return None
+    datas = [x.data if isinstance(x, FormattedArray) else x for x in inputs]
+    return compiled(flat_parameters(net), datas, key, None)
+
+
+def _compiled_key(inputs, key, *, training: bool, wanted):
+    return ("forward" if training else "predict", wanted, input_signature(inputs, key))
+
+
+def _run(net, inputs, key, *, training: bool, wanted, acceleration: str, masks):
     tracing = isinstance(key, jax.core.Tracer) or any(
-        isinstance(x.data if isinstance(x, FormattedArray) else x, jax.core.Tracer) for x in inputs
+        isinstance(x.data if isinstance(x, FormattedArray) else x, jax.core.Tracer)
+        for x in (*inputs, *(masks or ()))
     )
-    if acceleration == "none":
-        return execute(net, inputs, key, training=training, wanted=wanted)
+    run_here = functools.partial(execute, training=training, wanted=wanted)
+    # Masked runs of networks with eager layers go op by op: segments would carry the masks too.
+    if acceleration == "none" or (masks is not None and not net.acceleratable):
+        return run_here(net, inputs, key, masks)
     if not net.acceleratable:
         return execute_segmented(net, inputs, key, training=training, wanted=wanted)
     if tracing:
-        return execute(net, inputs, key, training=training, wanted=wanted)
-    cache_key = ("forward" if training else "predict", wanted, input_signature(inputs, key))
+        return run_here(net, inputs, key, masks)
+    cache_key = _compiled_key(inputs, key, training=training, wanted=wanted)
+    if masks is not None:
+        cache_key += (_cache.signature(masks),)
     compiled = net.compile_cache.get(
         cache_key,
-        lambda: jax.jit(functools.partial(execute, training=training, wanted=wanted)),
+        lambda: _compile_flat(net, cache_key[2][0], training=training, wanted=wanted),
         lambda: _cache.describe_signature(inputs),
     )
-    return compiled(net, inputs, key)
+    datas = [x.data if isinstance(x, FormattedArray) else x for x in inputs]
+    return compiled(flat_parameters(net), datas, key, masks)
 
 
-def execute(net, inputs, key, *, training: bool, wanted):
+def flat_parameters(net) -> list:
+    """The network's pytree leaves, flattened once per (immutable) network object.
+
+    A compiled call flattens its arguments on every call, and a network's flattening runs
+    Python code per layer (pytree nodes registered from Python). Calling the compiled function
+    with the leaves instead costs one flattening of a list of arrays, in C++.
+    """
+    leaves = net.__dict__.get("_flat_parameters")
+    if leaves is None:
+        leaves = net.__dict__["_flat_parameters"] = jax.tree.leaves(net.layers)
+    return leaves
+
+
+def _compile_flat(net, inputs_signature, *, training: bool, wanted):
+    """``jax.jit`` of ``execute`` as a function of the network's leaves and the inputs' data.
+
+    The structure (layer treedef, graph, layouts) and the input formats are fixed per entry:
+    every network sharing the compile cache has them equal (the structure token's key).
+    """
+    layers_def = jax.tree.structure(net.layers)
+    rebuild = functools.partial(type(net).tree_unflatten, (net.graph, net.recorded_layouts, None))
+    formats = [fmt for fmt, *_ in inputs_signature]
+
+    def flat(leaves, datas, key, masks):
+        layers = jax.tree.unflatten(layers_def, leaves)
+        xs = tuple(
+            x if fmt is None else FormattedArray._wrap(x, fmt)
+            for x, fmt in zip(datas, formats, strict=True)
+        )
+        return execute(rebuild(layers), xs, key, masks, training=training, wanted=wanted)
+
+    return jax.jit(flat)
+
+
+def execute(net, inputs, key, masks=None, *, training: bool, wanted):
     """Run the graph op by op (traced when called under a transformation)."""
     g = net.graph
     layers = net.layers
     needed = needed_layers(g, wanted)
     values: dict[tuple[int, int], Any] = {}
+    value_masks: dict[tuple[int, int], Any] = {}
     states: list[tuple] = [lyr._state_values() for lyr in layers]
     for i in g.order:
         if i not in needed:
@@ -85,13 +191,27 @@ def execute(net, inputs, key, *, training: bool, wanted):
             inputs[s.index] if s.kind == "input" else values[(s.index, s.port)]
             for s in g.sources[i]
         )
+        mask = None
+        if masks is not None:
+            found = (
+                masks[s.index] if s.kind == "input" else value_masks.get((s.index, s.port))
+                for s in g.sources[i]
+            )
+            mask = next((m for m in found if m is not None), None)
         layer_key = jax.random.fold_in(key, i) if key is not None else None
-        outs, new_state = call_layer(layer, ins, training=training, key=layer_key)
+        outs, new_state = call_layer(
+            layer, ins, training=training, key=layer_key, mask=_mask.for_value(mask, ins[0])
+        )
         for o, y in enumerate(outs):
             values[(i, o)] = y
+            if (kept := _mask.for_value(mask, y)) is not None:
+                value_masks[(i, o)] = kept
         if layer.state_names:
             states[i] = new_state
-    return tuple(values[w] for w in wanted), tuple(states)
+    outputs = tuple(values[w] for w in wanted)
+    if masks is None:
+        return outputs, tuple(states)
+    return outputs, tuple(states), tuple(value_masks.get(w) for w in wanted)
 
 
 @functools.lru_cache(maxsize=256)

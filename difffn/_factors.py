@@ -106,7 +106,14 @@ def _set(obj, path, kind, value):
         return obj.replace(**{field: _set(inner, rest, kind, value)})
     value = _check_value(kind, path, value)
     factors = tuple(f for f in obj._factors if f[:2] != (field, kind))
-    return obj._copy({}, factors=tuple(sorted(factors + ((field, kind, value),))))
+    # A constructor option that sets only this learnable (MATLAB's WeightLearnRateFactor) follows,
+    # so that the option and the factor never disagree and a later replace keeps the factor.
+    options = {
+        option: value
+        for option, (option_kind, fields) in getattr(type(obj), "_factor_options", {}).items()
+        if (option_kind, tuple(fields)) == (kind, (field,))
+    }
+    return obj._copy(options, factors=tuple(sorted(factors + ((field, kind, value),))))
 
 
 def _get(obj, path, kind):

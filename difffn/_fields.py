@@ -20,11 +20,13 @@ import functools
 
 import jax
 import jax.numpy as jnp
+from jax.sharding import PartitionSpec
 
 from ._describe import is_array, short, who
 from ._errors import LayerError
 
 KIND = "difffn_kind"  # the dataclass field metadata key that holds a field's kind
+SHARDING = "sharding"  # the metadata key of a learnable's own PartitionSpec (or None)
 LEARNABLE, STATE, PROPERTY, BASE = "learnable", "state", "property", "base"
 CONSTANT = "constant"  # a leaf that is neither learnable nor state (properties, nested constants)
 BASE_FIELDS = (
@@ -38,13 +40,24 @@ BASE_FIELDS = (
 )
 
 
-def learnable(default=None, *, learn_rate_factor: float = 1.0, l2_factor: float = 1.0, **kwargs):
+def learnable(
+    default=None,
+    *,
+    learn_rate_factor: float = 1.0,
+    l2_factor: float = 1.0,
+    sharding: PartitionSpec | None = None,
+    **kwargs,
+):
     """Declare a learnable parameter field (MATLAB ``properties (Learnable)``).
 
     Args:
       default: the initial value, usually ``None`` so that ``initialize`` fills it.
       learn_rate_factor: multiplies the global learn rate for this parameter.
       l2_factor: multiplies the global L2 regularization for this parameter.
+      sharding: a ``jax.sharding.PartitionSpec`` over the training mesh's axes ``"data"`` and
+        ``"model"`` (e.g. ``P(None, "model")``: the second axis split over ``"model"``), used
+        when training runs on a mesh (``execution_environment="multi-device"`` or
+        ``"multi-host"``); None (default): ``TrainingOptions(parameter_sharding=...)`` decides.
       **kwargs: passed to ``dataclasses.field`` (e.g. ``default_factory``).
 
     Examples:
@@ -57,10 +70,17 @@ def learnable(default=None, *, learn_rate_factor: float = 1.0, l2_factor: float 
       >>> Scale(weight=jnp.array(2.0))(jnp.ones(2))
       Array([2., 2.], dtype=float32)
     """
+    if sharding is not None and not isinstance(sharding, PartitionSpec):
+        raise LayerError(
+            f"df.learnable(sharding=...) takes a jax.sharding.PartitionSpec; got "
+            f"{type(sharding).__name__} {sharding!r}. Fix: sharding=P(None, 'model') with "
+            "from jax.sharding import PartitionSpec as P."
+        )
     metadata = {
         KIND: LEARNABLE,
         "learn_rate_factor": float(learn_rate_factor),
         "l2_factor": float(l2_factor),
+        SHARDING: sharding,
     }
     if "default_factory" in kwargs:
         return dataclasses.field(metadata=metadata, **kwargs)

@@ -21,10 +21,10 @@ from ._errors import ForwardError, LayerError
 from ._fields import LEARNABLE, is_network
 from ._format import FormattedArray, dims, dlarray, stripdims
 from ._layer_backward import call_with_backward
-from ._signatures import accepts_key, has_backward, has_method
+from ._signatures import accepts_key, accepts_mask, has_backward, has_method
 
 
-def call_layer(layer, inputs: Sequence[Any], *, training: bool = False, key=None):
+def call_layer(layer, inputs: Sequence[Any], *, training: bool = False, key=None, mask=None):
     """Run one layer: formats, custom backward, checks. Returns ``(outputs, new_state)``.
 
     Args:
@@ -32,10 +32,12 @@ def call_layer(layer, inputs: Sequence[Any], *, training: bool = False, key=None
       inputs: one value per layer input (FormattedArray or plain array).
       training: use ``forward`` (training-time behaviour) instead of ``predict``.
       key: randomness for ``forward``.
+      mask: the padding mask ``(batch, time)`` of the first input, passed to the layer's
+        method as ``mask=`` when it takes one (``_signatures.accepts_mask``), else unused.
 
     Raises:
-      LayerError: the layer is not initialized (a parameter is still ``None``), or gets the
-        wrong number of inputs.
+      LayerError: the layer is not initialized (a parameter is still ``None``), gets the
+        wrong number of inputs, or takes a mask but also defines its own backward.
     """
     cls = type(layer)
     if not has_method(layer, "predict"):
@@ -55,9 +57,15 @@ def call_layer(layer, inputs: Sequence[Any], *, training: bool = False, key=None
     else:
         user_inputs = tuple(stripdims(x) for x in inputs)
     if has_backward(layer):
+        if mask is not None and accepts_mask(cls):
+            raise LayerError(
+                f"{who(layer)} takes a padding mask (predict has a 'mask' parameter) and defines "
+                "its own backward; a mask cannot reach a custom backward yet. Fix: drop the "
+                "backward (JAX differentiates predict), or the mask parameter."
+            )
         outputs, new_state = call_with_backward(layer, user_inputs, training, key, run_user)
     else:
-        outputs, new_state, _ = run_user(layer, user_inputs, training, key)
+        outputs, new_state, _ = run_user(layer, user_inputs, training, key, mask)
     return _format_outputs(layer, outputs, out_format), tuple(new_state)
 
 
@@ -76,22 +84,24 @@ def _uninitialized(layer) -> LayerError:
     )
 
 
-def run_user(layer, inputs, training: bool, key):
+def run_user(layer, inputs, training: bool, key, mask=None):
     """Run predict or forward (with its memory), normalized to (outputs, state, memory)."""
     custom_backward = has_backward(layer)
     if training and has_method(layer, "forward"):
-        result = _invoke(layer, "forward", inputs, key)
+        result = _invoke(layer, "forward", inputs, key, mask)
         return _split_returns(layer, "forward", result, with_memory=custom_backward)
-    result = _invoke(layer, "predict", inputs, key)
+    result = _invoke(layer, "predict", inputs, key, mask)
     outputs, new_state, _ = _split_returns(layer, "predict", result, with_memory=False)
     return outputs, new_state, None
 
 
-def _invoke(layer, method: str, args, key):
+def _invoke(layer, method: str, args, key, mask=None):
     """Call a user method; what JAX cannot trace in it is named (``_user_code``)."""
     cls = type(layer)
     fn = getattr(layer, method)
     kwargs = {"key": key} if method == "forward" and accepts_key(cls, "forward") else {}
+    if mask is not None and accepts_mask(cls, method):
+        kwargs["mask"] = mask
     if layer.acceleratable:
         fix = (
             f"{_user_code.TRACEABLE_FIX}, or set `acceleratable = False` on the class so "

@@ -9,7 +9,15 @@ channels last. ``T`` is a plain array laid out like ``Y`` (or formatted; it is t
 
 Normalization (MATLAB's ``NormalizationFactor``): ``"batch-size"`` (the default) divides the
 summed loss by ``N``; ``"all-elements"`` by the number of elements of ``Y``; ``"none"`` returns
-the sum. Note the two squared-error losses:
+the sum.
+
+Padded sequences: every loss takes ``mask=``, a boolean ``(batch, time)`` array (True at the
+steps that hold data; ``_mask`` lays it onto ``Y``'s ``B`` and ``T`` axes), or ``(batch,)``
+(one flag per observation). Masked-out elements add nothing, and each real time step counts as
+one observation: ``"batch-size"`` divides by the number of real steps, so the loss is the mean
+over real steps of the per-step loss (MATLAB's ``Mask`` with ``NormalizationFactor=
+"mask-included"``, and ``trainnet``'s rule for padded sequences); ``"all-elements"`` divides by
+the real steps' elements. Note the two squared-error losses:
 
 * ``mse`` is MATLAB's half mean squared error, :math:`\frac{1}{2N}\sum (Y - T)^2`;
 * ``l2loss`` has no half, :math:`\frac{1}{N}\sum (Y - T)^2`.
@@ -28,6 +36,7 @@ import numpy as np
 
 from ._errors import OptionsError
 from ._format import FormattedArray, dims, permute, stripdims
+from ._mask import as_mask, fits, spread, value_axes
 
 _NORMALIZATIONS = ("batch-size", "all-elements", "none")
 
@@ -65,16 +74,42 @@ def _observations(y) -> int:
     return 1 if b is None else stripdims(y).shape[b]
 
 
-def _normalize(who: str, total, y, normalization: str):
-    if normalization == "batch-size":
-        return total / _observations(y)
-    if normalization == "all-elements":
-        return total / max(stripdims(y).size, 1)
+def _normalize(who: str, total, y, normalization: str, mask=None):
+    """``total`` normalized; with a ``mask`` (from :func:`_mask_of`), over the real steps."""
+    if normalization not in _NORMALIZATIONS:
+        raise OptionsError(
+            f"{who}: normalization must be one of {list(_NORMALIZATIONS)}; got {normalization!r}."
+        )
     if normalization == "none":
         return total
-    raise OptionsError(
-        f"{who}: normalization must be one of {list(_NORMALIZATIONS)}; got {normalization!r}."
-    )
+    if mask is None:
+        n = _observations(y) if normalization == "batch-size" else max(stripdims(y).size, 1)
+        return total / n
+    real = jnp.sum(mask)
+    if normalization == "all-elements":
+        real = real * (stripdims(y).size // mask.size)
+    return total / jnp.maximum(real, 1).astype(total.dtype)
+
+
+def _mask_of(who: str, y, mask):
+    """The padding mask laid onto ``y`` (broadcastable against it), or None."""
+    if mask is None:
+        return None
+    mask = as_mask(mask, who=f"{who}: mask", error=OptionsError)
+    if not fits(mask, y):
+        shape = jnp.shape(stripdims(y))
+        sizes = tuple(shape[a] for a in value_axes(y) if a is not None)
+        raise OptionsError(
+            f"{who}: mask has shape {tuple(mask.shape)} but the predictions (shape {shape}, "
+            f"format {dims(y) or 'plain: batch, time, ...'!r}) have (batch, time) sizes {sizes}. "
+            "Fix: one flag per observation and time step, (batch, time), or per observation."
+        )
+    return spread(mask, y)
+
+
+def _sum(values, mask):
+    """The sum of ``values``, of the real steps only when there is a mask."""
+    return jnp.sum(values if mask is None else jnp.where(mask, values, 0))
 
 
 def _same_shape(who: str, y, t):
@@ -161,7 +196,7 @@ def _pick_class_log_probability(who: str, y, labels):
     return jnp.take_along_axis(_safe_log(data), index, axis=c)
 
 
-def crossentropy(Y, T, *, normalization: str = "batch-size"):
+def crossentropy(Y, T, *, normalization: str = "batch-size", mask=None):
     r"""Categorical cross-entropy :math:`-\frac{1}{N}\sum T \log Y` (MATLAB ``crossentropy``).
 
     ``Y`` holds probabilities (e.g. a softmax output); ``T`` is one-hot (``Y``'s shape) or
@@ -172,6 +207,7 @@ def crossentropy(Y, T, *, normalization: str = "batch-size"):
       Y: predictions (formatted, or plain with batch first and classes last).
       T: targets: one-hot or integer labels.
       normalization: ``"batch-size"`` (MATLAB's default: divide by ``N`` only), or ``"none"``.
+      mask: padded sequences' mask (see the module notes): the mean over the real steps.
 
     Examples:
       >>> import jax.numpy as jnp
@@ -179,6 +215,9 @@ def crossentropy(Y, T, *, normalization: str = "batch-size"):
       >>> Y = df.dlarray(jnp.array([[0.5, 0.5], [0.25, 0.75]]), "BC")
       >>> float(df.losses.crossentropy(Y, jnp.array([0, 1])))  # -(log .5 + log .75) / 2
       0.4904...
+      >>> Y = df.dlarray(jnp.array([[[0.5, 0.5], [0.9, 0.1]]]), "BTC")   # 1 sequence, 2 steps
+      >>> float(df.losses.crossentropy(Y, jnp.array([[0, 1]]), mask=jnp.array([[True, False]])))
+      0.6931...
     """
     who = "crossentropy"
     if normalization not in ("batch-size", "none"):
@@ -186,22 +225,24 @@ def crossentropy(Y, T, *, normalization: str = "batch-size"):
             f"{who}: normalization must be 'batch-size' or 'none'; got {normalization!r}."
         )
     t = _targets(who, Y, T)
+    m = _mask_of(who, Y, mask)
     if jnp.issubdtype(t.dtype, jnp.integer) and t.shape != jnp.shape(stripdims(Y)):
-        total = -jnp.sum(_pick_class_log_probability(who, Y, t))
+        total = -_sum(_pick_class_log_probability(who, Y, t), m)
     else:  # one-hot (integer one-hot too: it has the predictions' shape)
         y = _float(Y)
         _same_shape(who, y, t)
-        total = -jnp.sum(t.astype(y.dtype) * _safe_log(y))
-    return _normalize(who, total, Y, normalization)
+        total = -_sum(t.astype(y.dtype) * _safe_log(y), m)
+    return _normalize(who, total, Y, normalization, m)
 
 
-def index_crossentropy(Y, T, *, normalization: str = "batch-size"):
+def index_crossentropy(Y, T, *, normalization: str = "batch-size", mask=None):
     r"""Cross-entropy with integer class labels (MATLAB ``indexcrossentropy``; labels from 0).
 
     Args:
       Y: probabilities with a ``C`` axis.
       T: integer labels, shaped like ``Y`` without its ``C`` axis.
       normalization: ``"batch-size"`` (default) or ``"none"``.
+      mask: padded sequences' mask (see the module notes).
 
     Examples:
       >>> import jax.numpy as jnp
@@ -223,10 +264,10 @@ def index_crossentropy(Y, T, *, normalization: str = "batch-size"):
             "class indices (which have the predictions' shape without the class axis). Fix: "
             "use crossentropy for one-hot targets, or pass T.argmax(axis=class_axis)."
         )
-    return crossentropy(Y, t, normalization=normalization)
+    return crossentropy(Y, t, normalization=normalization, mask=mask)
 
 
-def binary_crossentropy(Y, T, *, normalization: str = "batch-size"):
+def binary_crossentropy(Y, T, *, normalization: str = "batch-size", mask=None):
     r"""Binary cross-entropy :math:`-\frac{1}{N}\sum T\log Y + (1-T)\log(1-Y)`.
 
     For independent (multi-label) probabilities, e.g. a sigmoid output; ``T`` holds 0/1 values
@@ -242,11 +283,12 @@ def binary_crossentropy(Y, T, *, normalization: str = "batch-size"):
     y = _float(Y)
     t = _targets(who, Y, T).astype(y.dtype)
     _same_shape(who, y, t)
-    total = -jnp.sum(t * _safe_log(y) + (1 - t) * _safe_log(1 - y))
-    return _normalize(who, total, Y, normalization)
+    m = _mask_of(who, Y, mask)
+    total = -_sum(t * _safe_log(y) + (1 - t) * _safe_log(1 - y), m)
+    return _normalize(who, total, Y, normalization, m)
 
 
-def mse(Y, T):
+def mse(Y, T, *, mask=None):
     r"""MATLAB's half mean squared error :math:`\frac{1}{2N}\sum (Y - T)^2` (``N`` observations).
 
     Examples:
@@ -259,10 +301,11 @@ def mse(Y, T):
     y = _float(Y)
     t = _targets(who, Y, T).astype(y.dtype)
     _same_shape(who, y, t)
-    return jnp.sum(jnp.square(y - t)) / (2 * _observations(Y))
+    m = _mask_of(who, Y, mask)
+    return _normalize(who, _sum(jnp.square(y - t), m), Y, "batch-size", m) / 2
 
 
-def l1loss(Y, T, *, normalization: str = "batch-size"):
+def l1loss(Y, T, *, normalization: str = "batch-size", mask=None):
     r"""Absolute error :math:`\frac{1}{N}\sum |Y - T|` (MATLAB ``l1loss``; trainnet ``"mae"``).
 
     Examples:
@@ -275,10 +318,11 @@ def l1loss(Y, T, *, normalization: str = "batch-size"):
     y = _float(Y)
     t = _targets(who, Y, T).astype(y.dtype)
     _same_shape(who, y, t)
-    return _normalize(who, jnp.sum(jnp.abs(y - t)), Y, normalization)
+    m = _mask_of(who, Y, mask)
+    return _normalize(who, _sum(jnp.abs(y - t), m), Y, normalization, m)
 
 
-def l2loss(Y, T, *, normalization: str = "batch-size"):
+def l2loss(Y, T, *, normalization: str = "batch-size", mask=None):
     r"""Squared error :math:`\frac{1}{N}\sum (Y - T)^2` (MATLAB ``l2loss``; no half, unlike mse).
 
     Examples:
@@ -291,10 +335,11 @@ def l2loss(Y, T, *, normalization: str = "batch-size"):
     y = _float(Y)
     t = _targets(who, Y, T).astype(y.dtype)
     _same_shape(who, y, t)
-    return _normalize(who, jnp.sum(jnp.square(y - t)), Y, normalization)
+    m = _mask_of(who, Y, mask)
+    return _normalize(who, _sum(jnp.square(y - t), m), Y, normalization, m)
 
 
-def huber(Y, T, *, transition_point: float = 1.0, normalization: str = "batch-size"):
+def huber(Y, T, *, transition_point: float = 1.0, normalization: str = "batch-size", mask=None):
     r"""Huber loss (MATLAB ``huber``), summed over elements and normalized.
 
     Per element, with :math:`z = Y - T`: :math:`\frac{1}{2}z^2` where :math:`|z| \le \delta`,
@@ -315,7 +360,8 @@ def huber(Y, T, *, transition_point: float = 1.0, normalization: str = "batch-si
     z = jnp.abs(y - t)
     d = transition_point
     per_element = jnp.where(z <= d, 0.5 * jnp.square(z), d * (z - 0.5 * d))
-    return _normalize(who, jnp.sum(per_element), Y, normalization)
+    m = _mask_of(who, Y, mask)
+    return _normalize(who, _sum(per_element, m), Y, normalization, m)
 
 
 LOSSES = {

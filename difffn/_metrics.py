@@ -20,9 +20,16 @@ the ``C`` axis.
 * ``rmse``: root of the mean squared error over all elements.
 * A callable ``fn(Y, T) -> scalar`` is averaged over mini-batches weighted by their number of
   observations; give it a ``maximize = True`` attribute if larger is better.
+
+Padded sequences: the built-in metrics' ``update`` and ``__call__`` take ``mask=``, a boolean
+``(batch, time)`` array (or ``(batch,)``) as the losses take it (``difffn._losses``): only the
+real steps count, each as one observation. A custom ``Metric`` or callable receives the mask
+when its ``update`` (callable: its signature) has a ``mask`` parameter.
 """
 
 from __future__ import annotations
+
+import inspect
 
 import jax
 import jax.numpy as jnp
@@ -30,7 +37,15 @@ import jax.numpy as jnp
 from . import _user_code
 from ._errors import OptionsError
 from ._format import stripdims
-from ._losses import _float, _layout, _observations, _targets, canonical, check_labels
+from ._losses import (
+    _float,
+    _layout,
+    _mask_of,
+    _observations,
+    _targets,
+    canonical,
+    check_labels,
+)
 
 _AUC_BINS = 2048
 _AUC_LOGIT_RANGE = 16.0
@@ -66,9 +81,10 @@ class Metric:
         """Two states combined; the default adds them (counts, sums, histograms)."""
         return jax.tree.map(jnp.add, state, other)
 
-    def __call__(self, Y, T):
-        """The metric of one batch."""
-        return self.compute(self.update(self.init(Y), Y, T))
+    def __call__(self, Y, T, mask=None):
+        """The metric of one batch (``mask``: padded sequences' mask, see the module notes)."""
+        kwargs = {} if mask is None else {"mask": mask}
+        return self.compute(self.update(self.init(Y), Y, T, **kwargs))
 
     def __repr__(self):
         return f"{type(self).__name__}(name={self.name!r})"
@@ -78,6 +94,16 @@ class Metric:
 
     def __hash__(self):
         return hash((type(self), tuple(sorted(self.__dict__.items()))))
+
+
+def _weights(who: str, Y, mask, c):
+    """Per prediction (``Y`` without its class axis ``c``, flattened) 1 at a real step and 0
+    at padding; None without a mask."""
+    m = _mask_of(who, Y, mask)
+    if m is None:
+        return None
+    m = jnp.broadcast_to(m, jnp.shape(_float(Y)))
+    return (m if c is None else jnp.take(m, 0, axis=c)).reshape(-1).astype(jnp.float32)
 
 
 def _class_indices(who: str, Y, T):
@@ -124,11 +150,13 @@ class _Confusion(Metric):
             "binary": jnp.asarray(binary, jnp.float32),
         }
 
-    def update(self, state, Y, T):
+    def update(self, state, Y, T, mask=None):
         predicted, true, k, _ = _class_indices(self.name, Y, T)
-        counts = jax.nn.one_hot(true, k, dtype=jnp.float32).T @ jax.nn.one_hot(
-            predicted, k, dtype=jnp.float32
-        )
+        hits = jax.nn.one_hot(predicted, k, dtype=jnp.float32)
+        weights = _weights(self.name, Y, mask, _layout(Y)[2])
+        if weights is not None:
+            hits = hits * weights[:, None]
+        counts = jax.nn.one_hot(true, k, dtype=jnp.float32).T @ hits
         return {**state, "confusion": state["confusion"] + counts}
 
     def _per_class(self, confusion):
@@ -190,11 +218,12 @@ class AUC(Metric):
         zeros = jnp.zeros((k, _AUC_BINS), jnp.float32)
         return {"positive": zeros, "negative": zeros}
 
-    def update(self, state, Y, T):
+    def update(self, state, Y, T, mask=None):
         _, _, c = _layout(Y)
         y = _float(Y)
         t = _targets(self.name, Y, T)
         k = state["positive"].shape[0]
+        weights = _weights(self.name, Y, mask, c)
         if k == 1:
             scores = (y if c is None else jnp.squeeze(y, c)).reshape(-1, 1)
             if not jnp.issubdtype(t.dtype, jnp.integer):
@@ -214,8 +243,11 @@ class AUC(Metric):
             jnp.floor((logit + _AUC_LOGIT_RANGE) * scale).astype(jnp.int32), 0, _AUC_BINS - 1
         )
         classes = jnp.broadcast_to(jnp.arange(k), bins.shape)
+        negative = 1.0 - positive
+        if weights is not None:
+            positive, negative = positive * weights[:, None], negative * weights[:, None]
         pos = state["positive"].at[classes, bins].add(positive)
-        neg = state["negative"].at[classes, bins].add(1.0 - positive)
+        neg = state["negative"].at[classes, bins].add(negative)
         return {"positive": pos, "negative": neg}
 
     def compute(self, state):
@@ -234,16 +266,21 @@ class RMSE(Metric):
     def init(self, Y):
         return {"sum": jnp.zeros((), jnp.float32), "count": jnp.zeros((), jnp.float32)}
 
-    def update(self, state, Y, T):
+    def update(self, state, Y, T, mask=None):
         y = _float(Y)
         t = _targets(self.name, Y, T).astype(y.dtype)
         if t.shape != y.shape:
             raise OptionsError(
                 f"rmse: targets of shape {t.shape} do not match predictions of shape {y.shape}."
             )
+        squares, count = jnp.square(y - t), y.size
+        m = _mask_of(self.name, Y, mask)
+        if m is not None:
+            squares = jnp.where(m, squares, 0)
+            count = jnp.sum(m) * (y.size // m.size)
         return {
-            "sum": state["sum"] + jnp.sum(jnp.square(y - t)).astype(jnp.float32),
-            "count": state["count"] + y.size,
+            "sum": state["sum"] + jnp.sum(squares).astype(jnp.float32),
+            "count": state["count"] + count,
         }
 
     def compute(self, state):
@@ -272,9 +309,22 @@ class FunctionMetric(Metric):
     def init(self, Y):
         return {"sum": jnp.zeros((), jnp.float32), "count": jnp.zeros((), jnp.float32)}
 
-    def update(self, state, Y, T):
+    def update(self, state, Y, T, mask=None):
         ys = Y if isinstance(Y, tuple) else (Y,)
         ts = T if isinstance(T, tuple) else (T,)
+        kwargs = {}
+        if mask is None:
+            n = _observations(ys[0])
+        else:
+            if not takes_mask(self.fn):
+                raise OptionsError(
+                    f"metric {self.name!r} is scored on padded sequences, but {self.name} takes "
+                    "no mask, so padded steps would count. Fix: give it a parameter mask=None "
+                    "(a boolean (batch, time) array, True at real steps; e.g. pass it on to "
+                    "df.losses functions), or score sequence-to-one outputs."
+                )
+            kwargs["mask"] = mask
+            n = jnp.sum(_mask_of(self.name, ys[0], mask))
         value = _user_code.call(
             self.fn,
             *ys,
@@ -283,6 +333,7 @@ class FunctionMetric(Metric):
             call_fix="a metric takes the network outputs, then the targets, fn(Y1, ..., T1, "
             "...), and returns a scalar.",
             error=OptionsError,
+            **kwargs,
         )
         if value is None:
             raise OptionsError(
@@ -295,7 +346,6 @@ class FunctionMetric(Metric):
                 f"metric {self.name!r} returned an array of shape {value.shape}; a metric must "
                 "return a scalar."
             )
-        n = _observations(ys[0])
         return {
             "sum": state["sum"] + n * value.astype(jnp.float32),
             "count": state["count"] + n,
@@ -313,6 +363,16 @@ METRICS = {
     "auc": AUC,
     "rmse": RMSE,
 }
+
+
+def takes_mask(fn) -> bool:
+    """Whether a callable (a loss, a metric function or a ``Metric.update``) has a ``mask``
+    parameter (or ``**kwargs``)."""
+    try:
+        parameters = inspect.signature(fn).parameters.values()
+    except (TypeError, ValueError):
+        return False
+    return any(p.name == "mask" or p.kind is p.VAR_KEYWORD for p in parameters)
 
 
 def get_metric(spec, *, who: str = "trainnet") -> Metric:

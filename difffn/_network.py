@@ -15,13 +15,14 @@ graph is edited (``add_layers``, ``connect_layers``, ...) in ``_graph_edit.py``.
 
 from __future__ import annotations
 
+import weakref
 from collections.abc import Sequence
 from typing import Any
 
 import jax
 import jax.numpy as jnp
 
-from . import _cache, _execute, _graph_edit, _parameters
+from . import _cache, _execute, _graph_edit, _mask, _parameters
 from ._arrays import as_numbers, check_numbers
 from ._errors import AccelerationError, NetworkError
 from ._fields import LEARNABLE, STATE, NetworkBase
@@ -38,14 +39,26 @@ _KEEP = object()  # with_layers: keep the recorded layouts
 
 
 class _Token:
-    """Static identity of a network structure; carries the compile cache of that structure."""
+    """Static identity of a network structure; carries the compile cache of that structure.
+
+    Interned (``of``): networks built separately with equal structure, or loaded twice, share
+    one token and so one compile cache, for as long as some network of that structure lives.
+    """
 
     __slots__ = ("key", "_hash", "cache", "__weakref__")
+    _interned: weakref.WeakValueDictionary = weakref.WeakValueDictionary()
 
     def __init__(self, key):
         self.key = key
         self._hash = hash(key)
         self.cache = _cache.CompileCache("Network")
+
+    @classmethod
+    def of(cls, key) -> _Token:
+        token = cls._interned.get(key)
+        if token is None:
+            token = cls._interned[key] = cls(key)
+        return token
 
     def __hash__(self):
         return self._hash
@@ -93,7 +106,7 @@ class Network(NetworkBase):
         self._layers = layers
         self._graph = graph
         self._layouts = layouts
-        self._token = _Token((graph, layouts, tuple(jax.tree.structure(lyr) for lyr in layers)))
+        self._token = _Token.of((graph, layouts, tuple(jax.tree.structure(lyr) for lyr in layers)))
 
     def with_layers(
         self, layers: Sequence[Layer], *, recorded_layouts=_KEEP, graph: Graph | None = None
@@ -364,7 +377,9 @@ class Network(NetworkBase):
 
     # -- running ---------------------------------------------------------------------------------
 
-    def predict(self, *inputs, outputs=None, acceleration="auto", return_state=False, **named):
+    def predict(
+        self, *inputs, outputs=None, acceleration="auto", return_state=False, mask=None, **named
+    ):
         """Outputs of the network at prediction time (MATLAB ``predict``).
 
         Args:
@@ -373,13 +388,28 @@ class Network(NetworkBase):
           outputs: names of the outputs to return (default: the network outputs).
           acceleration: ``"auto"`` (compiled, cached per input signature) or ``"none"``.
           return_state: also return the state table (stateful layers such as LSTM update it).
+          mask: padding masks of padded sequences (``df.padsequences`` makes them): a boolean
+            ``(batch, time)`` array, True at the steps that hold data, for a network with one
+            input, or a tuple with one mask (or None) per input. Recurrent layers keep their
+            state through padded steps and ``SelfAttention`` ignores them (see
+            ``docs/training.md``, "Sequences of different lengths").
 
         Returns:
           One output, or a tuple of outputs; with ``return_state``, ``(outputs, state)``.
+
+        Examples:
+          >>> import jax, jax.numpy as jnp
+          >>> import difffn as df
+          >>> net = df.Network([df.layers.SequenceInput(2), df.layers.GRU(3, output_mode="last")])
+          >>> net = net.initialize(key=jax.random.key(0))
+          >>> x, mask = df.padsequences([jnp.ones((4, 2)), jnp.ones((2, 2))])
+          >>> y = net.predict(x, mask=mask)          # the second's last step is its step 2
+          >>> bool(jnp.allclose(y.data[1], net.predict(x[1:, :2]).data[0], atol=1e-6))
+          True
         """
         self._no_named_inputs("predict", named)
-        values, states = self.run(
-            inputs, None, training=False, outputs=outputs, acceleration=acceleration
+        values, states, *_ = self.run(
+            inputs, None, training=False, outputs=outputs, acceleration=acceleration, masks=mask
         )
         out = values[0] if len(values) == 1 else values
         return (out, _parameters.state_table(self, states)) if return_state else out
@@ -393,8 +423,10 @@ class Network(NetworkBase):
                 "order."
             )
 
-    def forward(self, *inputs, key=None, outputs=None, acceleration="auto", **named):
+    def forward(self, *inputs, key=None, outputs=None, acceleration="auto", mask=None, **named):
         """Outputs at training time and the updated state (MATLAB ``forward``).
+
+        ``mask`` is as for :meth:`predict`.
 
         Returns:
           ``(outputs, state)``: one output or a tuple, and a ``ParameterTable`` of the new state
@@ -402,8 +434,8 @@ class Network(NetworkBase):
         """
         self._no_named_inputs("forward", named)
         check_key("Network.forward", key, NetworkError, optional=True)
-        values, states = self.run(
-            inputs, key, training=True, outputs=outputs, acceleration=acceleration
+        values, states, *_ = self.run(
+            inputs, key, training=True, outputs=outputs, acceleration=acceleration, masks=mask
         )
         return (values[0] if len(values) == 1 else values), _parameters.state_table(self, states)
 
@@ -465,14 +497,22 @@ class Network(NetworkBase):
             self._graph.port(o, kind="output", what=f"outputs entry {o!r}") for o in outputs
         )
 
-    def run(self, inputs, key=None, *, training: bool, outputs=None, acceleration="auto"):
+    def run(
+        self, inputs, key=None, *, training: bool, outputs=None, acceleration="auto", masks=None
+    ):
         """Run the network: ``(values of the outputs, new state values per layer)``.
 
         Checks and prepares the inputs (``prepare_inputs``), then lets ``_execute.run`` pick how
         to execute: traced (under a transformation), one compiled trace per input signature, or
         compiled segments around layers that must run eagerly. ``outputs`` is a list of names or
-        already resolved ``output_ports``.
+        already resolved ``output_ports``. With padding ``masks`` (one mask, or a tuple with one
+        per input; ``_mask``) the result has a third item: the mask of each output, or None.
         """
+        seen = None
+        if acceleration == "auto" and masks is None:
+            seen = _execute.dispatch_key(inputs, key, training=training, outputs=outputs)
+            if seen is not None and (result := _execute.run_seen(self, inputs, key, seen)):
+                return result
         if acceleration not in _execute.ACCELERATION:
             raise NetworkError(
                 f"acceleration={acceleration!r}; expected one of {list(_execute.ACCELERATION)}. "
@@ -487,6 +527,7 @@ class Network(NetworkBase):
                 "no input layer)."
             )
         xs = self.prepare_inputs(inputs)
+        masks = _mask.prepare(self.input_names, xs, masks, error=NetworkError)
         if outputs is None:
             wanted = self._graph.outputs
         elif isinstance(outputs, tuple) and all(isinstance(o, tuple) for o in outputs):
@@ -494,7 +535,14 @@ class Network(NetworkBase):
         else:
             wanted = self.output_ports(outputs)
         return _execute.run(
-            self, xs, key, training=training, wanted=wanted, acceleration=acceleration
+            self,
+            xs,
+            key,
+            training=training,
+            wanted=wanted,
+            acceleration=acceleration,
+            masks=masks,
+            seen=seen,
         )
 
     def prepare_inputs(self, inputs) -> tuple:

@@ -20,29 +20,25 @@ from __future__ import annotations
 import dataclasses
 import difflib
 import math
-import numbers
-import os
 import re
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable
 from typing import Any
 
-import optax
-
-from . import _schedules
+from . import _option_checks as check
+from . import _sequences
 from ._errors import OptionsError
 from ._fingerprint import describe, describe_data, describe_solver
-from ._metrics import Metric, get_metric
-
-SOLVERS = ("sgdm", "adam", "rmsprop")
-SHUFFLE = ("once", "every-epoch", "never")
-THRESHOLD_METHODS = ("l2norm", "global-l2norm", "absolute-value")
-OUTPUT_NETWORK = ("auto", "last-iteration", "best-validation")
-PLOTS = ("none", "training-progress")
-ENVIRONMENTS = ("auto", "cpu", "gpu", "multi-device")
-CHECKPOINT_UNITS = ("epoch", "iteration")
-
-# check(name, value, checked) -> the stored value; ``checked`` holds the options before this one.
-Check = Callable[[str, Any, Mapping[str, Any]], Any]
+from ._option_checks import (
+    CHECKPOINT_UNITS,
+    ENVIRONMENTS,
+    PLOTS,
+    PRECISIONS,
+    SHUFFLE,
+    SOLVERS,
+    THRESHOLD_METHODS,
+    Check,
+    solver_label,
+)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -86,251 +82,58 @@ class Option:
         return self.solvers is None or (isinstance(solver, str) and solver in self.solvers)
 
 
-# -- validators ---------------------------------------------------------------------------------
-
-
-def _is_int(value) -> bool:
-    return isinstance(value, numbers.Integral) and not isinstance(value, bool)
-
-
-def _is_real(value) -> bool:
-    return isinstance(value, numbers.Real) and not isinstance(value, bool)
-
-
-def _choice(choices: Sequence[str], hints: Mapping[str, str] | None = None) -> Check:
-    def check(name, value, checked):
-        if not isinstance(value, str) or value not in choices:
-            listed = ", ".join(repr(c) for c in choices)
-            hint = (hints or {}).get(value, "") if isinstance(value, str) else ""
-            close = difflib.get_close_matches(value, choices, n=1) if isinstance(value, str) else []
-            raise OptionsError(
-                f"TrainingOptions: {name} must be one of {listed}; got {value!r}.{hint} Fix: "
-                f"{name}={(close or choices)[0]!r}, or another of those."
-            )
-        return value
-
-    return check
-
-
-def _positive_int(*, allow_inf: bool = False, allow_none: bool = False) -> Check:
-    def check(name, value, checked):
-        if allow_inf and _is_real(value) and value == math.inf:
-            return math.inf
-        if allow_none and value is None:
-            return None
-        if not (_is_int(value) and value > 0):
-            more = " or math.inf" if allow_inf else " or None" if allow_none else ""
-            raise OptionsError(
-                f"TrainingOptions: {name} must be a positive int{more}; got {value!r}. Fix: "
-                f"pass a whole number >= 1 (e.g. {name}=10), or leave {name} out for its default."
-            )
-        return int(value)
-
-    return check
-
-
-def _real(*, low=None, high=None, low_open=False, high_open=False, inf=False) -> Check:
-    def check(name, value, checked):
-        ok = _is_real(value) and not math.isnan(value)
-        if ok and not inf and math.isinf(value):
-            ok = False
-        if ok and low is not None:
-            ok = value > low if low_open else value >= low
-        if ok and high is not None:
-            ok = value < high if high_open else value <= high
-        if not ok:
-            lo = "" if low is None else ("(" if low_open else "[") + f"{low}"
-            hi = "" if high is None else f"{high}" + (")" if high_open else "]")
-            what = f"a real number in {lo}, {hi}" if lo or hi else "a real number"
-            if low == 0 and low_open and high is None:
-                what = "a positive real number" + (" or math.inf" if inf else "")
-            elif low == 0 and not low_open and high is None:
-                what = "a non-negative real number"
-            raise OptionsError(
-                f"TrainingOptions: {name} must be {what}; got {value!r}. Fix: pass {what} as a "
-                f"Python float, or leave {name} out for its default."
-            )
-        return float(value)
-
-    return check
-
-
-def _solver(name, value, checked):
-    if isinstance(value, optax.GradientTransformation):
-        return value
-    if not isinstance(value, str) or value not in SOLVERS:
-        listed = ", ".join(repr(c) for c in SOLVERS)
-        raise OptionsError(
-            f"TrainingOptions: solver must be one of {listed}, or an optax.GradientTransformation "
-            f"(e.g. optax.inject_hyperparams(optax.lion)(learning_rate=1e-4)); got {value!r}. Fix: "
-            "pass one of those names as the first argument, or the optax transformation."
-        )
-    return value
-
-
-def solver_label(solver) -> str:
-    """How messages and ``repr`` name a solver."""
-    return repr(solver) if isinstance(solver, str) else "<optax transformation>"
-
-
-def _learn_rate(name, value, checked):
-    if value is None and not isinstance(checked["solver"], str):
-        return None  # a custom solver's own (its injected learning_rate)
-    return _real(low=0, low_open=True)(name, value, checked)
-
-
-def _bool(name, value, checked):
-    if not isinstance(value, bool):
-        raise OptionsError(
-            f"TrainingOptions: {name} must be True or False; got {value!r}. Fix: {name}=True or "
-            f"{name}=False."
-        )
-    return value
-
-
-def _schedule(name, value, checked):
-    _schedules.validate(value, None)
-    return value
-
-
-def _schedule_settings(name, value, checked):
-    _, per_name = _schedules.validate(checked["learn_rate_schedule"], value)
-    return per_name or None
-
-
-def _validation_data(name, value, checked):
-    if value is None:
-        return None
-    parts = value if isinstance(value, (tuple, list)) else None
-    if hasattr(value, "shape") or (
-        parts is not None
-        and 1 <= len(parts) <= 2
-        and hasattr(parts[0], "shape")
-        and (len(parts) == 1 or parts[1] is None)
-    ):
-        shape = tuple(getattr(value if parts is None else parts[0], "shape", ()))
-        raise OptionsError(
-            "TrainingOptions: validation_data must hold inputs and targets, (X, T); got inputs "
-            f"of shape {shape} without targets. Fix: validation_data=(X_val, T_val)."
-        )
-    if isinstance(value, (str, bytes)) or not (
-        isinstance(value, (tuple, list)) or hasattr(value, "__iter__")
-    ):
-        raise OptionsError(
-            "TrainingOptions: validation_data must be (X, T) (arrays, or a tuple of inputs and "
-            f"a tuple of targets) or an iterable of (inputs..., targets...) batches; got "
-            f"{type(value).__name__}. Fix: validation_data=(X_val, T_val)."
-        )
-    return value
-
-
-def _metrics(name, value, checked) -> tuple[Metric, ...]:
-    items = value if isinstance(value, (tuple, list)) else (value,)
-    metrics = tuple(get_metric(m, who="TrainingOptions: metrics") for m in items)
-    names = [m.name for m in metrics]
-    if len(set(names)) != len(names):
-        raise OptionsError(
-            f"TrainingOptions: metrics has repeated names {names}. Fix: give each metric its own "
-            "name (FunctionMetric(fn, name=...))."
-        )
-    if "loss" in names:
-        raise OptionsError(
-            "TrainingOptions: a metric may not be called 'loss' (the loss is). Fix: name it "
-            "otherwise (FunctionMetric(fn, name='my_loss'))."
-        )
-    return metrics
-
-
-def _objective(name, value, checked):
-    names = ["loss"] + [m.name for m in checked["metrics"]]
-    if value not in names:
-        raise OptionsError(
-            f"TrainingOptions: objective_metric_name must be 'loss' or one of the metrics; "
-            f"got {value!r}. Valid here: {names}. Fix: add it to metrics."
-        )
-    return value
-
-
-def _output_network(name, value, checked):
-    value = _choice(OUTPUT_NETWORK)(name, value, checked)
-    if value == "best-validation" and checked["validation_data"] is None:
-        raise OptionsError(
-            "TrainingOptions: output_network='best-validation' needs validation_data. Fix: "
-            "pass validation_data=(X_val, T_val), or use 'last-iteration'."
-        )
-    return value
-
-
-def _plots_path(name, value, checked):
-    if value is not None and not isinstance(value, (str, os.PathLike)):
-        raise OptionsError(
-            f"TrainingOptions: plots_path must be a file path or None; got {value!r}. Fix: "
-            "plots_path='progress.png'."
-        )
-    return None if value is None else os.fspath(value)
-
-
-def _callables(name, value, checked):
-    if value is None:
-        return ()
-    items = tuple(value) if isinstance(value, (tuple, list)) else (value,)
-    for item in items:
-        if not callable(item):
-            raise OptionsError(
-                f"TrainingOptions: {name} must be a callable fn(info) -> bool or a sequence "
-                f"of them; got {type(item).__name__}. Fix: pass a function (or a list of "
-                "functions) of the training info that returns True to stop."
-            )
-    return items
-
-
-def _folder(name, value, checked):
-    if value is None:
-        return None
-    if not isinstance(value, (str, os.PathLike)) or not os.path.isdir(value):
-        raise OptionsError(
-            f"TrainingOptions: {name} must be an existing folder; got {value!r}. Fix: create "
-            "it first (os.makedirs(path, exist_ok=True))."
-        )
-    return os.fspath(value)
-
-
-_MULTI = " (MATLAB's 'multi-gpu' and 'parallel' are 'multi-device' here.)"
+_MULTI_GPU = " (MATLAB's 'multi-gpu' is 'multi-device' here.)"
+_PARALLEL = (
+    " (MATLAB's 'parallel' is 'multi-device' here for this machine's devices, or 'multi-host' "
+    "for several processes started with jax.distributed.initialize.)"
+)
+_ENVIRONMENT_HINTS = {"multi-gpu": _MULTI_GPU, "parallel": _PARALLEL, "parallel-auto": _PARALLEL}
 _ADAPTIVE = ("adam", "rmsprop")
 
 # -- the table ----------------------------------------------------------------------------------
+
+
+def _sequence_option(checker) -> Check:
+    """A check of ``_sequences`` (shared with ``minibatchpredict``'s keywords) as a row's."""
+    return lambda name, value, checked: checker("TrainingOptions", value)
+
 
 OPTIONS: tuple[Option, ...] = (
     Option(
         "solver",
         "sgdm",
-        _solver,
+        check.solver,
         numbers=True,
         step=True,
         describe=lambda options: describe_solver(options.solver),
     ),
-    Option("max_epochs", 30, _positive_int(), numbers=True),
-    Option("mini_batch_size", 128, _positive_int(), numbers=True),
-    Option("shuffle", "once", _choice(SHUFFLE), numbers=True),
-    Option("steps_per_epoch", None, _positive_int(allow_none=True), numbers=True),
+    Option("max_epochs", 30, check.positive_int(), numbers=True),
+    Option("mini_batch_size", 128, check.positive_int(), numbers=True),
+    Option("shuffle", "once", check.choice(SHUFFLE), numbers=True),
+    Option("steps_per_epoch", None, check.positive_int(allow_none=True), numbers=True),
     Option(
         "initial_learn_rate",
         {"sgdm": 0.01, "adam": 0.001, "rmsprop": 0.001},
-        _learn_rate,
+        check.learn_rate,
         numbers=True,
         none_is_default=True,
     ),
-    Option("learn_rate_drop_factor", 0.1, _real(low=0, high=1), numbers=True),
-    Option("learn_rate_drop_period", 10, _positive_int(), numbers=True),
-    Option("learn_rate_schedule", "none", _schedule, numbers=True),
-    Option("learn_rate_schedule_settings", None, _schedule_settings, numbers=True),
+    Option("learn_rate_drop_factor", 0.1, check.real(low=0, high=1), numbers=True),
+    Option("learn_rate_drop_period", 10, check.positive_int(), numbers=True),
+    Option("learn_rate_schedule", "none", check.schedule, numbers=True),
+    Option("learn_rate_schedule_settings", None, check.schedule_settings, numbers=True),
     Option(
-        "momentum", {"sgdm": 0.9}, _real(low=0, high=1), numbers=True, step=True, solvers=("sgdm",)
+        "momentum",
+        {"sgdm": 0.9},
+        check.real(low=0, high=1),
+        numbers=True,
+        step=True,
+        solvers=("sgdm",),
     ),
     Option(
         "gradient_decay_factor",
         {"adam": 0.9},
-        _real(low=0, high=1, high_open=True),
+        check.real(low=0, high=1, high_open=True),
         numbers=True,
         step=True,
         solvers=("adam",),
@@ -338,7 +141,7 @@ OPTIONS: tuple[Option, ...] = (
     Option(
         "squared_gradient_decay_factor",
         {"adam": 0.999, "rmsprop": 0.9},
-        _real(low=0, high=1, high_open=True),
+        check.real(low=0, high=1, high_open=True),
         numbers=True,
         step=True,
         solvers=_ADAPTIVE,
@@ -346,66 +149,91 @@ OPTIONS: tuple[Option, ...] = (
     Option(
         "epsilon",
         {"adam": 1e-8, "rmsprop": 1e-8},
-        _real(low=0, low_open=True),
+        check.real(low=0, low_open=True),
         numbers=True,
         step=True,
         solvers=_ADAPTIVE,
     ),
-    Option("l2_regularization", 1e-4, _real(low=0), numbers=True, step=True),
+    Option("l2_regularization", 1e-4, check.real(low=0), numbers=True, step=True),
     Option(
         "gradient_threshold_method",
         "l2norm",
-        _choice(THRESHOLD_METHODS),
+        check.choice(THRESHOLD_METHODS),
         numbers=True,
         step=True,
     ),
     Option(
         "gradient_threshold",
         math.inf,
-        _real(low=0, low_open=True, inf=True),
+        check.real(low=0, low_open=True, inf=True),
         numbers=True,
         step=True,
     ),
     Option(
         "validation_data",
         None,
-        _validation_data,
+        check.validation_data,
         numbers=True,
         describe=lambda options: describe_data(options.validation_data, "validation"),
         show=lambda value: "<...>",
     ),
-    Option("validation_frequency", 50, _positive_int(), numbers=True),
-    Option("validation_steps", None, _positive_int(allow_none=True), numbers=True),
-    Option("validation_patience", math.inf, _positive_int(allow_inf=True), numbers=True),
+    Option("validation_frequency", 50, check.positive_int(), numbers=True),
+    Option("validation_steps", None, check.positive_int(allow_none=True), numbers=True),
+    Option("validation_patience", math.inf, check.positive_int(allow_inf=True), numbers=True),
     Option(
         "metrics",
         (),
-        _metrics,
+        check.metrics,
         numbers=True,
         show=lambda value: repr([m.name for m in value]),
     ),
-    Option("objective_metric_name", "loss", _objective, numbers=True),
+    Option("objective_metric_name", "loss", check.objective, numbers=True),
     Option(
         "output_network",
         "auto",
-        _output_network,
+        check.output_network,
         numbers=True,
         describe=lambda options: describe(options.resolved_output_network),
     ),
-    Option("verbose", True, _bool),
-    Option("verbose_frequency", 50, _positive_int()),
-    Option("plots", "none", _choice(PLOTS)),
-    Option("plots_path", None, _plots_path),
-    Option("output_fcn", None, _callables),
+    Option("verbose", True, check.boolean),
+    Option("verbose_frequency", 50, check.positive_int()),
+    Option("plots", "none", check.choice(PLOTS)),
+    Option("plots_path", None, check.plots_path),
+    Option("output_fcn", None, check.callables),
     Option(
         "execution_environment",
         "auto",
-        _choice(ENVIRONMENTS, {"multi-gpu": _MULTI, "parallel": _MULTI, "parallel-auto": _MULTI}),
+        check.choice(
+            ENVIRONMENTS,
+            {"multi-gpu": _MULTI_GPU, "parallel": _PARALLEL, "parallel-auto": _PARALLEL},
+        ),
     ),
-    Option("checkpoint_path", None, _folder),
-    Option("checkpoint_frequency", 1, _positive_int()),
-    Option("checkpoint_frequency_unit", "epoch", _choice(CHECKPOINT_UNITS)),
-    Option("checkpoint_keep", 3, _positive_int(allow_inf=True)),
+    Option("parameter_sharding", "replicated", check.parameter_sharding),
+    Option("mesh_shape", None, check.mesh_shape),
+    Option("precision", "float32", check.choice(PRECISIONS), numbers=True, step=True),
+    Option("checkpoint_path", None, check.folder),
+    Option("checkpoint_frequency", 1, check.positive_int()),
+    Option("checkpoint_frequency_unit", "epoch", check.choice(CHECKPOINT_UNITS)),
+    Option("checkpoint_keep", 3, check.positive_int(allow_inf=True)),
+    Option("sequence_length", "longest", _sequence_option(_sequences.check_length), numbers=True),
+    Option(
+        "sequence_padding_value",
+        0.0,
+        _sequence_option(_sequences.check_padding_value),
+        numbers=True,
+    ),
+    Option(
+        "sequence_padding_direction",
+        "right",
+        _sequence_option(_sequences.check_direction),
+        numbers=True,
+    ),
+    Option(
+        "sequence_bucketing",
+        "power-of-two",
+        _sequence_option(_sequences.check_bucketing),
+        numbers=True,
+    ),
 )
 
 
@@ -523,9 +351,26 @@ class TrainingOptions:
       plots_path: the PNG's path (default ``training_progress.png`` in the working directory).
       output_fcn: ``fn(info) -> bool`` or a sequence; called at start, every iteration and at
         the end with a dict of progress; returning True stops training.
-      execution_environment: ``"auto"``, ``"cpu"``, ``"gpu"`` or ``"multi-device"`` (batches
-        sharded over ``jax.devices()``; ``mini_batch_size`` must be a multiple of the device
-        count).
+      execution_environment: ``"auto"``, ``"cpu"``, ``"gpu"``, ``"multi-device"`` (batches
+        split over this process's ``jax.devices()``) or ``"multi-host"`` (every process of a
+        ``jax.distributed`` job runs the same ``trainnet`` and feeds its share of every batch;
+        see ``docs/scaling.md``). On a mesh, ``mini_batch_size`` must be a multiple of the
+        size of its ``"data"`` axis.
+      parameter_sharding: ``"replicated"`` (default: every device holds every learnable) or
+        ``"fsdp"``: each learnable and its optimizer state split along its largest axis that
+        the ``"data"`` axis size divides (replicated where none does). A learnable declared
+        with ``df.learnable(sharding=P(...))`` keeps its own spec either way. Mesh
+        environments only.
+      mesh_shape: the device mesh, ``{"data": n, "model": m}`` (one size may be -1: the devices
+        left); the batch splits over ``"data"``, learnables may split over ``"model"`` through
+        their ``df.learnable(sharding=...)``. Default: every device on ``"data"``. Mesh
+        environments only.
+      precision: ``"float32"`` (default), ``"bfloat16"`` or ``"float16"``: the dtype the
+        network computes in. Learnables and the optimizer state stay float32 (they are cast
+        for the computation), network state (BatchNorm statistics) stays float32, and the
+        loss and metrics are computed in float32. ``"float16"`` scales the loss dynamically
+        (flax's ``DynamicScale``); a step whose gradients overflow is skipped and counted in
+        ``info.skipped_steps``.
       checkpoint_path: an existing folder for checkpoints (None: no checkpoints). Each is a
         ``net_checkpoint__<iteration>__<date>.difffn`` file with everything needed to resume
         (``df.trainnet(..., resume_from=folder)``); ``df.load(file, like=net)`` reads its
@@ -534,6 +379,17 @@ class TrainingOptions:
       checkpoint_frequency_unit: ``"epoch"`` (default) or ``"iteration"``.
       checkpoint_keep: how many of the newest checkpoints to keep (3); older ones are deleted
         once a new one is safely written. ``math.inf`` keeps them all (MATLAB's behavior).
+      sequence_length: for data given as lists of sequences of different lengths:
+        ``"longest"`` (default: pad each mini-batch to its longest sequence), ``"shortest"``
+        (truncate to its shortest) or an int ``L`` (pad, then split into chunks of ``L`` steps,
+        one iteration each, the recurrent state carried from chunk to chunk).
+      sequence_padding_value: the value of the padding (0).
+      sequence_padding_direction: ``"right"`` (default: pad or truncate at the end) or
+        ``"left"`` (at the start).
+      sequence_bucketing: difffn's: padded lengths are rounded up so that few compiled traces
+        serve every length: ``"power-of-two"`` (default), a positive int ``k`` (a multiple of
+        ``k``) or ``"none"``. Padded steps are masked out of losses, metrics, recurrent states
+        and attention (see ``docs/training.md``).
 
     Raises:
       OptionsError: an unknown option, a bad value, or an option of another solver.

@@ -316,3 +316,8 @@ _forward_tangent_p.def_abstract_eval(lambda aval, *, message: aval)
 mlir.register_lowering(_forward_tangent_p, _raise_forward_mode)
 batching.primitive_batchers[_forward_tangent_p] = _batch_identity(_forward_tangent_p)
 ad.deflinear2(_forward_tangent_p, lambda ct, x, *, message: [ct])
+# Under JAX_CUSTOM_VJP3=1, jax.jit first rewrites "high" primitives to plain JAX, in program
+# order, and JAX's custom_vjp tangent raises its TypeError there, before any lowering: the
+# tangent map is "high" in that mode, so its ForwardModeError comes first.
+_forward_tangent_p.is_high = lambda *avals, **params: bool(jax.config.jax_custom_vjp3)
+_forward_tangent_p.to_lojax = _raise_forward_mode

@@ -76,6 +76,15 @@ def predict_arity(cls) -> int | None:
     return None if signature.variadic else len(signature.required)
 
 
+def accepts_mask(cls, method: str = "predict") -> bool:
+    """Whether a layer's ``method`` takes a padding mask (a parameter ``mask`` passed by
+    keyword): networks then give it the mask of its first input (``_mask``)."""
+    if not has_method(cls, method):
+        return False
+    signature = positional(getattr(cls, method))
+    return "mask" in signature.keywords
+
+
 def accepts_key(cls, method: str) -> bool:
     """Whether ``method`` can be passed ``key=...``."""
     signature = positional(getattr(cls, method))

@@ -31,12 +31,13 @@ import jax.numpy as jnp
 import numpy as np
 
 from . import _batches
+from ._distributed import gather_rows
 from ._errors import OptionsError
 from ._fingerprint import describe_array, describe_data
-from ._format import FormattedArray, stripdims
+from ._format import FormattedArray, dlarray, stripdims
 from ._losses import CLASS_LOSSES, check_labels
 from ._network import Network
-from ._sharding import Placement
+from ._sharding import HostArray, Placement
 
 _STATISTICS_BATCHES = 8  # batches of an iterable used to compute input normalization statistics
 
@@ -169,7 +170,14 @@ class ArraySource:
         return self.count // batch_size
 
     def place(self, placement: Placement) -> None:
-        """Put the data on the device once (training gathers its mini-batches there)."""
+        """Put the data on the device once (training gathers its mini-batches there); in a
+        multi-host run, keep it on the host (each process sends only its share of a batch)."""
+        if placement.multi_host:
+            self.host = (
+                tuple(HostArray.of(x) for x in self.inputs),
+                tuple(HostArray.of(t) for t in self.targets),
+            )
+            return
         self.device = (
             placement.put(tuple(_batches.as_device_array(x) for x in self.inputs)),
             placement.put(tuple(_batches.as_device_array(t) for t in self.targets)),
@@ -183,11 +191,30 @@ class ArraySource:
         return rng.permutation(self.count).astype(np.int32)
 
     def epoch_feeds(self, order, start: int, placement: Placement, batch_size: int) -> Iterator:
+        if placement.multi_host:
+            yield from self._host_feeds(order, start, placement, batch_size)
+            return
         spec = ("gather", batch_size, self.input_axes, self.target_axes)
         order = placement.put(order)
         inputs, targets = self.device
         for b in range(start, self.iterations(batch_size)):
             yield spec, (inputs, targets, order, np.int32(b))
+
+    def _host_feeds(self, order, start, placement, batch_size):
+        """Each mini-batch as global arrays, every process copying its own rows from the host."""
+        spec = ("direct", self.input_axes, self.target_axes)
+        inputs, targets = self.host
+        for b in range(start, self.iterations(batch_size)):
+            rows = np.asarray(order[b * batch_size : (b + 1) * batch_size])
+            xs = tuple(
+                placement.host_batch(x, a, rows)
+                for x, a in zip(inputs, self.input_axes, strict=True)
+            )
+            ts = tuple(
+                placement.host_batch(t, a, rows)
+                for t, a in zip(targets, self.target_axes, strict=True)
+            )
+            yield spec, (xs, ts)
 
     def in_order(self, batch_size: int) -> Iterator[tuple[tuple, tuple]]:
         for start in range(0, self.count, batch_size):
@@ -366,7 +393,10 @@ class IterableSource:
                 )
             if self.data_batch_size is None:
                 self.data_batch_size = size
-                placement.check_batch(size, what="the batch size of the data")
+                what = "the batch size of the data"
+                if placement.processes > 1:
+                    what = f"the global batch ({placement.processes} processes x {size})"
+                placement.check_batch(size * placement.processes, what=what)
             if size < self.data_batch_size:
                 continue
             if size != self.data_batch_size:
@@ -375,8 +405,11 @@ class IterableSource:
                     f"({self.data_batch_size} then {size}); only a smaller last batch is allowed "
                     "(it is dropped)."
                 )
-            xs = placement.put(tuple(_batches.as_device_array(x) for x in xs))
-            ts = placement.put(tuple(_batches.as_device_array(t) for t in ts))
+            if placement.multi_host:  # each process yields its own share of the global batch
+                xs, ts = placement.local_batch(xs, ts, self.formats)
+            else:
+                xs = placement.put(tuple(_batches.as_device_array(x) for x in xs))
+                ts = placement.put(tuple(_batches.as_device_array(t) for t in ts))
             yield ("direct", in_axes, t_axes), (xs, ts)
 
     def in_order(self, batch_size=None) -> Iterator[tuple[tuple, tuple]]:
@@ -419,7 +452,13 @@ def validation_batches(who, options, net: Network, placement: Placement, check_t
     """The validation data as device batches, read and placed once (for every validation).
 
     At most ``validation_steps`` batches; without it, an iterable without ``len()`` may yield
-    up to ``UNSIZED_VALIDATION_BYTES`` (it could be endless).
+    up to ``UNSIZED_VALIDATION_BYTES`` (it could be endless). In a multi-host run, arrays are
+    the whole validation set in every process and an iterable yields each process's own share
+    of every batch (the processes' shares in process order make the batch).
+
+    Returns:
+      ``(batches, note)``: ``note`` says which batches run replicated because they do not
+      split over the mesh (None when all do).
     """
     data = source(who, options.validation_data, net, role="validation")
     if isinstance(data, IterableSource):
@@ -428,7 +467,8 @@ def validation_batches(who, options, net: Network, placement: Placement, check_t
         check_targets(data.targets, "validation_data T")
     formats = [lo.format if lo else None for lo in net.input_layouts]
     unsized = isinstance(data, IterableSource) and data.length is None
-    batches, read, observations = [], 0, 0
+    local = placement.multi_host and isinstance(data, IterableSource)
+    batches, read, observations, whole = [], 0, 0, []
     for xs, ts in itertools.islice(
         data.in_order(options.mini_batch_size), options.validation_steps
     ):
@@ -440,11 +480,36 @@ def validation_batches(who, options, net: Network, placement: Placement, check_t
                 "data is read once and kept. Fix: validation_steps=N (at most N batches; an "
                 "endless generator needs it), or a finite list of batches."
             )
-        batches.append(placement.put_batch(xs, ts, formats))
-        observations += _batches.count(ts[0], _batches.batch_axis(ts[0]))
+        n = _batches.count(ts[0], _batches.batch_axis(ts[0])) * (
+            placement.processes if local else 1
+        )
+        if local and placement.divides(n):
+            batches.append(placement.local_batch(xs, ts, formats))
+        else:
+            if local:  # the processes' shares, gathered into the whole batch in every process
+                xs = tuple(gather_batch(x, fmt) for x, fmt in zip(xs, formats, strict=True))
+                ts = tuple(gather_batch(t, None) for t in ts)
+            batches.append(placement.put_batch(xs, ts, formats))
+        if not placement.divides(n):
+            whole.append(n)
+        observations += n
     if observations == 0:
         raise OptionsError(
             f"{who}: validation_data has no observations. Fix: pass validation data, or leave "
             "validation_data out."
         )
-    return batches
+    note = None
+    if whole:
+        note = (
+            f"Validation: {len(whole)} batch(es) of {sorted(set(whole))} observations do not "
+            f"split over the {placement.data_size} parts of the mesh's 'data' axis; they run "
+            "replicated (each device computes them whole; the results are the same)."
+        )
+    return batches, note
+
+
+def gather_batch(x, fmt):
+    """Every process's share of a batch, joined along the batch axis (a collective)."""
+    axis = _batches.batch_axis(x, fmt)
+    joined = gather_rows(np.asarray(stripdims(x)), axis)
+    return dlarray(joined, x.format) if isinstance(x, FormattedArray) else joined

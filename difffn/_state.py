@@ -28,6 +28,7 @@ from . import _rowlog
 from ._container import Each, Optional, check_schema
 from ._errors import SerializationError
 from ._network import Network
+from ._precision import scaling_payload
 from ._serialization import network_payload
 from ._version import __version__
 
@@ -61,6 +62,11 @@ SCHEMA = {
     "data_batch_size": Optional(int),
     "fingerprint": Each(str),
 }
+
+
+class CheckpointWarning(UserWarning):
+    """A checkpoint could not be written, or a damaged one was skipped when resuming."""
+
 
 # -- history and info ----------------------------------------------------------------------------
 
@@ -109,6 +115,8 @@ class TrainingInfo:
       output_network_iteration: the iteration of the returned network.
       plot_path: the training-progress PNG, when ``plots="training-progress"``.
       elapsed: training time in seconds.
+      skipped_steps: iterations whose update was skipped because their gradients overflowed
+        (``precision="float16"``: the loss scale then shrinks); 0 otherwise.
     """
 
     training_history: History
@@ -117,6 +125,7 @@ class TrainingInfo:
     output_network_iteration: int
     plot_path: str | None
     elapsed: float
+    skipped_steps: int = 0
 
 
 # -- the network as (learnable, other) leaves ----------------------------------------------------
@@ -166,6 +175,8 @@ class TrainingState:
       stop_reason: set when training stops.
       nan_at: the iteration of the first NaN loss, a device scalar the steps carry (0 before
         one; a checkpoint is written after it is read, so it is not part of the payload).
+      scaling: the loss-scaling state the steps carry (``_precision.Scaling``: float16's
+        dynamic loss scale and the count of skipped steps).
     """
 
     treedef: Any
@@ -188,6 +199,7 @@ class TrainingState:
     elapsed: float = 0.0
     stop_reason: str | None = None
     nan_at: Any = 0  # on the device: the iteration of the first NaN loss (0: none yet)
+    scaling: Any = None
 
     @property
     def network(self) -> Network:
@@ -217,34 +229,25 @@ class TrainingState:
 
     # -- the checkpoint payload ------------------------------------------------------------------
 
-    def to_payload(
-        self, *, elapsed, fingerprint, run_key, history, data_batch_size, data_position=None
+    def progress_payload(
+        self, *, elapsed, fingerprint, run_key, data_batch_size, data_position=None
     ) -> dict[str, Any]:
-        """The msgpack-ready contents of a checkpoint of this state.
+        """Everything of this state but its arrays, as plain values (both checkpoint kinds).
 
-        ``history`` names the log that holds the rows (``_rowlog``) and how many it covers.
+        ``best`` holds the best objective and its iteration; ``best["network"]`` says whether
+        best-validation copies of the network exist (their arrays are written apart).
         """
         best = None
         if self.best_objective is not None:
             best = {
                 "objective": float(self.best_objective),
                 "iteration": int(self.best_iteration),
-                "network": (
-                    None
-                    if self.best_network is None
-                    else {
-                        "learnables": tree_payload(self.best_network[0]),
-                        "others": tree_payload(self.best_network[1]),
-                    }
-                ),
+                "network": self.best_network is not None,
             }
         return {
-            "format": FORMAT,
             "format_version": FORMAT_VERSION,
             "difffn_version": __version__,
             "written": time.time(),
-            "network": network_payload(_host(self.network)),
-            "optimizer": tree_payload(self.opt_state),
             "iteration": int(self.iteration),
             "epoch": int(self.epoch),
             "batch": int(self.batch),
@@ -254,12 +257,43 @@ class TrainingState:
             "shuffle_seed": [int(s) for s in self.shuffle_seed],
             "best": best,
             "bad_validations": int(self.bad_validations),
-            "history": dict(history),
             "elapsed": float(elapsed),
             "stop_reason": self.stop_reason,
             "data_batch_size": None if data_batch_size is None else int(data_batch_size),
             "data_position": None if data_position is None else int(data_position),
             "fingerprint": dict(fingerprint),
+            "scaling": scaling_payload(self.scaling),
+        }
+
+    def to_payload(
+        self, *, elapsed, fingerprint, run_key, history, data_batch_size, data_position=None
+    ) -> dict[str, Any]:
+        """The msgpack-ready contents of a checkpoint of this state.
+
+        ``history`` names the log that holds the rows (``_rowlog``) and how many it covers.
+        """
+        payload = self.progress_payload(
+            elapsed=elapsed,
+            fingerprint=fingerprint,
+            run_key=run_key,
+            data_batch_size=data_batch_size,
+            data_position=data_position,
+        )
+        if payload["best"] is not None:
+            payload["best"]["network"] = (
+                None
+                if self.best_network is None
+                else {
+                    "learnables": tree_payload(self.best_network[0]),
+                    "others": tree_payload(self.best_network[1]),
+                }
+            )
+        return {
+            "format": FORMAT,
+            **payload,
+            "network": network_payload(_host(self.network)),
+            "optimizer": tree_payload(self.opt_state),
+            "history": dict(history),
         }
 
     def restore(self, checkpoint: Checkpoint, *, placement) -> str | None:
@@ -269,10 +303,21 @@ class TrainingState:
         itself is whole), or None.
         """
         saved, source = checkpoint.payload, checkpoint.source
-        fix = "Fix: resume with the options and network of the run that wrote the checkpoint."
-        self.opt_state = restore_tree(
-            saved["optimizer"], self.opt_state, what="the optimizer state", source=source, fix=fix
-        )
+        if checkpoint.sharded:
+            arrays = checkpoint.restore_arrays(self)
+            self.learnables, self.others = arrays["learnables"], arrays["others"]
+            self.opt_state = arrays["optimizer"]
+            if "best_learnables" in arrays:
+                self.best_network = (arrays["best_learnables"], arrays["best_others"])
+        else:
+            fix = "Fix: resume with the options and network of the run that wrote the checkpoint."
+            self.opt_state = restore_tree(
+                saved["optimizer"],
+                self.opt_state,
+                what="the optimizer state",
+                source=source,
+                fix=fix,
+            )
         self.key = restore_key(saved["key"])
         self.shuffle_seed = tuple(int(s) for s in saved["shuffle_seed"])
         self.iteration = int(saved["iteration"])
@@ -284,7 +329,8 @@ class TrainingState:
         if best is not None:
             self.best_objective = float(best["objective"])
             self.best_iteration = int(best["iteration"])
-            if best["network"] is not None:
+            if best["network"] is not None and not checkpoint.sharded:
+                fix = "Fix: resume with the options and network of the run that wrote it."
                 what = "the best-validation network"
                 learnables = restore_tree(
                     best["network"]["learnables"],
@@ -296,7 +342,8 @@ class TrainingState:
                 others = restore_tree(
                     best["network"]["others"], self.others, what=what, source=source, fix=fix
                 )
-                self.best_network = placement.put((learnables, others))
+                shardings = [x.sharding for x in self.learnables]
+                self.best_network = (placement.put(learnables, shardings), placement.put(others))
         self.bad_validations = int(saved["bad_validations"])
         self.training_rows, self.validation_rows, problem = checkpoint.history_rows()
         self.elapsed = float(saved["elapsed"])
@@ -312,6 +359,7 @@ class Checkpoint:
 
     source: str
     payload: dict[str, Any]
+    sharded = False  # a multi-process checkpoint (``_checkpoint_sharded``) holds arrays apart
 
     @classmethod
     def from_payload(cls, payload: dict[str, Any], source: str) -> Checkpoint:

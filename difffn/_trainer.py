@@ -23,22 +23,34 @@ import jax.numpy as jnp
 import numpy as np
 
 from . import _batches, _checkpoint, _fingerprint, _options, _progress
+from . import _sequence_source as _seq
+from ._checkpoint_sharded import ShardedWriter
+from ._distributed import agree
 from ._errors import OptionsError
 from ._factors import L2, LEARN_RATE, leaf_factors
 from ._format import FormattedArray, Layout
 from ._keys import check_key
-from ._layer import Layer
 from ._losses import get_loss, loss_name
 from ._metrics import Metric
 from ._network import Network
 from ._options import TrainingOptions
 from ._parameters import learnable_mask
+from ._partition import learnable_layout
+from ._precision import Policy, restore_scaling
 from ._schedules import for_run
+from ._sequences import SequenceOptions
 from ._sharding import Placement
 from ._solvers import injected_learn_rate, training_transform
-from ._sources import ArraySource, IterableSource, label_check, validation_batches
+from ._sources import (
+    ArraySource,
+    IterableSource,
+    gather_batch,
+    label_check,
+    validation_batches,
+)
 from ._state import History, TrainingInfo, TrainingState, split
 from ._step import cached_steps
+from ._train_args import form_of, layer_arrays_as_networks
 
 
 def trainnet(*args, key=None, resume_from=None):
@@ -51,9 +63,14 @@ def trainnet(*args, key=None, resume_from=None):
 
     Args:
       X: inputs: an array (plain arrays take the format of the network's input layer; their
-        batch axis is its ``B``) or a tuple of arrays, one per network input.
+        batch axis is its ``B``) or a tuple of arrays, one per network input. For an input with
+        ``B`` and ``T`` axes (``SequenceInput``), a list of sequences of different lengths, one
+        array per observation without ``B`` (``(T_i, C)``): each mini-batch is padded,
+        truncated or split by the ``sequence_*`` options, and the padding is masked out of the
+        loss, the metrics, recurrent states and attention (``docs/training.md``).
       T: targets: an array or a tuple (one per loss target); integer labels or one-hot for
-        classification.
+        classification. For sequences, one row per sequence, or a list with one array per
+        sequence and time step (``(T_i,)`` labels or ``(T_i, K)``).
       net: a ``df.Network`` (or a list of layers, built into one, as MATLAB takes a layer
         array); it is initialized from the data if it is not, and input layers
         whose normalization needs statistics get them from the training data first.
@@ -102,8 +119,8 @@ def trainnet(*args, key=None, resume_from=None):
       ('Max epochs completed', True)
     """
     who = "trainnet"
-    args = _layer_arrays_as_networks(args)
-    form = _form(who, args)
+    args = layer_arrays_as_networks(args)
+    form = form_of(who, args)
     if form == "arrays":
         X, T, net, loss, options = args
     else:
@@ -122,7 +139,9 @@ def trainnet(*args, key=None, resume_from=None):
         if key is None:
             key = checkpoint.run_key
     key = jax.random.key(0) if key is None else key
-    if form == "arrays":
+    if form == "arrays" and _seq.has_sequences(X, net):
+        data_source = _seq.SequenceSource(who, X, T, net, SequenceOptions.of(options))
+    elif form == "arrays":
         data_source = ArraySource(who, X, T, net)
     else:
         data_source = IterableSource(
@@ -132,49 +151,6 @@ def trainnet(*args, key=None, resume_from=None):
     return run.train()
 
 
-def _layer_arrays_as_networks(args: tuple) -> tuple:
-    """A list of layers where the network goes becomes ``df.Network(list)``, as MATLAB's
-    trainnet takes a layer array."""
-    args = list(args)
-    for k in (2, 1) if len(args) >= 5 else (1, 2):
-        value = args[k] if k < len(args) else None
-        if isinstance(value, (list, tuple)) and value and any(isinstance(v, Layer) for v in value):
-            args[k] = Network(list(value))
-            break
-    return tuple(args)
-
-
-def _form(who: str, args: tuple) -> str:
-    """Which form of trainnet the arguments are, ``"arrays"`` or ``"iterable"``; a clear error
-    naming the form that was probably meant when they fit neither."""
-    nets = [k for k, a in enumerate(args) if isinstance(a, Network)]
-    if len(args) == 5 and nets == [2]:
-        return "arrays"
-    if len(args) == 4 and nets == [1]:
-        return "iterable"
-    got = ", ".join(type(a).__name__ for a in args)
-    if nets == [2] and len(args) == 4:
-        raise OptionsError(
-            f"{who}(X, T, net, loss) is missing the options (got {got}). Fix: "
-            f"{who}(X, T, net, loss, df.TrainingOptions(...))."
-        )
-    if nets == [1] and len(args) == 3:
-        raise OptionsError(
-            f"{who}(data, net, loss) is missing the options (got {got}). Fix: "
-            f"{who}(data, net, loss, df.TrainingOptions(...))."
-        )
-    if len(args) in (4, 5) and not nets:
-        net = args[2] if len(args) == 5 else args[1]
-        raise OptionsError(
-            f"{who}: net must be a df.Network or a list of layers; got {type(net).__name__}. "
-            "Fix: pass df.Network(layers) (or the list of layers; a single layer: [layer])."
-        )
-    raise OptionsError(
-        f"{who} takes (X, T, net, loss, options) or (data, net, loss, options); got "
-        f"{len(args)} positional argument(s) ({got})."
-    )
-
-
 class _Run:
     """One call of trainnet: setup, the loop, validation, logging, and the result."""
 
@@ -182,7 +158,16 @@ class _Run:
         self.who = who
         self.options = options
         self.metrics: tuple[Metric, ...] = options.metrics
-        self.placement = Placement(options.execution_environment)
+        self.placement = Placement(
+            options.execution_environment, mesh_shape=options.mesh_shape, who=who
+        )
+        self.policy = Policy(options.precision)
+        if isinstance(data, _seq.SequenceSource) and self.placement.mesh is not None:
+            raise OptionsError(
+                f"{who}: lists of sequences of different lengths train on one device; got "
+                f"execution_environment={options.execution_environment!r}. Fix: pad them to one "
+                "length (df.padsequences) and pass the padded array, or use 'auto'."
+            )
         self.reporter = None
         init_key, shuffle_key, step_key = jax.random.split(key, 3)
         self.source = data
@@ -230,13 +215,10 @@ class _Run:
                 fingerprint=fingerprint,
                 defaults=_options.fingerprint_defaults(options.solver),
             )
+        # Several processes write one checkpoint together (orbax), one process a file of its own.
+        writer = ShardedWriter if self.placement.multi_host else _checkpoint.Writer
         self.writer = (
-            _checkpoint.Writer(
-                options,
-                fingerprint=fingerprint,
-                run_key=key,
-                resumed=checkpoint,
-            )
+            writer(options, fingerprint=fingerprint, run_key=key, resumed=checkpoint)
             if options.checkpoint_path is not None
             else None
         )
@@ -257,18 +239,20 @@ class _Run:
             ),
             factors=(lr_factors, l2_factors),
             placement=self.placement,
+            layout=learnable_layout(net, self.placement, options.parameter_sharding),
         )
         learnables, others = split(net, learnable_index)
         # Copies: the step donates these buffers, and the caller's network must stay usable.
-        learnables = jax.device_put(learnables, self.placement.replicated, may_alias=False)
-        others = jax.device_put(others, self.placement.replicated, may_alias=False)
+        put = self.placement.put
+        learnables = put(learnables, self.steps.learnable_shardings, copy=True)
+        others = put(others, copy=True)
         seed = np.asarray(jax.random.key_data(shuffle_key)).astype(np.uint64).ravel()
         self.state = TrainingState(
             treedef=jax.tree.structure(net),
             learnable_index=learnable_index,
             learnables=learnables,
             others=others,
-            opt_state=self.steps.tx.init(learnables),
+            opt_state=self.steps.init_state(learnables),
             key=step_key,
             shuffle_seed=tuple(int(s) for s in seed),
         )
@@ -289,14 +273,27 @@ class _Run:
             if isinstance(data, IterableSource):
                 data.data_batch_size = checkpoint.data_batch_size
                 data.position = checkpoint.data_position or 0
-        self.state.opt_state = self.placement.put(self.state.opt_state)
-        self.state.key = self.placement.put(self.state.key)
-        self.state.nan_at = self.placement.put(jnp.zeros((), jnp.int32))
+        state = self.state
+        state.opt_state = put(state.opt_state, self.steps.opt_shardings)
+        state.key = put(state.key)
+        state.nan_at = put(jnp.zeros((), jnp.int32))
+        saved = checkpoint.payload.get("scaling") if checkpoint is not None else None
+        state.scaling = put(restore_scaling(self.policy, saved))
         self.validation = None
         if options.validation_data is not None:
-            self.validation = validation_batches(
-                who, options, net, self.placement, self.check_targets
+            sequences = isinstance(options.validation_data, (tuple, list)) and _seq.has_sequences(
+                options.validation_data[0], net
             )
+            if sequences:
+                self.validation = _seq.validation_batches(
+                    who, options, net, self.placement, self.check_targets
+                )
+            else:
+                self.validation, note = validation_batches(
+                    who, options, net, self.placement, self.check_targets
+                )
+                if note:
+                    self.messages.append(note)
 
     # -- setup -----------------------------------------------------------------------------------
 
@@ -310,6 +307,9 @@ class _Run:
             self.messages.append("Initializing input data normalization.")
             for k, layer in needs:
                 sample = self.source.statistics_sample(k)
+                if self.placement.multi_host and isinstance(self.source, IterableSource):
+                    # each process holds its own batches: the statistics are of all of them
+                    sample = gather_batch(sample, net.input_layouts[k].format)
                 net = net.replace_layer(layer.name, layer.with_statistics(sample))
         if not net.initialized:
             layouts = []
@@ -339,6 +339,8 @@ class _Run:
         count = state.iteration if unit == "iteration" else state.epoch
         if unit != "final" and not _checkpoint.due(self.options, unit, count):
             return
+        if unit == "iteration" and getattr(self.source, "mid_batch", False):
+            return  # between chunks of split sequences: the next chunk needs their state
         self._flush()
         save = self.writer.save_final if unit == "final" else self.writer.save
         save(
@@ -357,7 +359,7 @@ class _Run:
         )
         self.final_iteration = total
         self.reporter = _progress.Reporter(
-            verbose=options.verbose,
+            verbose=options.verbose and self.placement.is_primary,
             metric_titles=[m.title for m in self.metrics],
             validation=self.validation is not None,
             total_iterations=total,
@@ -400,9 +402,13 @@ class _Run:
                 spec, step = feed, self.steps.step(feed)
             iteration = state.iteration + 1
             lr = self.schedule(iteration, state.epoch)
-            carry = (state.learnables, state.others, state.opt_state, state.nan_at)
-            carry, loss, values = step(carry, data, state.key, np.int32(iteration), np.float32(lr))
-            state.learnables, state.others, state.opt_state, state.nan_at = carry
+            carry = (state.learnables, state.others, state.opt_state, state.nan_at, state.scaling)
+            carry, loss, values, *carried = step(
+                carry, data, state.key, np.int32(iteration), np.float32(lr)
+            )
+            if carried:  # split sequences: the next chunk starts from this recurrent state
+                self.source.carried = carried[0]
+            state.learnables, state.others, state.opt_state, state.nan_at, state.scaling = carry
             state.iteration = iteration
             state.batch += 1
             row = {
@@ -445,9 +451,10 @@ class _Run:
         state = self.state
         evaluate = self.steps.evaluate()
         total, count, states = jnp.zeros((), jnp.float32), 0, None
-        for xs, ts in self.validation:
-            n = _batches.count(ts[0], _batches.batch_axis(ts[0]))
-            value, batch_states = evaluate(state.learnables, state.others, xs, ts)
+        for xs, ts, *sequences in self.validation:
+            # padded sequences: their masks, and the batch's weight (its real steps or sequences)
+            masks, n = sequences or (None, _batches.count(ts[0], _batches.batch_axis(ts[0])))
+            value, batch_states = evaluate(state.learnables, state.others, xs, ts, masks)
             if states is None:
                 total, states = value * n, batch_states
             else:
@@ -523,17 +530,19 @@ class _Run:
         self.last_logged = iteration
 
     def _call_output_fcn(self, stage, row) -> bool:
+        """Call ``output_fcn`` (in process 0 only; its wish to stop is then every process's)."""
         if not self.options.output_fcn:
             return False
         if row is not None and self._flush():  # a NaN loss before this row: training stopped
             return False
-        info = _progress.output_fcn_info(
-            stage, self.state, row, self.metrics, time.perf_counter() - self.start
-        )
         stop = False
-        for fn in self.options.output_fcn:
-            stop = bool(fn(info)) or stop
-        return stop
+        if self.placement.is_primary:
+            info = _progress.output_fcn_info(
+                stage, self.state, row, self.metrics, time.perf_counter() - self.start
+            )
+            for fn in self.options.output_fcn:
+                stop = bool(fn(info)) or stop
+        return agree(stop) if self.placement.multi_host else stop
 
     # -- the end ---------------------------------------------------------------------------------
 
@@ -568,7 +577,7 @@ class _Run:
             ["iteration", "epoch", "time_elapsed", "loss", *metric_names], state.validation_rows
         )
         plot_path = None
-        if options.plots == "training-progress":
+        if options.plots == "training-progress" and self.placement.is_primary:
             path = options.plots_path or os.path.join(os.getcwd(), "training_progress.png")
             plot_path = _progress.plot_progress(
                 path,
@@ -585,5 +594,8 @@ class _Run:
         else:
             net = state.network
             iteration = state.iteration
-        info = TrainingInfo(training, validation, state.stop_reason, iteration, plot_path, elapsed)
+        skipped = int(jax.device_get(state.scaling.skipped))
+        info = TrainingInfo(
+            training, validation, state.stop_reason, iteration, plot_path, elapsed, skipped
+        )
         return net, info

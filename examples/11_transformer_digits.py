@@ -3,12 +3,9 @@
 The encoder block of "Attention is all you need" with MATLAB's layers: each image is a sequence
 of 8 rows (time steps) of 8 pixels; an input projection (``FullyConnected`` on ``"BTC"`` keeps
 ``T``) and a learned ``PositionEmbedding`` are added, then a residual ``SelfAttention`` block
-and a residual feed-forward block, each followed by layer normalization; the sequence is
-averaged over time and classified.
-
-Layer normalization here is a parameter-free ``FunctionLayer`` (normalize each step over its
-channels): a placeholder until ``df.layers.LayerNorm`` lands, which also learns a scale and an
-offset.
+and a residual feed-forward block, each followed by ``LayerNorm`` (MATLAB's
+``layerNormalizationLayer``: every step normalized over its channels, then a learned scale and
+offset per channel); the sequence is averaged over time and classified.
 
 This script
 1. builds the network as a graph (``connections=`` for the position embedding and the two
@@ -35,12 +32,6 @@ import difffn as df
 STEPS, FEATURES, WIDTH, HEADS = 8, 8, 32, 4
 
 
-def layer_norm(x):
-    """Normalize every step over its channels (the last axis of ``"BTC"``), without learnables."""
-    mean = jnp.mean(x, axis=-1, keepdims=True)
-    return (x - mean) * jax.lax.rsqrt(jnp.var(x, axis=-1, keepdims=True) + 1e-5)
-
-
 def mean_over_time(x):
     """``"BTC"`` -> ``"BC"``: the average of the sequence's steps (a formattable function)."""
     return df.dlarray(jnp.mean(x.data, axis=df.finddim(x, "T")[0]), x.format.replace("T", ""))
@@ -56,12 +47,12 @@ def build_network(scores: bool = False) -> df.Network:
                 L.Addition(name="add_position"),
                 L.SelfAttention(HEADS, WIDTH, has_scores_output=scores, name="attention"),
                 L.Addition(name="residual1"),
-                L.FunctionLayer(layer_norm, name="norm1"),
+                L.LayerNorm(name="norm1"),
                 L.FullyConnected(2 * WIDTH, name="feedforward1"),
                 L.ReLU(name="relu"),
                 L.FullyConnected(WIDTH, name="feedforward2"),
                 L.Addition(name="residual2"),
-                L.FunctionLayer(layer_norm, name="norm2"),
+                L.LayerNorm(name="norm2"),
                 L.FunctionLayer(mean_over_time, formattable=True, name="pool"),
                 L.FullyConnected(10, name="fc"),
                 L.Softmax(name="softmax"),

@@ -1,6 +1,8 @@
 """Strict settings for the whole suite.
 
-- numpy rank promotion raises, so a silent broadcast is a test failure;
+- numpy rank promotion raises inside every test under tests/, so a silent broadcast is a test
+  failure (a fixture, not a global switch: the doctests of docs/ show user code, which runs
+  with JAX's default setting, and pytest-xdist runs them in the same worker processes);
 - every warning is an error (exceptions are listed in pyproject.toml);
 - float64 is enabled only by the ``x64`` fixture, inside this test process;
 - randomness comes from the ``key`` fixture.
@@ -11,7 +13,12 @@ from __future__ import annotations
 import jax
 import pytest
 
-jax.config.update("jax_numpy_rank_promotion", "raise")
+
+
+@pytest.fixture(autouse=True)
+def _strict_rank_promotion():
+    with jax.numpy_rank_promotion("raise"):
+        yield
 
 
 @pytest.fixture

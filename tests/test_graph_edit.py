@@ -372,29 +372,33 @@ def test_reconnect_by_order(key):
 
 
 def test_the_cache_is_new_exactly_when_the_structure_changes(key):
+    # Caches are shared by every live network of one structure (interned), and other tests may
+    # still hold one: count what this test adds, with a batch size no other test uses.
     net = residual_net().connect_layers("in", "add/in2").initialize(key=key)
-    x = jnp.ones((2, 4))
+    x = jnp.ones((13, 4))
+    before = net.cache_info()
     net.predict(x)
-    assert net.cache_info().misses == 1
+    assert net.cache_info().misses == before.misses + 1
 
     # A layer replaced by one of the same structure (new values): the same cache.
     fc = net.layer("fc")
     same = net.replace_layer("fc", fc.replace(weights=2 * fc.weights))
     assert same.compile_cache is net.compile_cache
     same.predict(x)
-    assert same.cache_info().misses == 1 and same.cache_info().hits >= 1
+    assert same.cache_info().misses == before.misses + 1
+    assert same.cache_info().hits >= before.hits + 1
 
-    # A new edge, layer or removed layer: a fresh cache; the old network's stays as it was.
+    # A new edge, layer or removed layer: another cache; the old network's stays as it was.
     for edited in (
         net.disconnect_layers("in", "add/in2").connect_layers("fc", "add/in2"),
         net.replace_layer("relu", L.ELU(name="relu")),
         net.add_layers(L.ReLU(name="extra")).connect_layers("add", "extra"),
     ):
         assert edited.compile_cache is not net.compile_cache
-        assert edited.cache_info().misses == 0
+        misses = edited.cache_info().misses
         edited.predict(x)
-        assert edited.cache_info().misses == 1
-    assert net.cache_info().misses == 1
+        assert edited.cache_info().misses == misses + 1
+    assert net.cache_info().misses == before.misses + 1
 
 
 # --------------------------------------------------------------------------------------------

@@ -103,3 +103,56 @@ def test_dropout_errors():
     for p in (1.0, -0.1, "half"):
         with pytest.raises(df.LayerError, match=r"probability must be a number in \[0, 1\)"):
             L.Dropout(p)
+
+
+# -- LeakyReLU, ClippedReLU, Tanh, Sigmoid, Swish, GELU -------------------------------------------
+
+NEW = [
+    (L.LeakyReLU(), lambda x: np.where(x > 0, x, 0.01 * x)),
+    (L.LeakyReLU(0.3), lambda x: np.where(x > 0, x, 0.3 * x)),
+    (L.ClippedReLU(1.5), lambda x: np.clip(x, 0, 1.5)),
+    (L.Tanh(), np.tanh),
+    (L.Sigmoid(), lambda x: 1 / (1 + np.exp(-x))),
+    (L.Swish(), lambda x: x / (1 + np.exp(-x))),
+    (L.GELU(), lambda x: np.asarray(jax.nn.gelu(jnp.asarray(x), approximate=False))),
+    (L.GELU(approximation="tanh"), lambda x: np.asarray(jax.nn.gelu(jnp.asarray(x)))),
+]
+NEW_IDS = [repr(layer).replace(", name=''", "") for layer, _ in NEW]
+
+
+@pytest.mark.parametrize(("layer", "reference"), NEW, ids=NEW_IDS)
+def test_new_activations_match_reference_and_keep_the_format(layer, reference):
+    x = 2 * _randn((3, 4), seed=5)
+    y = layer(df.dlarray(x, "BC"))
+    assert y.format == "BC" and layer.learnable_names == ()
+    np.testing.assert_allclose(y.data, reference(np.asarray(x, np.float64)), rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize(("layer", "reference"), NEW, ids=NEW_IDS)
+def test_new_activation_gradients_float64(x64, layer, reference):
+    x = _randn((3, 4), seed=6, dtype=jnp.float64)
+    x = jnp.where((jnp.abs(x) < 1e-2) | (jnp.abs(x - 1.5) < 1e-2), 0.5, x)  # away from kinks
+    check_grads(jax.jit(layer), (x,), 2 if not isinstance(layer, L.ClippedReLU) else 1, ("rev",))
+
+
+@pytest.mark.parametrize(
+    "layer",
+    [L.LeakyReLU(), L.ClippedReLU(1.0), L.GELU(), L.Swish(), L.Tanh(), L.Sigmoid(), L.ReLU(),
+     L.ELU(0.5), L.Softmax()],
+    ids=lambda layer: type(layer).__name__,
+)  # fmt: skip
+def test_check_layer_passes(layer):
+    report = df.check_layer(layer, df.Layout((4, 3), "BC"))
+    assert report.failed == 0 and report.incomplete == 0, str(report)
+
+
+def test_new_activation_defaults_and_bad_arguments():
+    assert L.LeakyReLU().scale == 0.01 and L.GELU().approximation == "none"
+    with pytest.raises(df.LayerError, match=r"ClippedReLU\(...\) could not be constructed"):
+        L.ClippedReLU()
+    with pytest.raises(df.LayerError, match=r"ClippedReLU \(layer ''\): ceiling must be a pos"):
+        L.ClippedReLU(0)
+    with pytest.raises(df.LayerError, match=r"LeakyReLU \(layer 'l'\): scale must be a finite"):
+        L.LeakyReLU(float("inf"), name="l")
+    with pytest.raises(df.LayerError, match=r"approximation must be one of 'none' \| 'tanh'"):
+        L.GELU(approximation="erf")

@@ -24,6 +24,7 @@ def _randn(shape, *, seed=0, dtype=jnp.float32):
 IMAGE = df.Layout((None, 6, 6, 3), "BSSC")
 FEATURES = df.Layout((None, 4), "BC")
 SEQUENCE = df.Layout((None, None, 3), "BTC")
+VOLUME = df.Layout((None, 4, 4, 4, 3), "BSSSC")
 
 # (layer, input layout, example input shape): one entry per built-in layer class.
 LAYERS = [
@@ -50,6 +51,23 @@ LAYERS = [
     (L.SinusoidalPositionEncoding(4), SEQUENCE, (2, 5, 3)),
     (L.SelfAttention(2, 4, attention_mask="causal"), SEQUENCE, (2, 5, 3)),
     (L.FunctionLayer(jnp.sin), FEATURES, (2, 4)),
+    (L.Conv1D(3, 4, padding="causal"), SEQUENCE, (2, 5, 3)),
+    (L.Conv3D(2, 4, padding="same"), VOLUME, (2, 4, 4, 4, 3)),
+    (L.TransposedConv2D(3, 4, stride=2), IMAGE, (2, 6, 6, 3)),
+    (L.AveragePool2D(2, stride=2), IMAGE, (2, 6, 6, 3)),
+    (L.GlobalMaxPool2D(), IMAGE, (2, 6, 6, 3)),
+    (L.LayerNorm(), SEQUENCE, (2, 5, 3)),
+    (L.GroupNorm(3), IMAGE, (2, 6, 6, 3)),
+    (L.InstanceNorm(), IMAGE, (2, 6, 6, 3)),
+    (L.LeakyReLU(), FEATURES, (2, 4)),
+    (L.ClippedReLU(1.0), FEATURES, (2, 4)),
+    (L.Tanh(), FEATURES, (2, 4)),
+    (L.Sigmoid(), FEATURES, (2, 4)),
+    (L.Swish(), FEATURES, (2, 4)),
+    (L.GELU(), FEATURES, (2, 4)),
+    (L.Multiplication(), FEATURES, (2, 4)),
+    (L.Resize2D(scale=2, method="bilinear"), IMAGE, (2, 6, 6, 3)),
+    (L.Identity(), FEATURES, (2, 4)),
 ]
 IDS = [type(layer).__name__ for layer, _, _ in LAYERS]
 
@@ -64,8 +82,10 @@ def _inputs(layer, layout, shape, key):
 
 
 # Wrappers of another library's module: built from that module, tested in their own files
-# (tests/test_layers_from_nnx.py, tests/test_layers_from_equinox.py).
-WRAPPERS = {"FromNNX", "FromEquinox"}
+# (tests/test_layers_from_nnx.py, tests/test_layers_from_equinox.py). Placeholder raises when it
+# runs, by design (it stands for an operation df.import_onnx could not import): its behaviour is
+# tested in tests/test_onnx_import.py.
+WRAPPERS = {"FromNNX", "FromEquinox", "Placeholder"}
 
 
 def test_every_layer_of_the_api_is_here_and_documented():

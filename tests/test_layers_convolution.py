@@ -209,3 +209,173 @@ def test_format_and_channel_errors(key):
     grouped = L.Conv2D(1, 4, groups=2)
     with pytest.raises(df.LayerError, match=r"3 channels, which cannot be split into groups=2"):
         grouped.initialize(df.Layout((None, 8, 8, 3), "BSSC"), key=key)
+
+
+# -- Conv1D and Conv3D against flax.nnx.Conv ------------------------------------------------------
+
+
+def _nnx_conv(w, b, **options):
+    from flax import nnx
+
+    conv = nnx.Conv(w.shape[-2], w.shape[-1], w.shape[:-2], rngs=nnx.Rngs(0), **options)
+    conv.kernel[...] = w
+    conv.bias[...] = b
+    return conv
+
+
+@pytest.mark.parametrize(
+    ("options", "nnx_options"),
+    [
+        (dict(), dict(padding="VALID")),
+        (dict(padding="causal", dilation=2), dict(padding="CAUSAL", kernel_dilation=2)),
+        (dict(padding="same", stride=2), dict(padding="SAME", strides=2)),
+        (dict(padding=(2, 1)), dict(padding=[(2, 1)])),
+    ],
+)
+def test_conv1d_matches_nnx_conv(key, options, nnx_options):
+    layer = L.Conv1D(3, 5, **options).initialize(df.Layout((None, None, 4), "BTC"), key=key)
+    layer = layer.replace(bias=_randn((5,), seed=1))
+    x = _randn((2, 9, 4), seed=2)
+    y = layer(df.dlarray(x, "BTC"))
+    assert y.format == "BTC" and layer.weights.shape == (3, 4, 5)
+    expected = _nnx_conv(layer.weights, layer.bias, **nnx_options)(x)
+    np.testing.assert_allclose(y.data, expected, rtol=1e-5, atol=1e-5)
+    # channels-first sequences and 1-D images slide the same window
+    cbt = layer(df.dlarray(jnp.transpose(x, (2, 0, 1)), "CBT"))
+    np.testing.assert_allclose(jnp.transpose(cbt.data, (1, 2, 0)), expected, rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(layer(df.dlarray(x, "BSC")).data, expected, rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(layer(x), expected, rtol=1e-5, atol=1e-5)  # plain: BTC
+
+
+def test_conv1d_causal_output_sees_only_the_past(key):
+    layer = L.Conv1D(4, 2, padding="causal", dilation=3)
+    layer = layer.initialize(df.Layout((None, None, 1), "BTC"), key=key)
+    x = _randn((1, 20, 1), seed=3)
+    y = layer(x)
+    later = x.at[:, 10:].set(100.0)
+    np.testing.assert_allclose(layer(later)[:, :10], y[:, :10], rtol=1e-6)
+    assert not np.allclose(layer(later)[:, 10:], y[:, 10:])
+
+
+@pytest.mark.parametrize(
+    ("options", "nnx_options"),
+    [
+        (dict(), dict(padding="VALID")),
+        (dict(padding="same", stride=(1, 2, 2)), dict(padding="SAME", strides=(1, 2, 2))),
+        (dict(padding=((1, 0), (0, 1), (1, 1)), dilation=(1, 2, 1)),
+         dict(padding=[(1, 0), (0, 1), (1, 1)], kernel_dilation=(1, 2, 1))),
+    ],
+)  # fmt: skip
+def test_conv3d_matches_nnx_conv(key, options, nnx_options):
+    layout = df.Layout((None, 5, 6, 4, 2), "BSSSC")
+    layer = L.Conv3D((2, 3, 2), 3, **options).initialize(layout, key=key)
+    layer = layer.replace(bias=_randn((3,), seed=4))
+    x = _randn((2, 5, 6, 4, 2), seed=5)
+    y = layer(df.dlarray(x, "BSSSC"))
+    assert y.format == "BSSSC" and layer.weights.shape == (2, 3, 2, 2, 3)
+    expected = _nnx_conv(layer.weights, layer.bias, **nnx_options)(x)
+    np.testing.assert_allclose(y.data, expected, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("padding_value", [1.5, "symmetric-include-edge", "replicate"])
+def test_conv2d_padding_value(key, padding_value):
+    layer = L.Conv2D(3, 2, padding=1, padding_value=padding_value)
+    layer = layer.initialize(df.Layout((None, 5, 5, 2), "BSSC"), key=key)
+    x = _randn((2, 5, 5, 2), seed=6)
+    mode = {"symmetric-include-edge": "symmetric", "replicate": "edge"}.get(padding_value)
+    widths = ((0, 0), (1, 1), (1, 1), (0, 0))
+    padded = np.pad(
+        np.asarray(x),
+        widths,
+        mode=mode or "constant",
+        **({} if mode else {"constant_values": padding_value}),
+    )
+    expected = _nnx_conv(layer.weights, layer.bias, padding="VALID")(jnp.asarray(padded))
+    np.testing.assert_allclose(layer(x), expected, rtol=1e-5, atol=1e-5)
+
+
+def test_conv1d_and_conv3d_gradients_float64(x64, key):
+    from jax.test_util import check_grads
+
+    for layer, layout, shape, fmt in [
+        (L.Conv1D(3, 2, padding="causal", stride=2), (None, None, 2), (2, 7, 2), "BTC"),
+        (L.Conv3D(2, 2, padding="same"), (None, 3, 3, 3, 2), (2, 3, 3, 3, 2), "BSSSC"),
+    ]:
+        layer = layer.initialize(df.Layout(layout, fmt), key=key)
+        layer = jax.tree.map(lambda a: a.astype(jnp.float64), layer)
+        x = _randn(shape, seed=7, dtype=jnp.float64)
+
+        def loss(weights, bias, x, layer=layer, fmt=fmt):
+            y = layer.replace(weights=weights, bias=bias)(df.dlarray(x, fmt))
+            return jnp.sum(jnp.sin(y.data))
+
+        check_grads(jax.jit(loss), (layer.weights, layer.bias, x), order=1, modes=("rev",))
+
+
+@pytest.mark.parametrize(
+    ("layer", "layout"),
+    [
+        (L.Conv1D(3, 4, padding="causal", dilation=2), df.Layout((2, 6, 3), "BTC")),
+        (L.Conv1D(2, 3, padding="same", stride=2), df.Layout((2, 3, 5), "CBT")),
+        (L.Conv2D(3, 4, padding=1, padding_value="replicate", groups=2), df.Layout((2, 4, 4, 2), "BSSC")),
+        (L.Conv3D(2, 3, padding="same"), df.Layout((2, 3, 3, 3, 2), "BSSSC")),
+    ],
+    ids=["Conv1D-BTC", "Conv1D-CBT", "Conv2D-grouped", "Conv3D"],
+)  # fmt: skip
+def test_check_layer_passes(layer, layout):
+    report = df.check_layer(layer, layout)
+    assert report.failed == 0 and report.incomplete == 0, str(report)
+
+
+def test_factor_options(key):
+    layer = L.Conv1D(3, 4, weight_learn_rate_factor=0.5, bias_l2_factor=2.0)
+    assert df.get_learn_rate_factor(layer, "weights") == 0.5
+    assert df.get_l2_factor(layer, "bias") == 2.0
+    assert df.get_l2_factor(L.Conv3D(2, 4), "bias") == 0.0  # MATLAB's BiasL2Factor
+    assert df.get_l2_factor(L.Conv2D(2, 4), "weights") == 1.0
+    frozen = df.set_learn_rate_factor(L.Conv2D(3, 4), "weights", 0.0)
+    assert frozen.weight_learn_rate_factor == 0.0
+    assert df.get_learn_rate_factor(frozen.replace(stride=2), "weights") == 0.0
+
+
+@pytest.mark.parametrize(
+    ("make", "match"),
+    [
+        (lambda: L.Conv1D((3, 3), 4), r"Conv1D \(layer ''\): filter_size must be a positive int"),
+        (lambda: L.Conv1D(3, 4, padding="valid"), r"padding must be 'same', 'causal'.*'valid'"),
+        (lambda: L.Conv1D(3, 4, padding=(1, 2, 3)), r"padding must be .*a pair \(left, right\)"),
+        (lambda: L.Conv1D(3, 4, padding_value="wrap"), r"padding_value must be a number, "),
+        (lambda: L.Conv1D(3, 4, weight_learn_rate_factor=-1), r"weight_learn_rate_factor must "
+         r"be a non-negative number"),
+        (lambda: L.Conv3D((3, 3), 4), r"Conv3D \(layer ''\): filter_size must be a positive int "
+         r"or 3 positive ints"),
+        (lambda: L.Conv3D(3, 4, padding=((1, 1), (1, 1))), r"padding must be 'same', a non-neg"),
+        (lambda: L.Conv3D(3, 4, weights=jnp.ones((3, 3, 3, 4))),
+         r"weights must be an array of shape \(3, 3, 3, any, 4\)"),
+        (lambda: L.Conv2D(3, 4, padding_value=float("nan")), r"padding_value must be a finite"),
+    ],
+)  # fmt: skip
+def test_conv1d_conv3d_bad_arguments(make, match):
+    with pytest.raises(df.LayerError, match=match):
+        make()
+
+
+def test_conv1d_conv3d_format_errors(key):
+    with pytest.raises(df.FormatError, match=r"Conv1D \(layer 'c'\)\.initialize.*'BSSC'.*Conv2D"):
+        L.Conv1D(3, 4, name="c").initialize(df.Layout((None, 8, 8, 3), "BSSC"), key=key)
+    with pytest.raises(df.FormatError, match=r"Conv1D \(layer ''\)\.initialize.*'BC'"):
+        L.Conv1D(3, 4).initialize(df.Layout((None, 3), "BC"), key=key)
+    ready = L.Conv1D(3, 4).initialize(df.Layout((None, None, 3), "BTC"), key=key)
+    with pytest.raises(df.FormatError, match=r"Conv1D \(layer ''\) takes a sequence.*'BSSC'"):
+        ready(df.dlarray(jnp.ones((1, 4, 4, 3)), "BSSC"))
+    with pytest.raises(
+        df.FormatError, match=r"takes sequences; got a plain array of shape \(4, 3\)"
+    ):
+        ready(jnp.ones((4, 3)))
+    with pytest.raises(df.LayerError, match=r"the input has 2 channels, but weights of shape"):
+        ready(df.dlarray(jnp.ones((1, 5, 2)), "BTC"))
+    with pytest.raises(df.FormatError, match=r"Conv3D \(layer ''\)\.initialize.*'BSSC'"):
+        L.Conv3D(3, 4).initialize(df.Layout((None, 8, 8, 3), "BSSC"), key=key)
+    volume = L.Conv3D(1, 2).initialize(df.Layout((None, 2, 2, 2, 1), "BSSSC"), key=key)
+    with pytest.raises(df.FormatError, match=r"Conv3D \(layer ''\) takes 3-D image data.*'BSSC'"):
+        volume(df.dlarray(jnp.ones((1, 2, 2, 1)), "BSSC"))

@@ -136,3 +136,8 @@ def test_errors(key):
         given.initialize(df.Layout((None, 2, 3), "BSC"), key=key)
     with pytest.raises(df.LayerError, match=r"the input has 3 features .* Fix: give weights"):
         given(df.dlarray(jnp.ones((1, 3)), "BC"))
+
+
+def test_check_layer_passes():
+    report = df.check_layer(L.FullyConnected(3), df.Layout((2, 2, 2, 3), "SSCB"))
+    assert report.failed == 0 and report.incomplete == 0, str(report)

@@ -1,4 +1,4 @@
-"""Tests of difffn/layers/_merge.py: Addition and Concatenation."""
+"""Tests of difffn/layers/_merge.py: Addition, Multiplication and Concatenation."""
 
 from __future__ import annotations
 
@@ -85,3 +85,30 @@ def test_concatenation_errors():
         L.Concatenation(label="B")(jnp.ones((2, 3)), jnp.ones((2, 3)))
     with pytest.raises(df.FormatError, match="same format"):
         L.Concatenation()(a, df.dlarray(jnp.ones((2, 3)), "BU"))
+
+
+def test_multiplication(key):
+    a, b, c = (_randn((2, 3, 3, 4), seed=s) for s in range(3))
+    layer = L.Multiplication()
+    assert (layer.num_inputs, layer.input_names) == (2, ("in1", "in2"))
+    y = L.Multiplication(3)(*(df.dlarray(v, "BSSC") for v in (a, b, c)))
+    assert y.format == "BSSC"
+    np.testing.assert_allclose(y.data, a * b * c, rtol=1e-6)
+    gate = df.dlarray(b[:, :1, :1], "BSSC")  # a per-channel gate broadcasts over space
+    np.testing.assert_allclose(layer(df.dlarray(a, "BSSC"), gate).data, a * b[:, :1, :1], 1e-6)
+    grads = jax.grad(lambda a, b: jnp.sum(layer(a, b) ** 2), argnums=(0, 1))(a, b)
+    np.testing.assert_allclose(grads[0], 2 * a * b * b, rtol=1e-5)
+
+
+def test_multiplication_check_layer_and_errors():
+    layout = df.Layout((4, 3), "BC")
+    report = df.check_layer(L.Multiplication(), layout, layout)
+    assert report.failed == 0 and report.incomplete == 0, str(report)
+    a, b = df.dlarray(jnp.ones((2, 3)), "BC"), df.dlarray(jnp.ones((2, 4)), "BC")
+    with pytest.raises(df.FormatError, match=r"Multiplication \(layer 'm'\) multiplies inputs of "
+                       r"shapes \[\(2, 3\), \(2, 4\)\], which do not match"):  # fmt: skip
+        L.Multiplication(name="m")(a, b)
+    with pytest.raises(df.FormatError, match=r"needs inputs with the same format"):
+        L.Multiplication()(a, df.dlarray(jnp.ones((3, 2)), "CB"))
+    with pytest.raises(df.LayerError, match="num_inputs must be an int of at least 2"):
+        L.Multiplication(1)

@@ -178,3 +178,151 @@ def test_format_and_channel_errors(key):
     given = L.BatchNorm(trained_mean=jnp.zeros(2))
     with pytest.raises(df.LayerError, match=r"layout .* has 3 channels but trained_mean has 2"):
         given.initialize(df.Layout((None, 3), "BC"), key=key)
+
+
+# -- LayerNorm, GroupNorm, InstanceNorm against flax.nnx ------------------------------------------
+
+
+def _with_params(layer, channels):
+    return layer.replace(
+        offset=_randn((channels,), seed=11), scale=1 + 0.3 * _randn((channels,), seed=12)
+    )
+
+
+def _copy(module, layer):
+    from flax import nnx
+
+    assert isinstance(module, nnx.Module)
+    module.bias[...] = layer.offset
+    module.scale[...] = layer.scale
+    return module
+
+
+@pytest.mark.parametrize(
+    ("layer", "fmt", "shape", "reduction"),
+    [
+        (L.LayerNorm(), "BTC", (2, 5, 6), (-1,)),
+        (L.LayerNorm(), "BC", (4, 6), (-1,)),
+        (L.LayerNorm(), "BSSC", (2, 3, 4, 6), (1, 2, 3)),
+        (L.LayerNorm(operation_dimension="channel-only"), "BSSC", (2, 3, 4, 6), (-1,)),
+        (L.LayerNorm(operation_dimension="batch-excluded"), "BTC", (2, 5, 6), (1, 2)),
+    ],
+)
+def test_layer_norm_matches_nnx_layer_norm(key, layer, fmt, shape, reduction):
+    from flax import nnx
+
+    layer = _with_params(layer.initialize(df.Layout((None, *shape[1:]), fmt), key=key), 6)
+    x = 2 * _randn(shape, seed=13) + 1
+    y = layer(df.dlarray(x, fmt))
+    module = nnx.LayerNorm(
+        6, epsilon=1e-5, reduction_axes=reduction, use_fast_variance=False, rngs=nnx.Rngs(0)
+    )
+    assert y.format == fmt
+    np.testing.assert_allclose(y.data, _copy(module, layer)(x), rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize(
+    ("layer", "groups"),
+    [(L.GroupNorm(2), 2), (L.GroupNorm("all-channels"), 1), (L.GroupNorm("channel-wise"), 6),
+     (L.InstanceNorm(), 6)],
+    ids=["GroupNorm-2", "GroupNorm-all", "GroupNorm-channel-wise", "InstanceNorm"],
+)  # fmt: skip
+def test_group_and_instance_norm_match_nnx_group_norm(key, layer, groups):
+    from flax import nnx
+
+    layer = _with_params(layer.initialize(df.Layout((None, 4, 3, 6), "BSSC"), key=key), 6)
+    x = 2 * _randn((3, 4, 3, 6), seed=14) - 1
+    y = layer(df.dlarray(x, "BSSC"))
+    module = nnx.GroupNorm(
+        6, num_groups=groups, epsilon=1e-5, use_fast_variance=False, rngs=nnx.Rngs(0)
+    )
+    np.testing.assert_allclose(y.data, _copy(module, layer)(x), rtol=1e-5, atol=1e-5)
+    sscb = layer(df.permute(df.dlarray(x, "BSSC"), "SSCB"))
+    np.testing.assert_allclose(df.permute(sscb, "BSSC").data, y.data, rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(layer(x), y.data, rtol=1e-6)  # plain: batch first, channels last
+
+
+def test_norm_layers_initialize_defaults_factors_and_idempotence(key):
+    layout = df.Layout((None, 5, 4), "BTC")
+    for layer in (L.LayerNorm(), L.GroupNorm(2), L.InstanceNorm()):
+        ready = layer.initialize(layout, key=key)
+        np.testing.assert_array_equal(ready.offset, 0)
+        np.testing.assert_array_equal(ready.scale, 1)
+        assert ready.offset.dtype == jnp.float32 and ready.learnable_names == ("offset", "scale")
+        assert ready.initialize(layout, key=jax.random.key(1)) is ready
+        assert ready.epsilon == 1e-5
+        assert df.get_l2_factor(ready, "offset") == df.get_l2_factor(ready, "scale") == 1.0
+    slow = L.LayerNorm(scale_learn_rate_factor=0.1, offset_l2_factor=0)
+    assert df.get_learn_rate_factor(slow, "scale") == 0.1 and df.get_l2_factor(slow, "offset") == 0
+    assert df.get_learn_rate_factor(L.BatchNorm(offset_learn_rate_factor=2), "offset") == 2
+
+
+@pytest.mark.parametrize(
+    "layer", [L.LayerNorm(), L.GroupNorm(2), L.InstanceNorm()], ids=lambda l: type(l).__name__
+)
+def test_norm_layer_gradients_float64(x64, key, layer):
+    layer = layer.initialize(df.Layout((None, 3, 4), "BSC"), key=key)
+    layer = jax.tree.map(lambda a: a.astype(jnp.float64), _with_params(layer, 4))
+    x = _randn((2, 3, 4), seed=15, dtype=jnp.float64)
+
+    def loss(offset, scale, x):
+        y = layer.replace(offset=offset, scale=scale)(df.dlarray(x, "BSC"))
+        return jnp.sum(jnp.sin(y.data))
+
+    check_grads(jax.jit(loss), (layer.offset, layer.scale, x), order=2, modes=("rev",))
+
+
+@pytest.mark.parametrize(
+    ("layer", "layout"),
+    [
+        (L.LayerNorm(), df.Layout((2, 5, 3), "BTC")),
+        (L.LayerNorm(operation_dimension="batch-excluded"), df.Layout((3, 2, 2), "CBT")),
+        (L.GroupNorm(2), df.Layout((2, 3, 3, 4), "BSSC")),
+        (L.InstanceNorm(), df.Layout((2, 3, 3, 2), "BSSC")),
+        (L.BatchNorm(), df.Layout((4, 3), "BC")),
+    ],
+    ids=["LayerNorm", "LayerNorm-batch-excluded", "GroupNorm", "InstanceNorm", "BatchNorm"],
+)
+def test_check_layer_passes(layer, layout):
+    report = df.check_layer(layer, layout)
+    assert report.failed == 0 and report.incomplete == 0, str(report)
+
+
+@pytest.mark.parametrize(
+    ("make", "match"),
+    [
+        (lambda: L.LayerNorm(epsilon=-1), r"LayerNorm \(layer ''\): epsilon must be a positive"),
+        (lambda: L.LayerNorm(operation_dimension="all"), r"operation_dimension must be one of "
+         r"'auto' \| 'channel-only' \| 'spatial-channel' \| 'batch-excluded'"),
+        (lambda: L.GroupNorm(0), r"GroupNorm \(layer ''\): num_groups must be a positive int, "
+         r"'all-channels' or 'channel-wise'; got 0"),
+        (lambda: L.GroupNorm(2, offset=jnp.ones(3), scale=jnp.ones(4)),
+         r"offset, scale must all have one value per channel; got sizes \[3, 4\]"),
+        (lambda: L.InstanceNorm(scale_initializer="he"), r"scale_initializer must be one of"),
+        (lambda: L.InstanceNorm(scale_l2_factor="1"), r"scale_l2_factor must be a non-negative"),
+    ],
+)  # fmt: skip
+def test_norm_layer_bad_arguments(make, match):
+    with pytest.raises(df.LayerError, match=match):
+        make()
+
+
+def test_norm_layer_format_errors(key):
+    with pytest.raises(df.LayerError, match=r"GroupNorm \(layer 'g'\): the input layout .* has 6 "
+                       r"channels, which cannot be split into num_groups=4"):  # fmt: skip
+        L.GroupNorm(4, name="g").initialize(df.Layout((None, 6), "BC"), key=key)
+    with pytest.raises(df.FormatError, match=r"LayerNorm \(layer ''\)\.initialize.*'C' axis"):
+        L.LayerNorm().initialize(df.Layout((None, 4), "BT"), key=key)
+    with pytest.raises(
+        df.FormatError, match=r"'batch-excluded' normalizes each observation.*no 'B'"
+    ):
+        L.LayerNorm(operation_dimension="batch-excluded").initialize(
+            df.Layout((5, 4), "TC"), key=key
+        )
+    ready = L.InstanceNorm(name="in").initialize(df.Layout((None, 4, 3), "BSC"), key=key)
+    with pytest.raises(df.LayerError, match=r"the input has 2 channels but offset has 3 values"):
+        ready(df.dlarray(jnp.ones((1, 4, 2)), "BSC"))
+    with pytest.raises(
+        df.FormatError, match=r"InstanceNorm \(layer 'in'\) works along the channel"
+    ):
+        ready(df.dlarray(jnp.ones((1, 4, 3)), "BSU"))

@@ -113,3 +113,79 @@ def test_bad_arguments(make, match):
 def test_format_errors(layer):
     with pytest.raises(df.FormatError, match=r"\(layer 'p'\) takes 2-D image data.*'BTC'"):
         layer(df.dlarray(jnp.ones((2, 3, 4)), "BTC"))
+
+
+# -- AveragePool2D and GlobalMaxPool2D -------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("options", "window", "strides", "padding"),
+    [
+        (dict(pool_size=2), (2, 2), (1, 1), "VALID"),
+        (dict(pool_size=2, stride=2), (2, 2), (2, 2), "VALID"),
+        (dict(pool_size=(3, 2), stride=(2, 1), padding=1), (3, 2), (2, 1), ((1, 1), (1, 1))),
+        (dict(pool_size=3, stride=2, padding="same"), (3, 3), (2, 2), "SAME"),
+    ],
+)
+def test_average_pool_matches_nnx_avg_pool(options, window, strides, padding):
+    from flax import nnx
+
+    x = _randn((2, 7, 6, 3), seed=5)
+    y = L.AveragePool2D(**options)(df.dlarray(x, "BSSC"))
+    assert y.format == "BSSC"
+    np.testing.assert_allclose(
+        y.data, nnx.avg_pool(x, window, strides, padding), rtol=1e-6, atol=1e-6
+    )
+    excluded = L.AveragePool2D(**options, padding_value="mean")(x)
+    expected = nnx.avg_pool(x, window, strides, padding, count_include_pad=False)
+    np.testing.assert_allclose(excluded, expected, rtol=1e-6, atol=1e-6)
+
+
+def test_average_pool_defaults_and_global_max_pool():
+    layer = L.AveragePool2D(2)
+    assert (layer.stride, layer.padding, layer.padding_value) == ((1, 1), ((0, 0), (0, 0)), 0)
+    x = _randn((2, 4, 3, 5), seed=6)
+    y = L.GlobalMaxPool2D()(df.permute(df.dlarray(x, "BSSC"), "SSCB"))
+    assert (y.format, y.shape) == ("SSCB", (1, 1, 5, 2))
+    np.testing.assert_array_equal(y.data[0, 0].T, np.asarray(x).max(axis=(1, 2)))
+    grad = jax.grad(lambda x: jnp.sum(L.GlobalMaxPool2D()(x)))(x)
+    np.testing.assert_array_equal(grad, (x == x.max(axis=(1, 2), keepdims=True)).astype(x.dtype))
+
+
+def test_average_pool_gradient_float64(x64):
+    from jax.test_util import check_grads
+
+    layer = L.AveragePool2D(3, stride=2, padding=1, padding_value="mean")
+    x = _randn((2, 5, 5, 2), seed=7, dtype=jnp.float64)
+    check_grads(jax.jit(lambda x: jnp.sin(layer(x))), (x,), order=2, modes=("rev",))
+
+
+@pytest.mark.parametrize(
+    "layer",
+    [L.AveragePool2D(2, stride=2, padding=1, padding_value="mean"), L.GlobalMaxPool2D(),
+     L.MaxPool2D(2, stride=2), L.GlobalAveragePool2D()],
+    ids=lambda layer: type(layer).__name__,
+)  # fmt: skip
+def test_check_layer_passes(layer):
+    report = df.check_layer(layer, df.Layout((2, 4, 4, 2), "BSSC"))
+    assert report.failed == 0 and report.incomplete == 0, str(report)
+
+
+@pytest.mark.parametrize(
+    ("make", "match"),
+    [
+        (lambda: L.AveragePool2D(0), r"AveragePool2D \(layer ''\): pool_size must be a positive"),
+        (lambda: L.AveragePool2D(2, padding_value="replicate"),
+         r"padding_value must be 0 or 'mean'; got 'replicate'"),
+        (lambda: L.AveragePool2D(2, padding_value=1), r"padding_value must be 0 or 'mean'"),
+    ],
+)  # fmt: skip
+def test_average_pool_bad_arguments(make, match):
+    with pytest.raises(df.LayerError, match=match):
+        make()
+
+
+@pytest.mark.parametrize("layer", [L.AveragePool2D(2, name="p"), L.GlobalMaxPool2D(name="p")])
+def test_new_pooling_format_errors(layer):
+    with pytest.raises(df.FormatError, match=r"\(layer 'p'\) takes 2-D image data.*'BTC'"):
+        layer(df.dlarray(jnp.ones((2, 3, 4)), "BTC"))

@@ -451,6 +451,84 @@ def test_cache_is_bounded_and_warns_about_retracing(key):
     assert n.cache_info().misses == 53
 
 
+class Counted(df.Layer):
+    """Counts its traces: a compiled network traces it once per compilation."""
+
+    traces = 0
+
+    def predict(self, x):
+        type(self).traces += 1
+        return jnp.sin(x)
+
+
+def counted_mlp():
+    return df.Network(
+        [Features(name="in"), Dense(name="fc1"), Counted(name="c"), Dense(size=2, name="fc2")]
+    )
+
+
+def reference(net, x):
+    """The same network hand-written on its parameter values (jax.numpy only)."""
+    p = net.learnables
+    h = jnp.sin(x @ p["fc1/w"] + p["fc1/b"][None, :])
+    return h @ p["fc2/w"] + p["fc2/b"][None, :]
+
+
+def test_repeated_predict_reuses_one_compilation_with_the_same_numbers(key, x):
+    n = counted_mlp().initialize(key=key)
+    Counted.traces = 0  # initialize traced it too
+    expected = reference(n, x)
+    for _ in range(3):
+        np.testing.assert_allclose(n.predict(x).data, expected, rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(n.predict(df.dlarray(x, "BC")).data, expected, rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(n.predict(x, outputs="fc2").data, expected, rtol=1e-5, atol=1e-6)
+    assert Counted.traces == 1  # "fc2" names the default output: the same compilation
+    info = n.cache_info()
+    assert (info.hits, info.misses) == (4, 1)
+    updated = n.replace(learnables=n.learnables.map(lambda v: -v))
+    np.testing.assert_allclose(updated.predict(x).data, reference(updated, x), rtol=1e-5, atol=1e-6)
+    assert Counted.traces == 1 and updated.cache_info().hits == 5
+
+
+def test_a_network_whose_entry_was_evicted_compiles_it_again(key, monkeypatch):
+    monkeypatch.setenv("DIFFFN_CACHE_SIZE", "2")
+    n = df.Network([Features(size=6, name="in"), Counted(name="c")]).initialize(key=key)
+    x = jnp.linspace(0.0, 1.0, 12).reshape(2, 6)
+    n.predict(x)
+    n.predict(jnp.ones((3, 6)))
+    n.predict(jnp.ones((4, 6)))  # evicts the first entry
+    traces = Counted.traces
+    np.testing.assert_allclose(n.predict(x).data, jnp.sin(x), rtol=1e-6)
+    info = n.cache_info()
+    assert Counted.traces == traces + 1 and (info.entries, info.maxsize, info.misses) == (2, 2, 4)
+
+
+def test_a_cache_size_that_is_not_a_positive_int_is_named(key, monkeypatch):
+    monkeypatch.setenv("DIFFFN_CACHE_SIZE", "many")
+    with pytest.raises(df.OptionsError, match=r"DIFFFN_CACHE_SIZE='many' must be a positive int"):
+        df.Network([Features(size=7, name="in"), Tanh(name="t")])
+
+
+def test_equal_networks_built_separately_share_one_compilation(key, x):
+    a = counted_mlp().initialize(key=key)
+    b = counted_mlp().initialize(key=jax.random.fold_in(key, 1))
+    assert a.compile_cache is b.compile_cache
+    a.predict(x)
+    traces, hits = Counted.traces, a.cache_info().hits
+    np.testing.assert_allclose(b.predict(x).data, reference(b, x), rtol=1e-5, atol=1e-6)
+    assert Counted.traces == traces and b.cache_info().hits == hits + 1
+
+
+def test_networks_loaded_twice_share_one_compilation(key, x, tmp_path):
+    path = df.save(tmp_path / "n.difffn", counted_mlp().initialize(key=key))
+    first = df.load(path, like=counted_mlp())
+    second = df.load(path, like=counted_mlp())
+    first_y = first.predict(x)
+    traces, hits = Counted.traces, first.cache_info().hits
+    np.testing.assert_allclose(second.predict(x).data, first_y.data)
+    assert Counted.traces == traces and second.cache_info().hits == hits + 1
+
+
 def test_non_acceleratable_layer_runs_eagerly_between_compiled_segments(key, x):
     n = df.Network(
         [Features(name="in"), Dense(name="fc1"), Eager(name="eager"), Dense(size=2, name="fc2")]

@@ -9,7 +9,7 @@ from helpers import ROOT
 from training_layers import regression_data, regression_net
 
 import difffn as df
-from difffn import _options
+from difffn import _option_checks, _options
 
 
 def test_sgdm_defaults_are_matlab_defaults():
@@ -96,7 +96,32 @@ def test_solver_specific_option_for_another_solver():
         ({"verbose": 1}, "verbose must be True or False"),
         ({"output_fcn": 3}, "output_fcn must be a callable"),
         ({"execution_environment": "tpu"}, "'auto', 'cpu', 'gpu', 'multi-device'"),
-        ({"execution_environment": "multi-gpu"}, "'multi-gpu' and 'parallel' are 'multi-device'"),
+        ({"execution_environment": "multi-gpu"}, "MATLAB's 'multi-gpu' is 'multi-device' here"),
+        (
+            {"execution_environment": "parallel"},
+            r"'parallel' is 'multi-device' here .* or 'multi-host' .*jax.distributed.initialize",
+        ),
+        ({"parameter_sharding": "zero3"}, "parameter_sharding must be one of 'replicated', 'fsdp'"),
+        (
+            {"parameter_sharding": "fsdp"},
+            r"parameter_sharding='fsdp' applies to training over a mesh .* "
+            r"execution_environment='auto' runs on one device. Fix: execution_environment="
+            r"'multi-device'",
+        ),
+        (
+            {"execution_environment": "multi-device", "mesh_shape": {"data": 2, "tensor": 2}},
+            r"mesh_shape names the mesh axis 'tensor'; the axes are \['data', 'model'\]",
+        ),
+        (
+            {"execution_environment": "multi-device", "mesh_shape": {"data": 0}},
+            r"mesh_shape\['data'\] must be a positive int \(or -1",
+        ),
+        (
+            {"execution_environment": "multi-device", "mesh_shape": {"data": -1, "model": -1}},
+            "at most one axis size to be inferred",
+        ),
+        ({"mesh_shape": {"data": 2}}, "mesh_shape=\\{'data': 2\\} applies to training over a mesh"),
+        ({"precision": "half"}, "precision must be one of 'float32', 'bfloat16', 'float16'"),
         ({"checkpoint_path": "/no/such/folder"}, "checkpoint_path must be an existing folder"),
         ({"checkpoint_frequency_unit": "batch"}, "one of 'epoch', 'iteration'"),
         ({"metrics": ["accuracy", "accuracy"]}, "repeated names"),
@@ -180,7 +205,9 @@ def test_adding_an_option_to_the_table_is_enough(monkeypatch, tmp_path):
     base = df.TrainingOptions(max_epochs=2, mini_batch_size=16, verbose=False)
     df.trainnet(X, T, regression_net(), "mse", base.replace(checkpoint_path=before))
 
-    row = _options.Option("ema_decay", 0.0, _options._real(low=0, high=1), numbers=True, step=True)
+    row = _options.Option(
+        "ema_decay", 0.0, _option_checks.real(low=0, high=1), numbers=True, step=True
+    )
     monkeypatch.setattr(_options, "OPTIONS", (*_options.OPTIONS, row))
     base = base.replace()  # options made with the new table
     o = df.TrainingOptions(ema_decay=0.5, verbose=False)

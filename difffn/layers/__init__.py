@@ -4,10 +4,18 @@ This module only re-exports; each family of layers lives in one private module.
 """
 
 from ._activation import ELU as ELU
+from ._activation import GELU as GELU
+from ._activation import ClippedReLU as ClippedReLU
+from ._activation import LeakyReLU as LeakyReLU
 from ._activation import ReLU as ReLU
+from ._activation import Sigmoid as Sigmoid
 from ._activation import Softmax as Softmax
+from ._activation import Swish as Swish
+from ._activation import Tanh as Tanh
 from ._attention import SelfAttention as SelfAttention
+from ._convolution import Conv1D as Conv1D
 from ._convolution import Conv2D as Conv2D
+from ._convolution import Conv3D as Conv3D
 from ._dropout import Dropout as Dropout
 from ._embedding import Embedding as Embedding
 from ._embedding import PositionEmbedding as PositionEmbedding
@@ -18,23 +26,37 @@ from ._from_nnx import FromNNX as FromNNX
 from ._fully_connected import FullyConnected as FullyConnected
 from ._function_layer import FunctionLayer as FunctionLayer
 from ._gru import GRU as GRU
+from ._identity import Identity as Identity
 from ._input import FeatureInput as FeatureInput
 from ._input import ImageInput as ImageInput
 from ._input import SequenceInput as SequenceInput
 from ._merge import Addition as Addition
 from ._merge import Concatenation as Concatenation
+from ._merge import Multiplication as Multiplication
 from ._normalization import BatchNorm as BatchNorm
+from ._normalization import GroupNorm as GroupNorm
+from ._normalization import InstanceNorm as InstanceNorm
+from ._normalization import LayerNorm as LayerNorm
+from ._placeholder import Placeholder as Placeholder
+from ._pooling import AveragePool2D as AveragePool2D
 from ._pooling import GlobalAveragePool2D as GlobalAveragePool2D
+from ._pooling import GlobalMaxPool2D as GlobalMaxPool2D
 from ._pooling import MaxPool2D as MaxPool2D
 from ._recurrent import LSTM as LSTM
 from ._recurrent import BiLSTM as BiLSTM
+from ._resize import Resize2D as Resize2D
+from ._transposed_convolution import TransposedConv2D as TransposedConv2D
 
 __all__ = [
     "Addition",
+    "AveragePool2D",
     "BatchNorm",
     "BiLSTM",
+    "ClippedReLU",
     "Concatenation",
+    "Conv1D",
     "Conv2D",
+    "Conv3D",
     "Dropout",
     "ELU",
     "Embedding",
@@ -44,15 +66,29 @@ __all__ = [
     "FromNNX",
     "FullyConnected",
     "FunctionLayer",
+    "GELU",
     "GRU",
     "GlobalAveragePool2D",
+    "GlobalMaxPool2D",
+    "GroupNorm",
+    "Identity",
     "ImageInput",
+    "InstanceNorm",
     "LSTM",
+    "LayerNorm",
+    "LeakyReLU",
     "MaxPool2D",
+    "Multiplication",
+    "Placeholder",
     "PositionEmbedding",
     "ReLU",
+    "Resize2D",
     "SelfAttention",
     "SequenceInput",
+    "Sigmoid",
     "SinusoidalPositionEncoding",
     "Softmax",
+    "Swish",
+    "Tanh",
+    "TransposedConv2D",
 ]

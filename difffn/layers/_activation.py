@@ -1,12 +1,11 @@
-"""Activation layers: ``ReLU``, ``ELU`` and ``Softmax``."""
+"""Activation layers over ``df.ops``: ``ReLU``, ``LeakyReLU``, ``ClippedReLU``, ``ELU``, ``GELU``,
+``Swish``, ``Sigmoid``, ``Tanh`` (elementwise, any format) and ``Softmax`` (over ``C``)."""
 
 from __future__ import annotations
 
-import jax
-import jax.numpy as jnp
-
+from .. import ops
 from .._layer import Layer
-from ._checks import channel_axis, data_and_format, real, relabel
+from ._checks import channel_axis, choice, data_and_format, real, relabel
 
 
 class ReLU(Layer):
@@ -20,7 +19,65 @@ class ReLU(Layer):
     """
 
     def predict(self, x):
-        return jax.nn.relu(x)
+        return ops.relu(x)
+
+
+class LeakyReLU(Layer):
+    """Leaky ReLU: ``x`` where positive, ``scale * x`` elsewhere (MATLAB's ``leakyReluLayer``).
+
+    Args:
+      scale: the slope for negative inputs, a finite number; default 0.01 (MATLAB's).
+
+    Examples:
+      >>> import jax.numpy as jnp
+      >>> import difffn as df
+      >>> df.layers.LeakyReLU(0.1)(jnp.array([-2.0, 3.0]))
+      Array([-0.2,  3. ], dtype=float32)
+    """
+
+    scale: float = 0.01
+
+    def __post_init__(self):
+        self.scale = real(
+            self,
+            "scale",
+            self.scale,
+            expected="a finite number",
+            fix="e.g. LeakyReLU(0.01) (MATLAB's default).",
+        )
+
+    def predict(self, x):
+        return ops.leaky_relu(x, self.scale)
+
+
+class ClippedReLU(Layer):
+    """Clipped ReLU, ``min(max(x, 0), ceiling)`` (MATLAB's ``clippedReluLayer``).
+
+    Args:
+      ceiling: the largest output, a positive number (required, as in MATLAB).
+
+    Examples:
+      >>> import jax.numpy as jnp
+      >>> import difffn as df
+      >>> df.layers.ClippedReLU(6.0)(jnp.array([-1.0, 2.0, 9.0]))
+      Array([0., 2., 6.], dtype=float32)
+    """
+
+    ceiling: float
+
+    def __post_init__(self):
+        self.ceiling = real(
+            self,
+            "ceiling",
+            self.ceiling,
+            low=0.0,
+            open_low=True,
+            expected="a positive finite number",
+            fix="e.g. ClippedReLU(6) (ReLU6).",
+        )
+
+    def predict(self, x):
+        return ops.clipped_relu(x, self.ceiling)
 
 
 class ELU(Layer):
@@ -50,7 +107,71 @@ class ELU(Layer):
         )
 
     def predict(self, x):
-        return jax.nn.elu(x, self.alpha)
+        return ops.elu(x, self.alpha)
+
+
+class GELU(Layer):
+    r"""Gaussian error linear unit, :math:`x \Phi(x)` (MATLAB's ``geluLayer``); any format.
+
+    Args:
+      approximation: ``"none"`` (default: exact, with ``erf``) or ``"tanh"``.
+
+    Examples:
+      >>> import jax.numpy as jnp
+      >>> import difffn as df
+      >>> jnp.round(df.layers.GELU()(jnp.array([-1.0, 1.0])), 4)
+      Array([-0.1587,  0.8413], dtype=float32)
+    """
+
+    approximation: str = "none"
+
+    def __post_init__(self):
+        self.approximation = choice(self, "approximation", self.approximation, ("none", "tanh"))
+
+    def predict(self, x):
+        return ops.gelu(x, approximation=self.approximation)
+
+
+class Swish(Layer):
+    r"""Swish, :math:`x \sigma(x)` (MATLAB's ``swishLayer``); any format.
+
+    Examples:
+      >>> import jax.numpy as jnp
+      >>> import difffn as df
+      >>> df.layers.Swish()(jnp.array([0.0, 1.0]))
+      Array([0.       , 0.7310586], dtype=float32)
+    """
+
+    def predict(self, x):
+        return ops.swish(x)
+
+
+class Sigmoid(Layer):
+    r"""Logistic sigmoid, :math:`1 / (1 + e^{-x})` (MATLAB's ``sigmoidLayer``); any format.
+
+    Examples:
+      >>> import jax.numpy as jnp
+      >>> import difffn as df
+      >>> df.layers.Sigmoid()(jnp.array([0.0]))
+      Array([0.5], dtype=float32)
+    """
+
+    def predict(self, x):
+        return ops.sigmoid(x)
+
+
+class Tanh(Layer):
+    """Hyperbolic tangent (MATLAB's ``tanhLayer``); any format.
+
+    Examples:
+      >>> import jax.numpy as jnp
+      >>> import difffn as df
+      >>> df.layers.Tanh()(jnp.array([0.0]))
+      Array([0.], dtype=float32)
+    """
+
+    def predict(self, x):
+        return ops.tanh(x)
 
 
 class Softmax(Layer):
@@ -72,6 +193,5 @@ class Softmax(Layer):
     def predict(self, x):
         data, fmt = data_and_format(x)
         axis = channel_axis(self, fmt, data.ndim)
-        if not jnp.issubdtype(data.dtype, jnp.floating):
-            data = data.astype(jnp.float32)
-        return relabel(x, jax.nn.softmax(data, axis=axis), fmt)
+        fmt = fmt or "U" * axis + "C"
+        return relabel(x, ops.softmax(data, fmt=fmt), fmt)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from typing import Any
+from typing import Any, ClassVar
 
 import jax
 import jax.numpy as jnp
@@ -13,6 +13,7 @@ from .._errors import FormatError, LayerError, OpError
 from .._fields import learnable
 from .._format import Layout
 from .._layer import Layer
+from .._mask import as_mask
 from ..ops._attention import combined_mask, from_blc, is_attention_format, multi_head, to_blc
 from ..ops._format_args import float_dtype
 from . import _factor_options as factors
@@ -51,9 +52,13 @@ class SelfAttention(Layer):
 
     With ``has_padding_mask_input=True`` the layer has a second input ``"mask"`` in the input's
     format (any channels; the first is used): a step attends only to steps where the mask is
-    nonzero (MATLAB's padding mask). With ``has_scores_output=True`` a second output
-    ``"scores"`` holds the attention weights ``(batch, heads, queries, keys)``, format
-    ``"BCUU"``: the heads on the ``C`` axis (``"CUU"`` without ``B``).
+    nonzero (MATLAB's padding mask). Without it, the layer takes the padding mask of padded
+    sequences (``predict(x, mask=...)``, which networks pass on from ``net.predict(x,
+    mask=...)`` and ``trainnet``'s sequence data): a boolean ``(batch, time)`` array, True at
+    the steps that hold data; padded steps are then never attended to.
+    With ``has_scores_output=True`` a second output ``"scores"`` holds the attention weights
+    ``(batch, heads, queries, keys)``, format ``"BCUU"``: the heads on the ``C`` axis
+    (``"CUU"`` without ``B``).
 
     Learnables, in this order: ``query_weights`` ``(C, num_key_channels)``, ``key_weights``
     ``(C, num_key_channels)``, ``value_weights`` ``(C, num_value_channels)``,
@@ -105,6 +110,12 @@ class SelfAttention(Layer):
     """
 
     formattable = True
+    _factor_options: ClassVar = {
+        "weight_learn_rate_factor": (factors.LEARN_RATE, _WEIGHTS),
+        "bias_learn_rate_factor": (factors.LEARN_RATE, _BIASES),
+        "weight_l2_factor": (factors.L2, _WEIGHTS),
+        "bias_l2_factor": (factors.L2, _BIASES),
+    }
 
     num_heads: int
     num_key_channels: int
@@ -196,15 +207,7 @@ class SelfAttention(Layer):
         self.num_outputs, self.output_names = (
             (2, ("out", "scores")) if self.has_scores_output else (1, ("out",))
         )
-        factors.record(
-            self,
-            {
-                "weight_learn_rate_factor": (factors.LEARN_RATE, _WEIGHTS),
-                "bias_learn_rate_factor": (factors.LEARN_RATE, _BIASES),
-                "weight_l2_factor": (factors.L2, _WEIGHTS),
-                "bias_l2_factor": (factors.L2, _BIASES),
-            },
-        )
+        factors.record(self, self._factor_options)
 
     def _check_attention_mask(self) -> None:
         mask = self.attention_mask
@@ -283,19 +286,21 @@ class SelfAttention(Layer):
             )  # fmt: skip
         return self.replace(**changes) if changes else self
 
-    def predict(self, *inputs):
-        return self._attend(inputs, probability=0.0, key=None)
+    def predict(self, *inputs, mask=None):
+        return self._attend(inputs, probability=0.0, key=None, sequence_mask=mask)
 
-    def forward(self, *inputs, key=None):
+    def forward(self, *inputs, key=None, mask=None):
         if self.dropout_probability > 0 and key is None:
             raise LayerError(
                 f"{who(self)}: training-time dropout (dropout_probability="
                 f"{self.dropout_probability}) needs randomness, but no key was given. Fix: pass "
                 "key=jax.random.key(...) (e.g. net.forward(x, key=key))."
             )
-        return self._attend(inputs, probability=self.dropout_probability, key=key)
+        return self._attend(
+            inputs, probability=self.dropout_probability, key=key, sequence_mask=mask
+        )
 
-    def _attend(self, inputs, probability: float, key):
+    def _attend(self, inputs, probability: float, key, sequence_mask=None):
         require(self, *_WEIGHTS, *_BIASES)
         x = inputs[0]
         data, fmt = data_and_format(x)
@@ -330,8 +335,8 @@ class SelfAttention(Layer):
         q, k, v = (project(name) for name in ("query", "key", "value"))
         try:
             mask = combined_mask(
-                self._padding_mask(inputs, fmt, c), self.attention_mask, work_fmt,
-                x_blc.shape, x_blc.shape,
+                self._padding_mask(inputs, fmt, c, sequence_mask), self.attention_mask,
+                work_fmt, x_blc.shape, x_blc.shape,
             )  # fmt: skip
         except OpError as error:
             raise LayerError(f"{who(self)}: {error}") from None
@@ -356,9 +361,9 @@ class SelfAttention(Layer):
         scores = scores if "B" in fmt else scores[0]
         return y, relabel(x, scores, "BCUU" if "B" in fmt else "CUU")
 
-    def _padding_mask(self, inputs, fmt: str, c: int):
+    def _padding_mask(self, inputs, fmt: str, c: int, sequence_mask):
         if not self.has_padding_mask_input:
-            return None
+            return None if sequence_mask is None else self._from_sequence_mask(sequence_mask, fmt)
         mask, mask_fmt = data_and_format(inputs[1])
         if mask_fmt and mask_fmt != fmt:
             raise FormatError(
@@ -371,3 +376,14 @@ class SelfAttention(Layer):
                 f"input's {len(fmt)} axes ({fmt!r})."
             )
         return jnp.moveaxis(mask, c, -1)
+
+    def _from_sequence_mask(self, mask, fmt: str):
+        """A ``(batch, time)`` padding mask in the channels-last layout of an input in ``fmt``."""
+        if "B" not in fmt or "T" not in fmt:
+            raise FormatError(
+                f"{who(self)}: a padding mask (batch, time) needs an input with 'B' and 'T' axes; "
+                f"got format {fmt!r}. Fix: use has_padding_mask_input=True for other layouts."
+            )
+        mask = as_mask(mask, who=who(self), error=LayerError)
+        work_fmt = fmt.replace("C", "")
+        return (mask if work_fmt.index("B") < work_fmt.index("T") else mask.T)[..., None]

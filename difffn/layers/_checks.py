@@ -109,13 +109,6 @@ def padding_2d(layer, value: Any, *, argument: str = "padding"):
     raise bad_argument(layer, argument, expected, value, fix)
 
 
-def same_padding(size: int, window: int, stride: int, dilation: int = 1) -> tuple[int, int]:
-    """MATLAB's (and XLA's) ``"same"``: output ``ceil(size / stride)``, extra padding at the end."""
-    extent = (window - 1) * dilation + 1
-    total = max((-(-size // stride) - 1) * stride + extent - size, 0)
-    return total // 2, total - total // 2
-
-
 def as_float_array(value: Any) -> jax.Array:
     """An array keeps its floating dtype; Python numbers, lists and integers become float32.
 
@@ -234,13 +227,6 @@ def channel_axis(layer, fmt: str, ndim: int) -> int:
             "none. Fix: label the channel axis 'C' with df.dlarray(x, fmt)."
         )
     return fmt.index("C")
-
-
-def per_channel(vector, ndim: int, axis: int):
-    """Reshape a ``(C,)`` vector to broadcast along ``axis`` of a rank-``ndim`` array."""
-    shape = [1] * ndim
-    shape[axis] = -1
-    return jnp.reshape(vector, shape)
 
 
 def flatten_features(layer, data, fmt: str):

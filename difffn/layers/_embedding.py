@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from typing import Any
+from typing import Any, ClassVar
 
 import jax
 import jax.numpy as jnp
@@ -29,15 +29,10 @@ from ._checks import (
     who,
 )
 
-
-def _weight_factors(layer) -> None:
-    factors.record(
-        layer,
-        {
-            "weight_learn_rate_factor": (factors.LEARN_RATE, ("weights",)),
-            "weight_l2_factor": (factors.L2, ("weights",)),
-        },
-    )
+_WEIGHT_FACTORS = {
+    "weight_learn_rate_factor": (factors.LEARN_RATE, ("weights",)),
+    "weight_l2_factor": (factors.L2, ("weights",)),
+}
 
 
 class Embedding(Layer):
@@ -75,6 +70,7 @@ class Embedding(Layer):
     """
 
     formattable = True
+    _factor_options: ClassVar = _WEIGHT_FACTORS
 
     dimension: int
     num_words: int
@@ -99,7 +95,7 @@ class Embedding(Layer):
         self.weights = array_or_none(
             self, "weights", self.weights, (self.num_words, self.dimension), "num_words, dimension"
         )
-        _weight_factors(self)
+        factors.record(self, self._factor_options)
 
     def initialize(self, layout, *, key):
         layout = layout_format(
@@ -198,6 +194,7 @@ class PositionEmbedding(Layer):
     """
 
     formattable = True
+    _factor_options: ClassVar = _WEIGHT_FACTORS
 
     output_size: int
     max_position: int
@@ -226,7 +223,7 @@ class PositionEmbedding(Layer):
             (self.max_position, self.output_size),
             "max_position, output_size",
         )
-        _weight_factors(self)
+        factors.record(self, self._factor_options)
 
     def _axis(self, fmt: str, where: str) -> int:
         axis = _position_axis(fmt, self.position_dimension) if "C" in fmt else None

@@ -1,11 +1,11 @@
 """Learn-rate and L2 factors as constructor options (MATLAB's ``WeightLearnRateFactor`` & co.).
 
-A layer declares options such as ``weight_learn_rate_factor`` and maps each to the learnables it
-sets; :func:`record` validates them and stores them as the layers' per-parameter factors, the
-ones ``df.set_learn_rate_factor`` sets and ``df.get_learn_rate_factor`` and ``trainnet`` read.
-The options are the layer's configuration: ``layer.replace(...)`` of any option applies them
-again, so a factor set afterwards with ``df.set_learn_rate_factor`` lasts until the layer's
-options next change.
+A layer declares options such as ``weight_learn_rate_factor``, maps each to the kind of factor and
+the learnables it sets (a class attribute ``_factor_options``), and calls :func:`record` from
+``__post_init__``. The options become the layer's per-parameter factors: the ones
+``df.get_learn_rate_factor`` and training read. ``df.set_learn_rate_factor`` on a learnable that an
+option alone sets also sets that option (``_factors.py``), so the two never disagree and
+``layer.replace(...)`` keeps the factor.
 """
 
 from __future__ import annotations
@@ -15,6 +15,26 @@ import dataclasses
 from ._checks import real
 
 LEARN_RATE, L2 = "learn_rate_factor", "l2_factor"
+
+
+def conv_like(weights: str = "weights", bias: str = "bias") -> dict:
+    """The four options of layers with weights and a bias (MATLAB's names, snake_case)."""
+    return {
+        "weight_learn_rate_factor": (LEARN_RATE, (weights,)),
+        "weight_l2_factor": (L2, (weights,)),
+        "bias_learn_rate_factor": (LEARN_RATE, (bias,)),
+        "bias_l2_factor": (L2, (bias,)),
+    }
+
+
+def offset_scale() -> dict:
+    """The four options of normalization layers (offset and scale)."""
+    return {
+        "offset_learn_rate_factor": (LEARN_RATE, ("offset",)),
+        "offset_l2_factor": (L2, ("offset",)),
+        "scale_learn_rate_factor": (LEARN_RATE, ("scale",)),
+        "scale_l2_factor": (L2, ("scale",)),
+    }
 
 
 def record(layer, options: dict[str, tuple[str, tuple[str, ...]]]) -> None:
@@ -28,14 +48,15 @@ def record(layer, options: dict[str, tuple[str, tuple[str, ...]]]) -> None:
     declared = {f.name: f.metadata for f in dataclasses.fields(layer)}
     factors = {(name, kind): value for name, kind, value in d.get("_factors", ())}
     for option, (kind, fields) in options.items():
+        what = "learn rate" if kind == LEARN_RATE else "L2 regularization"
         value = real(
             layer,
             option,
             getattr(layer, option),
             low=0.0,
-            expected="a non-negative number",
-            fix=f"e.g. {option}=1 (0 freezes the parameters"
-            + (" for training)." if kind == LEARN_RATE else " out of L2 regularization)."),
+            expected=f"a non-negative number (it multiplies the global {what})",
+            fix=f"e.g. {option}=1 (0 "
+            + ("freezes the parameters)." if kind == LEARN_RATE else "leaves them unregularized)."),
         )
         d[option] = value
         for field in fields:

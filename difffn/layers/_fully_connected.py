@@ -3,19 +3,20 @@
 from __future__ import annotations
 
 import dataclasses
-from typing import Any
+import math
+from typing import Any, ClassVar
 
 import jax
-import jax.numpy as jnp
 
-from .._errors import LayerError
+from .. import ops
+from .._errors import FormatError, LayerError
 from .._fields import learnable
 from .._layer import Layer
+from . import _factor_options as factor_options
 from . import _initializers as init
 from ._checks import (
     array_or_none,
     data_and_format,
-    flatten_features,
     layout_format,
     positive_int,
     relabel,
@@ -57,6 +58,9 @@ class FullyConnected(Layer):
       weights_initializer: ``"glorot"`` (default), ``"he"``, ``"narrow-normal"``, ``"zeros"``,
         ``"ones"`` or ``fn(key, shape, dtype)``.
       bias_initializer: ``"zeros"`` (default), ``"ones"``, ``"narrow-normal"`` or a function.
+      weight_learn_rate_factor, weight_l2_factor, bias_learn_rate_factor, bias_l2_factor:
+        multiply the global learn rate and L2 regularization for ``weights`` and ``bias``
+        (defaults 1, 1, 1 and 0, as MATLAB's); ``df.set_learn_rate_factor`` sets them too.
 
     Examples:
       >>> import jax, jax.numpy as jnp
@@ -71,6 +75,7 @@ class FullyConnected(Layer):
     """
 
     formattable = True
+    _factor_options: ClassVar = factor_options.conv_like()
 
     output_size: int
     _: dataclasses.KW_ONLY
@@ -78,6 +83,10 @@ class FullyConnected(Layer):
     bias: jax.Array | None = learnable(default=None, l2_factor=0.0)  # MATLAB: BiasL2Factor 0
     weights_initializer: Any = "glorot"
     bias_initializer: Any = "zeros"
+    weight_learn_rate_factor: float = 1.0
+    weight_l2_factor: float = 1.0
+    bias_learn_rate_factor: float = 1.0
+    bias_l2_factor: float = 0.0
 
     def __post_init__(self):
         self.output_size = positive_int(
@@ -93,6 +102,7 @@ class FullyConnected(Layer):
             self, "weights", self.weights, (None, self.output_size), "input_size, output_size"
         )
         self.bias = array_or_none(self, "bias", self.bias, (self.output_size,), "output_size")
+        factor_options.record(self, self._factor_options)
 
     def _check_features(self, features: int, where: str) -> None:
         if self.weights is not None and self.weights.shape[0] != features:
@@ -134,9 +144,15 @@ class FullyConnected(Layer):
     def predict(self, x):
         require(self, "weights", "bias")
         data, fmt = data_and_format(x)
-        data, out_fmt = flatten_features(self, data, fmt)
-        self._check_features(data.shape[-1], "the input")
-        dtype = jnp.result_type(data, self.weights, self.bias)
-        y = jnp.tensordot(data.astype(dtype), self.weights.astype(dtype), axes=1)
-        y = y + jnp.reshape(self.bias.astype(dtype), (1,) * (y.ndim - 1) + (-1,))
-        return relabel(x, y, out_fmt)
+        if not fmt:  # plain data is batch-first: axis 0 is kept, the others are flattened
+            fmt = ("B" + "U" * (data.ndim - 1))[: data.ndim]
+        features = [n for n, label in zip(data.shape, fmt, strict=True) if label not in "BT"]
+        if not features:
+            raise FormatError(
+                f"{who(self)} flattens the 'S', 'C' and 'U' axes into features, but its input "
+                f"(format {fmt!r}, shape {tuple(data.shape)}) has none. Fix: label the feature "
+                "axis 'C'."
+            )
+        self._check_features(math.prod(features), "the input")
+        y = ops.fully_connect(data, self.weights, self.bias, fmt=fmt)
+        return relabel(x, y, "".join(label for label in fmt if label in "BT") + "C")

@@ -103,7 +103,7 @@ class GRU(_Recurrent):
     def initialize(self, layout, *, key):
         return self._initialize(layout, key, unit_forget_gate=False)
 
-    def predict(self, x):
+    def predict(self, x, *, mask=None):
         xs, fmt = self._time_major(x)
         batch, h = xs.shape[1], self.num_hidden_units
         (h0,) = self._initial_states(batch)
@@ -116,5 +116,6 @@ class GRU(_Recurrent):
             gate=GATE_ACTIVATIONS[self.gate_activation_function],
             act=STATE_ACTIVATIONS[self.state_activation_function],
             sequence=self.output_mode == "sequence",
+            mask=self._time_major_mask(mask, xs, fmt),
         )
         return self._output(x, hs, h_last, fmt), h_last.astype(h0.dtype)

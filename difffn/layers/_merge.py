@@ -1,4 +1,4 @@
-"""Layers that merge several inputs: ``Addition`` and ``Concatenation``."""
+"""Layers that merge several inputs: ``Addition``, ``Multiplication`` and ``Concatenation``."""
 
 from __future__ import annotations
 
@@ -54,19 +54,52 @@ class Addition(Layer):
         _check_num_inputs(self)
 
     def predict(self, *inputs):
-        fmt = _common_format(self, inputs)
-        arrays = [data_and_format(x)[0] for x in inputs]
-        shapes = [tuple(a.shape) for a in arrays]
-        try:
-            if len({len(s) for s in shapes}) > 1:
-                raise ValueError
-            jnp.broadcast_shapes(*shapes)
-        except ValueError:
-            raise FormatError(
-                f"{who(self)} adds inputs of shapes {shapes}, which do not match (only size-1 "
-                "axes broadcast). Fix: give the inputs the same sizes."
-            ) from None
-        return relabel(inputs[0], functools.reduce(operator.add, arrays), fmt)
+        return _elementwise(self, inputs, operator.add, "adds")
+
+
+class Multiplication(Layer):
+    """Elementwise product of ``num_inputs`` inputs (MATLAB's ``multiplicationLayer``).
+
+    The inputs must have the same format; sizes must match except for size-1 axes, which
+    broadcast (e.g. a gate of shape ``(n, 1, 1, c)`` scaling an ``(n, h, w, c)`` image). Inputs
+    are named ``"in1"``, ``"in2"``, ...
+
+    Args:
+      num_inputs: the number of inputs, at least 2 (default 2).
+
+    Examples:
+      >>> import jax.numpy as jnp
+      >>> import difffn as df
+      >>> x = df.dlarray(2 * jnp.ones((2, 3)), "BC")
+      >>> df.layers.Multiplication(3)(x, x, x).data[0]
+      Array([8., 8., 8.], dtype=float32)
+    """
+
+    formattable = True
+
+    num_inputs: int = 2
+
+    def __post_init__(self):
+        _check_num_inputs(self)
+
+    def predict(self, *inputs):
+        return _elementwise(self, inputs, operator.mul, "multiplies")
+
+
+def _elementwise(layer, inputs, combine, verb: str):
+    fmt = _common_format(layer, inputs)
+    arrays = [data_and_format(x)[0] for x in inputs]
+    shapes = [tuple(a.shape) for a in arrays]
+    try:
+        if len({len(s) for s in shapes}) > 1:
+            raise ValueError
+        jnp.broadcast_shapes(*shapes)
+    except ValueError:
+        raise FormatError(
+            f"{who(layer)} {verb} inputs of shapes {shapes}, which do not match (only size-1 "
+            "axes broadcast). Fix: give the inputs the same sizes."
+        ) from None
+    return relabel(inputs[0], functools.reduce(combine, arrays), fmt)
 
 
 class Concatenation(Layer):

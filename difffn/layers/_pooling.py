@@ -1,22 +1,14 @@
-"""Pooling layers: ``MaxPool2D`` and ``GlobalAveragePool2D``."""
+"""Pooling layers over ``df.ops``: ``MaxPool2D``, ``AveragePool2D``, ``GlobalMaxPool2D`` and
+``GlobalAveragePool2D``."""
 
 from __future__ import annotations
 
 import dataclasses
 from typing import Any
 
-import jax
-import jax.numpy as jnp
-
+from .. import ops
 from .._layer import Layer
-from ._checks import (
-    data_and_format,
-    int_pair,
-    padding_2d,
-    relabel,
-    same_padding,
-    spatial_2d_format,
-)
+from ._checks import bad_argument, data_and_format, int_pair, padding_2d, relabel, spatial_2d_format
 
 
 class MaxPool2D(Layer):
@@ -59,23 +51,64 @@ class MaxPool2D(Layer):
     def predict(self, x):
         data, fmt = data_and_format(x)
         fmt = spatial_2d_format(self, fmt, data.shape)
-        spatial = [i for i, label in enumerate(fmt) if label == "S"]
-        if self.padding == "same":
-            pads = [
-                same_padding(data.shape[a], p, s)
-                for a, p, s in zip(spatial, self.pool_size, self.stride, strict=True)
-            ]
-        else:
-            pads = list(self.padding)
-        window, strides, padding = [1] * data.ndim, [1] * data.ndim, [(0, 0)] * data.ndim
-        for a, p, s, pad in zip(spatial, self.pool_size, self.stride, pads, strict=True):
-            window[a], strides[a], padding[a] = p, s, pad
-        # A Python scalar identity lets JAX recognize the max monoid, which it can differentiate.
-        if jnp.issubdtype(data.dtype, jnp.floating):
-            lowest = -float("inf")
-        else:
-            lowest = int(jnp.iinfo(data.dtype).min)
-        y = jax.lax.reduce_window(data, lowest, jax.lax.max, window, strides, padding)
+        y = ops.max_pool(data, self.pool_size, stride=self.stride, padding=self.padding, fmt=fmt)
+        return relabel(x, y, fmt)
+
+
+class AveragePool2D(Layer):
+    """2-D average pooling (MATLAB's ``averagePooling2dLayer``).
+
+    Input and output as ``MaxPool2D``.
+
+    Args:
+      pool_size: ``p`` or ``(ph, pw)``.
+      stride: an int or ``(sh, sw)``; default 1 (MATLAB's default).
+      padding: as ``MaxPool2D``'s; default 0.
+      padding_value: ``0`` (default: padding counts as zeros, each window divides by its full
+        size) or ``"mean"`` (padding is left out of each window's average).
+
+    Examples:
+      >>> import jax.numpy as jnp
+      >>> import difffn as df
+      >>> x = df.dlarray(jnp.arange(16.0).reshape(1, 4, 4, 1), "BSSC")
+      >>> df.layers.AveragePool2D(2, stride=2)(x).data[0, :, :, 0]
+      Array([[ 2.5,  4.5],
+             [10.5, 12.5]], dtype=float32)
+    """
+
+    formattable = True
+
+    pool_size: Any
+    _: dataclasses.KW_ONLY
+    stride: Any = 1
+    padding: Any = 0
+    padding_value: Any = 0
+
+    def __post_init__(self):
+        self.pool_size = int_pair(self, "pool_size", self.pool_size, fix="e.g. pool_size=2.")
+        self.stride = int_pair(self, "stride", self.stride, fix="e.g. stride=2.")
+        self.padding = padding_2d(self, self.padding)
+        value = self.padding_value
+        if not (value == "mean" or (not isinstance(value, (str, bool)) and value == 0)):
+            raise bad_argument(
+                self,
+                "padding_value",
+                "0 or 'mean'",
+                value,
+                "use 0 (padding averages as zeros) or 'mean' (padding left out).",
+            )
+
+    def predict(self, x):
+        data, fmt = data_and_format(x)
+        fmt = spatial_2d_format(self, fmt, data.shape)
+        y = ops.avg_pool(
+            data,
+            self.pool_size,
+            stride=self.stride,
+            padding=self.padding,
+            padding_value=self.padding_value,
+            fmt=fmt,
+        )
         return relabel(x, y, fmt)
 
 
@@ -99,7 +132,25 @@ class GlobalAveragePool2D(Layer):
     def predict(self, x):
         data, fmt = data_and_format(x)
         fmt = spatial_2d_format(self, fmt, data.shape)
-        spatial = tuple(i for i, label in enumerate(fmt) if label == "S")
-        if not jnp.issubdtype(data.dtype, jnp.floating):
-            data = data.astype(jnp.float32)
-        return relabel(x, jnp.mean(data, axis=spatial, keepdims=True), fmt)
+        return relabel(x, ops.avg_pool(data, "global", fmt=fmt), fmt)
+
+
+class GlobalMaxPool2D(Layer):
+    """Maximum over the two spatial axes (MATLAB's ``globalMaxPooling2dLayer``).
+
+    As ``GlobalAveragePool2D``: ``(n, h, w, c)`` becomes ``(n, 1, 1, c)`` in the same format.
+
+    Examples:
+      >>> import jax.numpy as jnp
+      >>> import difffn as df
+      >>> x = df.dlarray(jnp.arange(8.0).reshape(1, 2, 2, 2), "BSSC")
+      >>> df.layers.GlobalMaxPool2D()(x).data
+      Array([[[[6., 7.]]]], dtype=float32)
+    """
+
+    formattable = True
+
+    def predict(self, x):
+        data, fmt = data_and_format(x)
+        fmt = spatial_2d_format(self, fmt, data.shape)
+        return relabel(x, ops.max_pool(data, "global", fmt=fmt), fmt)

@@ -8,16 +8,22 @@ state and its reset, the ``"sequence"``/``"last"`` output and the initializers.
 from __future__ import annotations
 
 import dataclasses
-from typing import Any
+from typing import Any, ClassVar
 
 import jax
 import jax.numpy as jnp
 
-from .._errors import FormatError, LayerError
+from .._errors import FormatError, LayerError, OpError
 from .._fields import learnable, state
 from .._layer import Layer
 from ..ops._format_args import float_dtype, from_time_major, to_time_major
-from ..ops._recurrent import GATE_ACTIVATIONS, STATE_ACTIVATIONS, is_sequence_format, lstm_scan
+from ..ops._recurrent import (
+    GATE_ACTIVATIONS,
+    STATE_ACTIVATIONS,
+    _time_major_mask,
+    is_sequence_format,
+    lstm_scan,
+)
 from . import _factor_options as factors
 from . import _initializers as init
 from ._checks import (
@@ -39,6 +45,14 @@ class _Recurrent(Layer):
     """What LSTM, BiLSTM and GRU share; subclasses set the class constants below."""
 
     formattable = True
+    _factor_options: ClassVar = {
+        "input_weights_learn_rate_factor": (factors.LEARN_RATE, ("input_weights",)),
+        "recurrent_weights_learn_rate_factor": (factors.LEARN_RATE, ("recurrent_weights",)),
+        "bias_learn_rate_factor": (factors.LEARN_RATE, ("bias",)),
+        "input_weights_l2_factor": (factors.L2, ("input_weights",)),
+        "recurrent_weights_l2_factor": (factors.L2, ("recurrent_weights",)),
+        "bias_l2_factor": (factors.L2, ("bias",)),
+    }
     _GATES = 4  # blocks of H in the weights, per direction
     _DIRECTIONS = 1
 
@@ -98,17 +112,7 @@ class _Recurrent(Layer):
                     f"pass one of those shapes, or leave {name}=None (zeros).",
                 )
             setattr(self, name, value)
-        factors.record(
-            self,
-            {
-                "input_weights_learn_rate_factor": (factors.LEARN_RATE, ("input_weights",)),
-                "recurrent_weights_learn_rate_factor": (factors.LEARN_RATE, ("recurrent_weights",)),
-                "bias_learn_rate_factor": (factors.LEARN_RATE, ("bias",)),
-                "input_weights_l2_factor": (factors.L2, ("input_weights",)),
-                "recurrent_weights_l2_factor": (factors.L2, ("recurrent_weights",)),
-                "bias_l2_factor": (factors.L2, ("bias",)),
-            },
-        )
+        factors.record(self, self._factor_options)
 
     def _check_input_size(self, input_size: int, where: str) -> None:
         w = self.input_weights
@@ -181,6 +185,13 @@ class _Recurrent(Layer):
         xs = to_time_major(data, fmt)
         self._check_input_size(xs.shape[2], "the input")
         return xs, fmt
+
+    def _time_major_mask(self, mask, xs, fmt: str):
+        """A padding mask ``(batch, time)`` as the scan reads it, ``(time, batch)``."""
+        try:
+            return _time_major_mask(type(self).__name__, mask, xs.shape, fmt)
+        except OpError as error:
+            raise LayerError(f"{who(self)}: {str(error).split(': ', 1)[1]}") from None
 
     def _initial_states(self, batch: int) -> tuple:
         for name in self._state_fields:
@@ -292,7 +303,7 @@ class LSTM(_Recurrent):
     def initialize(self, layout, *, key):
         return self._initialize(layout, key, unit_forget_gate=True)
 
-    def predict(self, x):
+    def predict(self, x, *, mask=None):
         xs, fmt = self._time_major(x)
         batch, h = xs.shape[1], self.num_hidden_units
         h0, c0 = self._initial_states(batch)
@@ -304,6 +315,7 @@ class LSTM(_Recurrent):
             gate=GATE_ACTIVATIONS[self.gate_activation_function],
             act=STATE_ACTIVATIONS[self.state_activation_function],
             sequence=self.output_mode == "sequence",
+            mask=self._time_major_mask(mask, xs, fmt),
         )
         y = self._output(x, hs, h_last, fmt)
         return y, h_last.astype(h0.dtype), c_last.astype(c0.dtype)
@@ -385,11 +397,12 @@ class BiLSTM(_Recurrent):
     def initialize(self, layout, *, key):
         return self._initialize(layout, key, unit_forget_gate=True)
 
-    def predict(self, x):
+    def predict(self, x, *, mask=None):
         xs, fmt = self._time_major(x)
         batch, h = xs.shape[1], self.num_hidden_units
         h0, c0 = self._initial_states(batch)
         dtype = self._dtype(xs, (h0, c0))
+        mask = self._time_major_mask(mask, xs, fmt)
         xs = xs.astype(dtype)
         w, r, b = (getattr(self, n).astype(dtype) for n in self._learnable_fields)
         h0_, c0_ = (jnp.broadcast_to(s.astype(dtype), (batch, 2 * h)) for s in (h0, c0))
@@ -410,6 +423,7 @@ class BiLSTM(_Recurrent):
                     act=STATE_ACTIVATIONS[self.state_activation_function],
                     reverse=d == 1,
                     sequence=sequence,
+                    mask=mask,
                 )
             )
         (hs_f, h_f, c_f), (hs_b, h_b, c_b) = runs

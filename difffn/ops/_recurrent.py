@@ -48,30 +48,61 @@ def is_sequence_format(fmt: str) -> bool:
     return "C" in fmt and set(fmt) <= set("BTC")
 
 
-def lstm_scan(xs, h0, c0, w, r, b, *, gate, act, reverse=False, sequence=True):
+def lstm_scan(xs, h0, c0, w, r, b, *, gate, act, reverse=False, sequence=True, mask=None):
     """The LSTM recurrence on ``xs`` of shape ``(T, B, C)``.
 
     Returns:
       ``(hs, h, c)``: the hidden states of every step ``(T, B, H)`` (``None`` unless
       ``sequence``) and the final hidden and cell states ``(B, H)``. ``reverse`` runs from the
       last step to the first (the backward direction of a BiLSTM), ``hs`` still in time order.
+      With a padding ``mask`` ``(T, B)`` (True at data), see :func:`_masked`.
     """
     bias = jnp.reshape(b, (1, -1))
 
-    def step(carry, x_t):
+    def cell(carry, x_t):
         h_prev, c_prev = carry
         z = x_t @ w + bias + h_prev @ r
         i, f, g, o = jnp.split(z, 4, axis=1)
         c = gate(f) * c_prev + gate(i) * act(g)
         h = gate(o) * act(c)
-        return (h, c), (h if sequence else None)
+        return (h, c), h
 
-    (h, c), hs = jax.lax.scan(step, (h0, c0), xs, reverse=reverse)
+    (h, c), hs = jax.lax.scan(_masked(cell, sequence, mask), (h0, c0), _with(xs, mask),
+                              reverse=reverse)  # fmt: skip
     return hs, h, c
 
 
-def gru_scan(xs, h0, w, r, b, *, mode, gate, act, reverse=False, sequence=True):
-    r"""The GRU recurrence on ``xs`` of shape ``(T, B, C)``; returns ``(hs, h)`` as LSTM's."""
+def _with(xs, mask):
+    return xs if mask is None else (xs, mask)
+
+
+def _masked(cell, sequence: bool, mask):
+    """The scan body: ``cell(carry, x_t) -> (carry, h)``, its output kept only if
+    ``sequence``; with a padding mask, a padded step leaves the carry as it was and outputs
+    zeros. So the final state is that of the last step with data (right padding), a state
+    starts at the first step with data (left padding), and a BiLSTM's backward direction
+    starts at the last step with data."""
+    if mask is None:
+
+        def step(carry, x_t):
+            carry, h = cell(carry, x_t)
+            return carry, (h if sequence else None)
+
+        return step
+
+    def masked_step(carry, inputs):
+        x_t, m_t = inputs
+        new, h = cell(carry, x_t)
+        keep = m_t[:, None]
+        carry = jax.tree.map(lambda n, o: jnp.where(keep, n, o), new, carry)
+        return carry, (jnp.where(keep, h, jnp.zeros_like(h)) if sequence else None)
+
+    return masked_step
+
+
+def gru_scan(xs, h0, w, r, b, *, mode, gate, act, reverse=False, sequence=True, mask=None):
+    r"""The GRU recurrence on ``xs`` of shape ``(T, B, C)``; returns ``(hs, h)`` as LSTM's
+    (a padding ``mask`` works as there)."""
     n = r.shape[0]
     b_input, b_recurrent = (b[None, : 3 * n], b[None, 3 * n :]) if b.shape[0] == 6 * n else (
         b[None], None)  # fmt: skip
@@ -79,18 +110,18 @@ def gru_scan(xs, h0, w, r, b, *, mode, gate, act, reverse=False, sequence=True):
     if mode == "before-multiplication":
         r_gates, r_candidate = jnp.split(r, [2 * n], axis=1)
 
-        def step(h_prev, x_t):
+        def cell(h_prev, x_t):
             z_reset, z_update, z_candidate = jnp.split(x_t @ w + b_input, 3, axis=1)
             rec_reset, rec_update = jnp.split(h_prev @ r_gates, 2, axis=1)
             reset = gate(z_reset + rec_reset)
             update = gate(z_update + rec_update)
             candidate = act(z_candidate + (reset * h_prev) @ r_candidate)
             h = (1 - update) * candidate + update * h_prev
-            return h, (h if sequence else None)
+            return h, h
 
     else:
 
-        def step(h_prev, x_t):
+        def cell(h_prev, x_t):
             z_rec = h_prev @ r
             if b_recurrent is not None:
                 z_rec = z_rec + b_recurrent
@@ -100,9 +131,9 @@ def gru_scan(xs, h0, w, r, b, *, mode, gate, act, reverse=False, sequence=True):
             update = gate(z_update + rec_update)
             candidate = act(z_candidate + reset * rec_candidate)
             h = (1 - update) * candidate + update * h_prev
-            return h, (h if sequence else None)
+            return h, h
 
-    h, hs = jax.lax.scan(step, h0, xs, reverse=reverse)
+    h, hs = jax.lax.scan(_masked(cell, sequence, mask), h0, _with(xs, mask), reverse=reverse)
     return hs, h
 
 
@@ -115,6 +146,7 @@ def lstm(
     bias,
     *,
     fmt: str | None = None,
+    mask=None,
     state_activation_function: str = "tanh",
     gate_activation_function: str = "sigmoid",
 ):
@@ -135,6 +167,10 @@ def lstm(
       recurrent_weights: ``(H, 4H)``.
       bias: ``(4H,)``.
       fmt: the format of a plain ``x`` (MATLAB's ``DataFormat``).
+      mask: a padding mask (difffn's; MATLAB's function has none): booleans ``(batch, time)``
+        (``(time,)`` without ``B``; or formatted ``"BT"``/``"TB"``), True at the steps that
+        hold data. A padded step leaves the state as it was and outputs zeros, so the final
+        states are those after the last step with data, whatever the padding's side.
       state_activation_function: ``"tanh"`` (default) or ``"softsign"``.
       gate_activation_function: ``"sigmoid"`` (default) or ``"hard-sigmoid"``
         (``clip(0.2 z + 0.5, 0, 1)``).
@@ -160,6 +196,12 @@ def lstm(
       ('BTC', (3, 5, 2), (3, 2))
       >>> bool(jnp.allclose(y.data[:, -1], h))
       True
+      >>> lengths = jnp.array([5, 3, 4])
+      >>> mask = jnp.arange(5)[None, :] < lengths[:, None]      # right padding
+      >>> y, h, c = df.ops.lstm(x, jnp.zeros(H), jnp.zeros(H), jnp.full((4, 4 * H), 0.1),
+      ...                       jnp.zeros((H, 4 * H)), jnp.zeros(4 * H), mask=mask)
+      >>> bool(jnp.allclose(h[1], y.data[1, 2])), float(jnp.abs(y.data[1, 3:]).max())
+      (True, 0.0)
     """
     data, fmt, formatted = read("lstm", x, fmt)
     require("lstm", fmt, is_sequence_format, _SEQUENCE)
@@ -188,6 +230,7 @@ def lstm(
         b.astype(dtype),
         gate=gate,
         act=act,
+        mask=_time_major_mask("lstm", mask, xs.shape, fmt),
     )
     y = label(from_time_major(hs, fmt), fmt, formatted)
     has_batch = "B" in fmt
@@ -206,6 +249,7 @@ def gru(
     bias,
     *,
     fmt: str | None = None,
+    mask=None,
     reset_gate_mode: str = "after-multiplication",
     state_activation_function: str = "tanh",
     gate_activation_function: str = "sigmoid",
@@ -233,6 +277,7 @@ def gru(
       recurrent_weights: ``(H, 3H)``.
       bias: ``(3H,)``, or ``(6H,)`` with ``"recurrent-bias-after-multiplication"``.
       fmt: the format of a plain ``x``.
+      mask: a padding mask, as for :func:`lstm`.
       reset_gate_mode: see above (default ``"after-multiplication"``).
       state_activation_function: ``"tanh"`` (default) or ``"softsign"``.
       gate_activation_function: ``"sigmoid"`` (default) or ``"hard-sigmoid"``.
@@ -281,9 +326,38 @@ def gru(
         mode=mode,
         gate=gate,
         act=act,
+        mask=_time_major_mask("gru", mask, xs.shape, fmt),
     )
     y = label(from_time_major(hs, fmt), fmt, formatted)
     return y, _write_state(h.astype(h0.dtype), h_fmt, "B" in fmt)
+
+
+def _time_major_mask(op: str, mask, shape, fmt: str):
+    """A padding mask as ``(T, B)`` booleans for a time-major input of ``shape`` (T, B, C)."""
+    if mask is None:
+        return None
+    if "T" not in fmt:
+        raise OpError(
+            f"df.ops.{op}: mask= marks padded time steps, but the input's format {fmt!r} has "
+            "no 'T' axis. Fix: leave mask out for a single time step."
+        )
+    steps, batch = shape[0], shape[1]
+    if isinstance(mask, FormattedArray):
+        mask_fmt = mask.format
+        if sorted(mask_fmt) != sorted(a for a in "BT" if a in fmt):
+            raise OpError(
+                f"df.ops.{op}: mask has format {mask_fmt!r}; for an input of format {fmt!r} "
+                f"it must be {'BT' if 'B' in fmt else 'T'!r} (in any order). Fix: relabel it."
+            )
+        data = mask.data if "B" in mask_fmt else mask.data[None]
+        data = data if mask_fmt in ("BT", "T") else data.T
+    else:
+        data = jnp.asarray(mask)
+        data = data[None] if "B" not in fmt and data.ndim == 1 else data
+    if data.shape != (batch, steps):
+        want = f"(batch, time) = {(batch, steps)}" if "B" in fmt else f"(time,) = ({steps},)"
+        raise shape_error(op, "mask", mask, want, "give one flag per observation and step.")
+    return jnp.swapaxes(data if data.dtype == jnp.bool_ else data != 0, 0, 1)
 
 
 def _hidden_size(op: str, recurrent_weights, blocks: int) -> int:

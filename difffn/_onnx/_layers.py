@@ -1,0 +1,242 @@
+"""The layers an imported network holds besides difffn's built-in ones.
+
+* :class:`ONNXOperator`: a ``FunctionLayer`` over one ONNX operator that no difffn layer covers
+  (its function is a :class:`NodeFunction`, static and hashable), with the node's floating-point
+  constants as learnables, keyed by their ONNX names.
+* :class:`ONNXInput`: the entry of an ONNX input that is not an image, a feature vector or a
+  sequence (any format and dtype): it labels plain data with its format.
+
+A :class:`NodeFunction` runs the operator in ONNX's axis order: it reorders its inputs from
+difffn's storage order (``_labels``), calls the operator, and stores the outputs channels-last
+again. Elementwise operators whose inputs share one layout skip both reorderings (their
+constants were reordered at import), and ``Squeeze``/``Unsqueeze`` only reshape. Shapes that the
+ONNX graph computes from other tensors' shapes (``Shape -> Gather -> Concat -> Reshape``) are
+:class:`Program`\\ s, evaluated while tracing from the static shapes, so the batch size may vary.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from .._errors import FormatError, LayerError
+from .._fields import learnable
+from .._format import FormattedArray, Layout, dims
+from .._layer import Layer
+from ..layers._function_layer import FunctionLayer
+from . import _labels
+from ._ops import Attrs, FrozenArray, lookup, run
+
+
+@dataclasses.dataclass(frozen=True)
+class Step:
+    """One ONNX node of a :class:`Program`."""
+
+    op_type: str
+    attrs: Attrs
+    inputs: tuple[str, ...]
+    outputs: tuple[str, ...]
+
+
+@dataclasses.dataclass(frozen=True)
+class Program:
+    """A value the graph computes from constants and the static shapes of runtime tensors.
+
+    ``sources`` name the runtime tensors whose shapes the steps read (only ``Shape``-like
+    operators touch them); ``evaluate`` runs the steps while tracing, on concrete values.
+    """
+
+    steps: tuple[Step, ...]
+    constants: tuple[tuple[str, FrozenArray], ...]
+    sources: tuple[str, ...]
+    output: str
+
+    def evaluate(self, shapes) -> np.ndarray:
+        """The value, given ``{source: jax.ShapeDtypeStruct in ONNX order}``."""
+        env: dict[str, Any] = {name: value.array for name, value in self.constants}
+        env.update(shapes)
+        with jax.ensure_compile_time_eval():
+            for step in self.steps:
+                args = [env[n] if n else None for n in step.inputs]
+                for name, value in zip(step.outputs, run(step.op_type, step.attrs, args)):
+                    if name:
+                        env[name] = value
+            return np.asarray(env[self.output])
+
+
+def expand_to(value, rank: int, labels: str):
+    """A broadcastable operand, given ``rank`` axes (leading ones) and reordered for storage."""
+    value = jnp.reshape(value, (1,) * (rank - jnp.ndim(value)) + jnp.shape(value))
+    return _labels.to_storage(value, labels)
+
+
+@dataclasses.dataclass(frozen=True)
+class NodeFunction:
+    """One ONNX node as a function of its layer's inputs (static, hashable configuration).
+
+    Attributes:
+      op_type, attrs: the operator and its attributes (with the model's opset).
+      slots: per ONNX input, where its value comes from: ``("input", k, order)`` (the layer's
+        input ``k``; ``order`` undoes a feature reordering, or is None), ``("param", key)``,
+        ``("const", FrozenArray)``, ``("program", i)`` or ``("absent",)``.
+      in_labels: per layer input, the ONNX labels of the tensor it carries.
+      out_labels: per output, its ONNX labels (it is stored in ``_labels`` storage order).
+      mode: ``"onnx"`` (reorder to ONNX order and back), ``"native"`` (elementwise on stored
+        data) or ``"reshape"`` (Squeeze/Unsqueeze: a reshape of stored data).
+      programs: the :class:`Program` s of ``("program", i)`` slots.
+      sources: per program source name, the layer input that carries that tensor.
+    """
+
+    op_type: str
+    attrs: Attrs
+    slots: tuple
+    in_labels: tuple[str, ...]
+    out_labels: tuple[str, ...]
+    mode: str = "onnx"
+    programs: tuple[Program, ...] = ()
+    sources: tuple[tuple[str, int], ...] = ()
+
+    @property
+    def __name__(self):  # FunctionLayer's default description
+        return self.op_type
+
+    def __call__(self, *inputs, params=None):
+        arrays = [_stored(x, _labels.storage_format(lab)) for x, lab in zip(inputs, self.in_labels)]
+        shapes = {
+            name: jax.ShapeDtypeStruct(
+                _onnx_shape(arrays[k].shape, self.in_labels[k]), arrays[k].dtype
+            )
+            for name, k in self.sources
+        }
+        out_rank = len(self.out_labels[0]) if self.out_labels else 0
+        static = lookup(self.op_type, self.attrs.domain).static
+        args = []
+        for position, slot in enumerate(self.slots):
+            kind = slot[0]
+            if kind == "input":
+                x = arrays[slot[1]]
+                if self.mode == "onnx":
+                    x = _labels.to_onnx(x, self.in_labels[slot[1]])
+                    if slot[2] is not None:
+                        x = jnp.take(x, jnp.asarray(slot[2].array), axis=-1)
+                args.append(x)
+            elif kind == "param":
+                args.append(params[slot[1]])
+            elif kind == "const":
+                value = slot[1].array
+                args.append(value if position in static else jnp.asarray(value))
+            elif kind == "program":
+                value = self.programs[slot[1]].evaluate(shapes)
+                if self.mode == "native" and position not in static:
+                    value = expand_to(value, out_rank, self.out_labels[0])
+                args.append(value)
+            else:
+                args.append(None)
+        if self.mode == "reshape":
+            return self._reshaped(args, arrays)
+        outputs = run(self.op_type, self.attrs, args)
+        results = []
+        for y, labels in zip(outputs, self.out_labels):
+            y = jnp.asarray(y)
+            if self.mode == "onnx":
+                y = _labels.to_storage(y, labels)
+            results.append(FormattedArray._wrap(y, _labels.storage_format(labels)))
+        return results[0] if len(results) == 1 else tuple(results)
+
+    def _reshaped(self, args, arrays):
+        onnx_in = self.slots[0][1]
+        x = arrays[onnx_in]
+        abstract = jax.ShapeDtypeStruct(_onnx_shape(x.shape, self.in_labels[onnx_in]), x.dtype)
+        definition = lookup(self.op_type, self.attrs.domain)
+        out = jax.eval_shape(lambda v: definition.fn(self.attrs, v, *args[1:]), abstract)
+        labels = self.out_labels[0]
+        shape = tuple(out.shape[i] for i in _labels.storage_perm(labels))
+        return FormattedArray._wrap(jnp.reshape(x, shape), _labels.storage_format(labels))
+
+
+def _onnx_shape(stored_shape, labels: str) -> tuple[int, ...]:
+    return tuple(stored_shape[i] for i in _labels.inverse(_labels.storage_perm(labels)))
+
+
+def _stored(x, expected: str):
+    if isinstance(x, FormattedArray):
+        if x.format != expected:
+            raise FormatError(
+                f"an imported ONNX operator expects data with format {expected!r}; got "
+                f"{x.format!r} (shape {x.shape}). Fix: pass data in the imported network's "
+                f"layout, e.g. df.permute(x, {expected!r})."
+            )
+        return x.data
+    return jnp.asarray(x)
+
+
+class ONNXOperator(FunctionLayer):
+    """A ``FunctionLayer`` over an ONNX operator, with the node's constants as learnables.
+
+    ``params`` maps the ONNX names of the node's floating-point constant inputs (initializers,
+    or values folded from them) to arrays, stored as the operator uses them (elementwise
+    operators hold them reordered like their channels-last data). ``fn`` is the node's
+    :class:`NodeFunction`. Made by ``df.import_onnx``; ``df.export_onnx`` writes it back as the
+    same ONNX node.
+    """
+
+    params: dict = learnable(default_factory=dict)
+
+    def predict(self, *inputs):
+        return self.fn(*inputs, params=self.params)
+
+
+class ONNXInput(Layer):
+    """The entry of an ONNX input of any format and dtype: it checks and labels the data.
+
+    Unlike an input layer it does not fix the network input's layout for difffn (integer
+    token ids, or sizes that the graph ties to each other): ``net.initialize`` then needs the
+    layout, and ``predict`` takes the data as it is.
+
+    Args:
+      input_shape: the input's sizes in storage order, batch and other unknown sizes ``None``.
+      input_format: its difffn format (e.g. ``"BSC"`` for a 1-D signal given NCL in ONNX).
+
+    Examples:
+      >>> import jax.numpy as jnp
+      >>> from difffn._onnx._layers import ONNXInput
+      >>> layer = ONNXInput((None, 16, 2), "BSC", name="signal")
+      >>> layer.input_layout
+      Layout((None, 16, 2), 'BSC')
+      >>> layer(jnp.ones((4, 16, 2), jnp.int32)).format
+      'BSC'
+    """
+
+    formattable = True
+
+    input_shape: tuple = ()
+    input_format: str = ""
+
+    def __post_init__(self):
+        self.input_shape = tuple(self.input_shape)
+        Layout(self.input_shape, self.input_format)  # validates
+
+    @property
+    def input_layout(self) -> Layout:
+        return Layout(self.input_shape, self.input_format)
+
+    def predict(self, x):
+        data = x.data if isinstance(x, FormattedArray) else jnp.asarray(x)
+        fmt = dims(x)
+        if fmt and fmt != self.input_format:
+            raise FormatError(
+                f"ONNXInput (layer {self.name!r}) receives data with format "
+                f"{self.input_format!r}; got {fmt!r}. Fix: df.permute(x, {self.input_format!r})."
+            )
+        if data.ndim != len(self.input_shape) or any(
+            n is not None and n != m for n, m in zip(self.input_shape, data.shape)
+        ):
+            raise LayerError(
+                f"ONNXInput (layer {self.name!r}) expects shape {self.input_shape} (None: any) "
+                f"in format {self.input_format!r}; got {tuple(data.shape)}."
+            )
+        return FormattedArray._wrap(data, self.input_format)

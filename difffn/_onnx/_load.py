@@ -1,0 +1,292 @@
+"""Reading an ONNX model safely: load, validate, infer shapes, and turn it into plain values.
+
+The ``onnx`` package is imported here, lazily: ``import difffn`` never needs it. A model is read
+with protobuf (no code in it is ever run), external data is read only from files next to the
+model (no absolute paths, no ``..``), checked with ``onnx.checker``, and its shapes are inferred
+with ``onnx.shape_inference``. Every failure is a :class:`~difffn.ONNXImportError` that says what
+is wrong with the file and how to fix it.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from .._errors import MissingDependencyError, ONNXImportError
+from ._ops import FrozenArray, Unsupported, np_dtype
+
+MIN_OPSET = 9
+INSTALL = "pip install difffn[onnx]"
+
+
+def onnx_module(what: str = "df.import_onnx"):
+    """The ``onnx`` package, or a named error that says how to install it."""
+    try:
+        import onnx
+    except ImportError:
+        raise MissingDependencyError(
+            f"{what} needs the onnx package, which is not installed. Fix: {INSTALL} (the onnx "
+            "extra: onnx and onnxruntime)."
+        ) from None
+    return onnx
+
+
+@dataclasses.dataclass(frozen=True)
+class Node:
+    """One ONNX node, read into plain values."""
+
+    op_type: str
+    domain: str
+    name: str
+    inputs: tuple[str, ...]
+    outputs: tuple[str, ...]
+    attributes: tuple[tuple[str, Any], ...]
+
+
+@dataclasses.dataclass
+class TensorInfo:
+    """A graph input or output: element type and dims (int, str for a symbol, None unknown)."""
+
+    name: str
+    elem_type: int
+    dims: tuple | None
+
+
+@dataclasses.dataclass
+class GraphSpec:
+    """The parts of a model that the importer reads."""
+
+    opset: int
+    inputs: list[TensorInfo]
+    outputs: list[TensorInfo]
+    initializers: dict[str, Any]  # name -> np.ndarray, or Unsupported for an unusable dtype
+    nodes: list[Node]
+    value_info: dict[str, TensorInfo]
+    graph_name: str
+
+
+def load_model(source):
+    """A checked ``onnx.ModelProto`` from a path, bytes, or a ``ModelProto``."""
+    onnx = onnx_module()
+    base_dir = None
+    if isinstance(source, onnx.ModelProto):
+        model = source
+    elif isinstance(source, (bytes, bytearray)):
+        model = _parse(onnx, bytes(source), "the bytes given")
+    elif isinstance(source, (str, os.PathLike)):
+        path = Path(source)
+        if not path.is_file():
+            raise ONNXImportError(
+                f"df.import_onnx: no ONNX file at {str(path)!r}. Fix: pass the path of a .onnx "
+                "file (or the model's bytes, or an onnx.ModelProto)."
+            )
+        model = _parse(onnx, path.read_bytes(), f"the file {str(path)!r}")
+        base_dir = path.parent
+    else:
+        raise ONNXImportError(
+            f"df.import_onnx takes a file path, bytes or an onnx.ModelProto; got "
+            f"{type(source).__name__}."
+        )
+    _load_external_data(onnx, model, base_dir)
+    try:
+        onnx.checker.check_model(model)
+    except onnx.checker.ValidationError as error:
+        first = str(error).strip().splitlines()[0] if str(error).strip() else repr(error)
+        raise ONNXImportError(
+            f"df.import_onnx: the model is not valid ONNX (onnx.checker says: {first}). Fix: "
+            "export it again, or repair it with the onnx package."
+        ) from None
+    opset = default_opset(model)
+    if opset < MIN_OPSET:
+        raise ONNXImportError(
+            f"df.import_onnx: the model uses ONNX opset {opset}; difffn reads opset {MIN_OPSET} "
+            "or newer (what MATLAB's exportONNXNetwork and torch.onnx.export write). Fix: "
+            "convert it, e.g. onnx.version_converter.convert_version(model, 13), or export it "
+            "again with a newer opset."
+        )
+    return model
+
+
+def _parse(onnx, data: bytes, where: str):
+    from google.protobuf.message import DecodeError
+
+    model = onnx.ModelProto()
+    try:
+        model.ParseFromString(data)
+    except (DecodeError, RuntimeError, ValueError) as error:
+        raise ONNXImportError(
+            f"df.import_onnx: {where} is not an ONNX model, or it is truncated ({len(data)} "
+            f"bytes; protobuf says: {error}). Fix: check that the file was copied whole and "
+            "is a .onnx model."
+        ) from None
+    if not model.HasField("graph") or not model.opset_import or model.ir_version <= 0:
+        raise ONNXImportError(
+            f"df.import_onnx: {where} is not an ONNX model ({len(data)} bytes, without a graph "
+            "or an opset). Fix: pass a .onnx file exported by MATLAB, PyTorch or the onnx "
+            "package."
+        )
+    return model
+
+
+def _external_tensors(onnx, model):
+    """The tensors of the model (initializers and tensor attributes, subgraphs included) whose
+    data lives in external files."""
+    found = []
+
+    def visit(graph):
+        tensors = list(graph.initializer)
+        for node in graph.node:
+            for attribute in node.attribute:
+                if attribute.HasField("t"):
+                    tensors.append(attribute.t)
+                tensors.extend(attribute.tensors)
+                if attribute.HasField("g"):
+                    visit(attribute.g)
+                for sub in attribute.graphs:
+                    visit(sub)
+        for tensor in tensors:
+            if tensor.data_location == onnx.TensorProto.EXTERNAL:
+                found.append(tensor)
+
+    visit(model.graph)
+    return found
+
+
+def _load_external_data(onnx, model, base_dir) -> None:
+    """Read external tensor data from files beside the model, or say which are missing."""
+    tensors = _external_tensors(onnx, model)
+    if not tensors:
+        return
+    if base_dir is None:
+        names = ", ".join(repr(t.name) for t in tensors[:5])
+        raise ONNXImportError(
+            f"df.import_onnx: tensors {names} keep their data in external files, and a model "
+            "given as bytes or a ModelProto has no folder to find them in. Fix: pass the path "
+            "of the .onnx file, with its data files beside it."
+        )
+    missing = []
+    for tensor in tensors:
+        info = {entry.key: entry.value for entry in tensor.external_data}
+        location = info.get("location", "")
+        relative = Path(location)
+        if not location or relative.is_absolute() or ".." in relative.parts:
+            raise ONNXImportError(
+                f"df.import_onnx: tensor {tensor.name!r} points at external data "
+                f"{location!r}, outside the model's folder; difffn reads external data only "
+                "from files beside the model. Fix: move the data file next to the model and "
+                "set its location to the file name."
+            )
+        if not (base_dir / relative).is_file():
+            missing.append((tensor.name, location))
+    if missing:
+        listed = "; ".join(f"{name!r} in {loc!r}" for name, loc in missing[:10])
+        raise ONNXImportError(
+            f"df.import_onnx: the model keeps {len(missing)} tensor(s) in external data files "
+            f"that are not in {str(base_dir)!r}: {listed}. Fix: copy the data file(s) next to "
+            "the .onnx file."
+        )
+    from onnx.external_data_helper import load_external_data_for_model
+
+    load_external_data_for_model(model, str(base_dir))
+
+
+def default_opset(model) -> int:
+    for entry in model.opset_import:
+        if entry.domain in ("", "ai.onnx"):
+            return int(entry.version)
+    return 0
+
+
+def read_graph(model) -> GraphSpec:
+    """The model as plain values, with shapes inferred by ``onnx.shape_inference``."""
+    onnx = onnx_module()
+    try:
+        inferred = onnx.shape_inference.infer_shapes(model)
+    except Exception:  # noqa: BLE001 - shape inference is a help, not a requirement
+        inferred = model
+    graph = inferred.graph
+    initializers = {t.name: _tensor(onnx, t) for t in graph.initializer}
+    nodes = []
+    for i, node in enumerate(graph.node):
+        nodes.append(
+            Node(
+                op_type=node.op_type,
+                domain=node.domain,
+                name=node.name or f"{node.op_type}_{i}",
+                inputs=tuple(node.input),
+                outputs=tuple(node.output),
+                attributes=tuple((a.name, _attribute(onnx, a)) for a in node.attribute),
+            )
+        )
+    value_info = {}
+    for info in (*graph.value_info, *graph.input, *graph.output):
+        value_info[info.name] = _tensor_info(info)
+    return GraphSpec(
+        opset=default_opset(model),
+        inputs=[_tensor_info(i) for i in graph.input if i.name not in initializers],
+        outputs=[_tensor_info(o) for o in graph.output],
+        initializers=initializers,
+        nodes=nodes,
+        value_info=value_info,
+        graph_name=graph.name,
+    )
+
+
+def _tensor(onnx, tensor):
+    try:
+        np_dtype(tensor.data_type)
+    except Unsupported as error:
+        return error
+    return np.asarray(onnx.numpy_helper.to_array(tensor))
+
+
+def _tensor_info(info) -> TensorInfo:
+    kind = info.type.WhichOneof("value")
+    if kind != "tensor_type":
+        return TensorInfo(info.name, -1, None)
+    tensor_type = info.type.tensor_type
+    dims = None
+    if tensor_type.HasField("shape"):
+        dims = tuple(
+            d.dim_value if d.HasField("dim_value") else (d.dim_param or None)
+            for d in tensor_type.shape.dim
+        )
+    return TensorInfo(info.name, tensor_type.elem_type, dims)
+
+
+class Subgraph:
+    """An attribute that holds a graph (If, Loop, Scan): difffn does not import these."""
+
+    def __repr__(self):
+        return "<subgraph>"
+
+    def __eq__(self, other):
+        return isinstance(other, Subgraph)
+
+    def __hash__(self):
+        return 0
+
+
+def _attribute(onnx, attribute):
+    kind = onnx.AttributeProto
+    t = attribute.type
+    if t == kind.FLOAT:
+        return float(attribute.f)
+    if t == kind.INT:
+        return int(attribute.i)
+    if t == kind.STRING:
+        return attribute.s.decode("utf-8", "replace")
+    if t == kind.FLOATS:
+        return tuple(float(v) for v in attribute.floats)
+    if t == kind.INTS:
+        return tuple(int(v) for v in attribute.ints)
+    if t == kind.STRINGS:
+        return tuple(s.decode("utf-8", "replace") for s in attribute.strings)
+    if t == kind.TENSOR:
+        value = _tensor(onnx, attribute.t)
+        return value if isinstance(value, Unsupported) else FrozenArray(value)
+    return Subgraph()

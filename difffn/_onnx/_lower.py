@@ -1,0 +1,433 @@
+"""Lowering a jaxpr to ONNX nodes, one JAX primitive at a time (``df.export_onnx``'s engine).
+
+``df.export_onnx`` traces the network's predict (built-in and custom layers alike) to a jaxpr
+and writes each equation as ONNX nodes. Call-like primitives (``jit``, ``custom_jvp_call``,
+``custom_vjp_call``, ``checkpoint``) are inlined, ``scan`` with a static length is unrolled, and
+equations whose inputs are all constants are evaluated here (constant folding), so parameters
+reach the file as initializers. A primitive with no rule raises ``df.ONNXExportError`` naming the
+layer (the ``jax.named_scope`` the exporter opens per layer), the primitive and the source line.
+
+Why by hand: the maintained converter, jax2onnx (0.17.1 and 0.16.1, tried with jax 0.10.2) converts
+difffn's jitted predict for dense, convolution, batch norm, global pooling, LSTM and custom
+layers, but lowers ``reduce_window_max`` over channels-last data (every ``MaxPool2D``) to an
+ONNX ``MaxPool`` with a 4-D window that ONNX Runtime rejects ("Unsupported pooling size"), and
+it requires huggingface-hub, netron, orbax-export and dm-pix; this module needs only ``onnx``.
+"""
+
+from __future__ import annotations
+
+import math
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax.extend.core import ClosedJaxpr, Jaxpr, Literal
+
+from .._errors import ONNXExportError
+
+OPSET = 18
+
+_ELEMENTWISE = {
+    "add": "Add", "sub": "Sub", "mul": "Mul", "div": "Div", "max": "Max", "min": "Min",
+    "neg": "Neg", "exp": "Exp", "log": "Log", "tanh": "Tanh", "logistic": "Sigmoid",
+    "sqrt": "Sqrt", "abs": "Abs", "sign": "Sign", "pow": "Pow", "erf": "Erf", "floor": "Floor",
+    "ceil": "Ceil", "sin": "Sin", "cos": "Cos", "eq": "Equal", "lt": "Less", "le": "LessOrEqual",
+    "gt": "Greater", "ge": "GreaterOrEqual", "and": "And", "or": "Or", "not": "Not",
+}  # fmt: skip
+# difffn_reverse_only: the value unchanged (it guards forward-mode differentiation)
+_IDENTITY = {"stop_gradient", "copy", "copy_p", "optimization_barrier", "reduce_precision",
+             "difffn_reverse_only"}  # fmt: skip
+_REDUCE = {"reduce_max": "ReduceMax", "reduce_min": "ReduceMin", "reduce_sum": "ReduceSum",
+           "reduce_prod": "ReduceProd"}  # fmt: skip
+_CALLS = {"jit", "pjit", "closed_call", "core_call", "custom_jvp_call", "custom_vjp_call",
+          "custom_vjp_call_jaxpr", "checkpoint", "remat", "custom_lin"}  # fmt: skip
+
+
+def _sub_jaxpr(eqn):
+    for key in ("jaxpr", "call_jaxpr", "fun_jaxpr"):
+        value = eqn.params.get(key)
+        if isinstance(value, (ClosedJaxpr, Jaxpr)):
+            return value
+    return None
+
+
+class Const:
+    """A value known at export time, with the name it gets if it becomes an initializer."""
+
+    def __init__(self, value, name: str):
+        self.value = np.asarray(value)
+        self.name = name
+        self.onnx_name: str | None = None
+
+
+class Lowering:
+    """ONNX nodes and initializers for a jaxpr; ``symbols`` maps a dimension name to the graph
+    input and axis it comes from (symbolic batch sizes), ``layers`` a scope to its layer."""
+
+    def __init__(self, helper, numpy_helper, symbols: dict[str, tuple[str, int]], layers=None):
+        self.helper, self.numpy_helper = helper, numpy_helper
+        self.symbols = symbols
+        self.layers = dict(layers or {})  # scope -> layer name
+        self.nodes: list = []
+        self.initializers: dict[str, object] = {}
+        self.names: set[str] = set()
+        self.count = 0
+
+    def layer(self, scope: str) -> str:
+        first = scope.split("/")[0]
+        return self.layers.get(first, first)
+
+    # -- names, constants, shapes ------------------------------------------------------------
+
+    def fresh(self, hint: str) -> str:
+        base = hint.replace(" ", "_") or "t"
+        name, k = base, 1
+        while name in self.names:
+            k += 1
+            name = f"{base}_{k}"
+        self.names.add(name)
+        return name
+
+    def tensor(self, value) -> str:
+        """The ONNX name of a value (a constant becomes an initializer when first used)."""
+        if isinstance(value, str):
+            return value
+        if value.onnx_name is None:
+            value.onnx_name = self.fresh(value.name)
+            self.initializers[value.onnx_name] = self.numpy_helper.from_array(
+                value.value, value.onnx_name
+            )
+        return value.onnx_name
+
+    def const(self, array, hint="const") -> str:
+        return self.tensor(Const(np.asarray(array), hint))
+
+    def node(self, op_type: str, inputs, scope: str, n_out: int = 1, **attrs) -> list[str]:
+        self.count += 1
+        name = f"{scope}/{op_type}_{self.count}" if scope else f"{op_type}_{self.count}"
+        outs = [self.fresh(f"{name}:{i}") for i in range(n_out)]
+        self.nodes.append(
+            self.helper.make_node(op_type, [self.tensor(i) for i in inputs], outs, name, **attrs)
+        )
+        return outs
+
+    def shape_tensor(self, shape, scope: str) -> str:
+        """A 1-D int64 tensor for ``shape``; symbolic sizes are read from the graph inputs."""
+        if all(isinstance(d, int) for d in shape):
+            return self.const(np.array(shape, np.int64), "shape")
+        pieces = []
+        for d in shape:
+            if isinstance(d, int):
+                pieces.append(self.const(np.array([d], np.int64), "size"))
+                continue
+            where = self.symbols.get(str(d))
+            if where is None:
+                raise ONNXExportError(
+                    f"df.export_onnx: layer {self.layer(scope)!r} computes a size {d} from the "
+                    f"symbolic sizes {sorted(self.symbols)}; only the sizes themselves can be "
+                    "exported. "
+                    "Fix: give that size in the layout (an int instead of None)."
+                )
+            source, axis = where
+            (shape_of,) = self.node("Shape", [source], scope, start=axis, end=axis + 1)
+            pieces.append(shape_of)
+        (out,) = self.node("Concat", pieces, scope, axis=0)
+        return out
+
+    # -- the walk ------------------------------------------------------------------------------
+
+    def run(self, jaxpr: Jaxpr, consts, args, scope: str = "") -> list:
+        env = {}
+
+        def read(v):
+            if isinstance(v, Literal):
+                return Const(np.asarray(v.val, dtype=v.aval.dtype), "literal")
+            return env[v]
+
+        for var, value in zip(jaxpr.constvars, consts, strict=True):
+            env[var] = value if isinstance(value, (str, Const)) else Const(value, "const")
+        for var, value in zip(jaxpr.invars, args, strict=True):
+            env[var] = value
+        for eqn in jaxpr.eqns:
+            inner = str(eqn.source_info.name_stack)
+            where = "/".join(s for s in (scope, inner) if s)
+            ins = [read(v) for v in eqn.invars]
+            outs = self.equation(eqn, ins, where)
+            for var, value in zip(eqn.outvars, outs, strict=True):
+                env[var] = value
+        return [read(v) for v in jaxpr.outvars]
+
+    def equation(self, eqn, ins, scope: str) -> list:
+        name = eqn.primitive.name
+        sub = _sub_jaxpr(eqn)
+        if name in _CALLS and sub is not None:
+            if isinstance(sub, ClosedJaxpr):
+                return self.run(sub.jaxpr, sub.consts, ins, scope)
+            return self.run(sub, [], ins, scope)
+        if all(isinstance(x, Const) for x in ins) and name != "scan" and sub is None:
+            folded = self._fold(eqn, ins)
+            if folded is not None:
+                return folded
+        if name == "scan":
+            return self._scan(eqn, ins, scope)
+        rule = getattr(self, f"_p_{name}", None)
+        if name in _ELEMENTWISE:
+            return self.node(_ELEMENTWISE[name], ins, scope)
+        if name in _IDENTITY:
+            return [self.node("Identity", [x], scope)[0] for x in ins]
+        if name in _REDUCE:
+            axes = self.const(np.array(eqn.params["axes"], np.int64), "axes")
+            return self.node(_REDUCE[name], [ins[0], axes], scope, keepdims=0)
+        if rule is None:
+            raise ONNXExportError(
+                f"df.export_onnx: layer {self.layer(scope)!r} uses the JAX operation {name!r} "
+                f"(at {_where(eqn)}), which has no ONNX lowering in difffn. Fix: write the "
+                "layer's predict with jnp operations that lower (elementwise math, matmul/einsum, "
+                "convolution, pooling, reshape/transpose/concatenate/slice, reductions, "
+                "jax.lax.scan with a fixed length), or leave the layer out of the export."
+            )
+        return rule(eqn, ins, scope)
+
+    def _fold(self, eqn, ins):
+        try:
+            out = eqn.primitive.bind(*[x.value for x in ins], **eqn.params)
+        except Exception:  # noqa: BLE001 - an equation that cannot run here is lowered instead
+            return None
+        outs = out if eqn.primitive.multiple_results else [out]
+        hint = next((x.name for x in ins if x.name not in ("literal", "const")), "const")
+        return [Const(np.asarray(o), hint) for o in outs]
+
+    # -- rules -------------------------------------------------------------------------------
+
+    def _p_rsqrt(self, eqn, ins, scope):
+        (root,) = self.node("Sqrt", ins, scope)
+        return self.node("Reciprocal", [root], scope)
+
+    def _p_square(self, eqn, ins, scope):
+        return self.node("Mul", [ins[0], ins[0]], scope)
+
+    def _p_integer_pow(self, eqn, ins, scope):
+        y = np.array(eqn.params["y"], eqn.invars[0].aval.dtype)
+        return self.node("Pow", [ins[0], self.const(y, "exponent")], scope)
+
+    def _p_log1p(self, eqn, ins, scope):
+        one = self.const(np.array(1, eqn.invars[0].aval.dtype), "one")
+        (shifted,) = self.node("Add", [ins[0], one], scope)
+        return self.node("Log", [shifted], scope)
+
+    def _p_expm1(self, eqn, ins, scope):
+        one = self.const(np.array(1, eqn.invars[0].aval.dtype), "one")
+        (e,) = self.node("Exp", ins, scope)
+        return self.node("Sub", [e, one], scope)
+
+    def _p_ne(self, eqn, ins, scope):
+        (eq,) = self.node("Equal", ins, scope)
+        return self.node("Not", [eq], scope)
+
+    def _p_clamp(self, eqn, ins, scope):
+        low, x, high = ins
+        (upper,) = self.node("Min", [x, high], scope)
+        return self.node("Max", [upper, low], scope)
+
+    def _p_convert_element_type(self, eqn, ins, scope):
+        to = self.helper.np_dtype_to_tensor_dtype(np.dtype(eqn.params["new_dtype"]))
+        return self.node("Cast", ins, scope, to=to)
+
+    def _p_select_n(self, eqn, ins, scope):
+        if len(ins) != 3:
+            return self._unsupported(eqn, scope, "select_n with more than two cases")
+        pred, if_false, if_true = ins
+        if eqn.invars[0].aval.dtype != np.bool_:
+            (pred,) = self.node("Cast", [pred], scope, to=self.helper.np_dtype_to_tensor_dtype(
+                np.dtype(bool)))  # fmt: skip
+        return self.node("Where", [pred, if_true, if_false], scope)
+
+    def _p_reshape(self, eqn, ins, scope):
+        return self.node("Reshape", [ins[0], self.shape_tensor(eqn.params["new_sizes"], scope)],
+                         scope)  # fmt: skip
+
+    def _p_squeeze(self, eqn, ins, scope):
+        axes = self.const(np.array(eqn.params["dimensions"], np.int64), "axes")
+        return self.node("Squeeze", [ins[0], axes], scope)
+
+    def _p_expand_dims(self, eqn, ins, scope):
+        axes = self.const(np.array(eqn.params["dimensions"], np.int64), "axes")
+        return self.node("Unsqueeze", [ins[0], axes], scope)
+
+    def _p_broadcast_in_dim(self, eqn, ins, scope):
+        shape, dims = eqn.params["shape"], eqn.params["broadcast_dimensions"]
+        x = ins[0]
+        in_shape = eqn.invars[0].aval.shape
+        missing = [i for i in range(len(shape)) if i not in dims]
+        if missing:
+            axes = self.const(np.array(missing, np.int64), "axes")
+            (x,) = self.node("Unsqueeze", [x, axes], scope)
+        same = all(in_shape[k] is shape[d] or in_shape[k] == shape[d] for k, d in enumerate(dims))
+        if same and all(shape[i] == 1 for i in missing):  # only new axes of size 1
+            return [x]
+        return self.node("Expand", [x, self.shape_tensor(shape, scope)], scope)
+
+    def _p_transpose(self, eqn, ins, scope):
+        return self.node("Transpose", ins, scope, perm=list(eqn.params["permutation"]))
+
+    def _p_concatenate(self, eqn, ins, scope):
+        return self.node("Concat", ins, scope, axis=int(eqn.params["dimension"]))
+
+    def _p_split(self, eqn, ins, scope):
+        sizes = self.const(np.array(eqn.params["sizes"], np.int64), "split")
+        return self.node("Split", [ins[0], sizes], scope, n_out=len(eqn.outvars),
+                         axis=int(eqn.params["axis"]))  # fmt: skip
+
+    def _p_slice(self, eqn, ins, scope):
+        starts, limits = eqn.params["start_indices"], eqn.params["limit_indices"]
+        strides = eqn.params["strides"] or (1,) * len(starts)
+        if not all(isinstance(d, int) for d in (*starts, *limits)):
+            return self._unsupported(eqn, scope, "slice with symbolic bounds")
+        args = [np.array(v, np.int64) for v in (starts, limits, range(len(starts)), strides)]
+        return self.node("Slice", [ins[0], *[self.const(a, "slice") for a in args]], scope)
+
+    def _p_pad(self, eqn, ins, scope):
+        config = eqn.params["padding_config"]
+        if any(interior or lo < 0 or hi < 0 for lo, hi, interior in config):
+            return self._unsupported(eqn, scope, "pad with interior or negative padding")
+        pads = [lo for lo, _, _ in config] + [hi for _, hi, _ in config]
+        return self.node("Pad", [ins[0], self.const(np.array(pads, np.int64), "pads"), ins[1]],
+                         scope)  # fmt: skip
+
+    def _p_argmax(self, eqn, ins, scope):
+        return self._arg("ArgMax", eqn, ins, scope)
+
+    def _p_argmin(self, eqn, ins, scope):
+        return self._arg("ArgMin", eqn, ins, scope)
+
+    def _arg(self, op_type, eqn, ins, scope):
+        (axis,) = eqn.params["axes"]
+        (index,) = self.node(op_type, ins, scope, axis=int(axis), keepdims=0)
+        to = self.helper.np_dtype_to_tensor_dtype(np.dtype(eqn.params["index_dtype"]))
+        return self.node("Cast", [index], scope, to=to)
+
+    def _p_iota(self, eqn, ins, scope):
+        shape = eqn.params["shape"]
+        if not all(isinstance(d, int) for d in shape):
+            return self._unsupported(eqn, scope, "iota of a symbolic size")
+        value = jax.lax.iota(eqn.params["dtype"], shape[eqn.params["dimension"]])
+        value = np.asarray(jnp.broadcast_to(
+            jnp.expand_dims(value, [i for i in range(len(shape)) if i != eqn.params["dimension"]]),
+            shape))  # fmt: skip
+        return [Const(value, "iota")]
+
+    def _p_dot_general(self, eqn, ins, scope):
+        (lc, rc), (lb, rb) = eqn.params["dimension_numbers"]
+        lhs, rhs = eqn.invars[0].aval, eqn.invars[1].aval
+        if not lb and rhs.ndim == 2 and tuple(lc) == (lhs.ndim - 1,):
+            w = ins[1]
+            if tuple(rc) == (1,):
+                (w,) = self._transpose(w, (1, 0), scope)
+            if tuple(rc) in ((0,), (1,)):
+                return self.node("MatMul", [ins[0], w], scope)
+        letters = iter("abcdefghijklmnopqrstuvwxyz")
+        left = [next(letters) for _ in range(lhs.ndim)]
+        right = [next(letters) for _ in range(rhs.ndim)]
+        for i, j in zip((*lc, *lb), (*rc, *rb), strict=True):
+            right[j] = left[i]
+        batch = [left[i] for i in lb]
+        free_l = [left[i] for i in range(lhs.ndim) if i not in (*lc, *lb)]
+        free_r = [right[j] for j in range(rhs.ndim) if j not in (*rc, *rb)]
+        equation = f"{''.join(left)},{''.join(right)}->{''.join(batch + free_l + free_r)}"
+        return self.node("Einsum", ins, scope, equation=equation)
+
+    def _transpose(self, x, perm, scope):
+        if isinstance(x, Const):  # weights: stored in ONNX's order, no Transpose at run time
+            return [Const(np.transpose(x.value, perm), x.name)]
+        return self.node("Transpose", [x], scope, perm=list(perm))
+
+    def _p_conv_general_dilated(self, eqn, ins, scope):
+        p = eqn.params
+        if any(d != 1 for d in p["lhs_dilation"]) or p["batch_group_count"] != 1:
+            return self._unsupported(eqn, scope, "convolution with input dilation or batch groups")
+        numbers = p["dimension_numbers"]
+        lhs_spec, rhs_spec, out_spec = numbers.lhs_spec, numbers.rhs_spec, numbers.out_spec
+        (x,) = self._transpose(ins[0], lhs_spec, scope)
+        (w,) = self._transpose(ins[1], rhs_spec, scope)
+        pads = [lo for lo, _ in p["padding"]] + [hi for _, hi in p["padding"]]
+        (y,) = self.node("Conv", [x, w], scope, strides=list(p["window_strides"]), pads=pads,
+                         dilations=list(p["rhs_dilation"]),
+                         group=int(p["feature_group_count"]))  # fmt: skip
+        return self._transpose(y, tuple(np.argsort(out_spec)), scope)
+
+    def _pool(self, eqn, ins, scope, op_type):
+        p = eqn.params
+        window, strides, padding = p["window_dimensions"], p["window_strides"], p["padding"]
+        if any(d != 1 for d in (*p["base_dilation"], *p["window_dilation"])):
+            return None
+        spatial = [i for i, (w, s, pad) in enumerate(zip(window, strides, padding, strict=True))
+                   if w != 1 or s != 1 or pad != (0, 0)]  # fmt: skip
+        rest = [i for i in range(len(window)) if i not in spatial]
+        if len(rest) != 2 or not spatial:
+            return None
+        perm = (*rest, *spatial)
+        (x,) = self._transpose(ins[0], perm, scope)
+        attrs = dict(
+            kernel_shape=[window[i] for i in spatial],
+            strides=[strides[i] for i in spatial],
+            pads=[padding[i][0] for i in spatial] + [padding[i][1] for i in spatial],
+        )
+        if op_type == "AveragePool":
+            attrs["count_include_pad"] = 1
+        (y,) = self.node(op_type, [x], scope, **attrs)
+        if op_type == "AveragePool":  # JAX sums the window: undo the mean's division
+            size = np.array(math.prod(window), eqn.invars[0].aval.dtype)
+            (y,) = self.node("Mul", [y, self.const(size, "window_size")], scope)
+        return self._transpose(y, tuple(np.argsort(perm)), scope)
+
+    def _p_reduce_window_max(self, eqn, ins, scope):
+        return self._pool(eqn, ins, scope, "MaxPool") or self._unsupported(
+            eqn, scope, "a max window over other than two non-window axes, or with dilation"
+        )
+
+    def _p_reduce_window_sum(self, eqn, ins, scope):
+        return self._pool(eqn, ins, scope, "AveragePool") or self._unsupported(
+            eqn, scope, "a sum window over other than two non-window axes, or with dilation"
+        )
+
+    def _scan(self, eqn, ins, scope):
+        p = eqn.params
+        length = p["length"]
+        if not isinstance(length, int):
+            return self._unsupported(eqn, scope, "jax.lax.scan over a symbolic length")
+        n_consts, n_carry = p["num_consts"], p["num_carry"]
+        consts, carry, xs = (
+            ins[:n_consts],
+            ins[n_consts : n_consts + n_carry],
+            ins[n_consts + n_carry :],
+        )
+        body: ClosedJaxpr = p["jaxpr"]
+        ys_steps = []
+        steps = range(length - 1, -1, -1) if p["reverse"] else range(length)
+        for t in steps:
+            index = self.const(np.array(t, np.int64), "step")
+            x_t = [self.node("Gather", [x, index], scope, axis=0)[0] for x in xs]
+            outs = self.run(body.jaxpr, body.consts, [*consts, *carry, *x_t], scope)
+            carry, ys = outs[:n_carry], outs[n_carry:]
+            ys_steps.append(ys)
+        if p["reverse"]:
+            ys_steps.reverse()
+        stacked = []
+        for k in range(len(eqn.outvars) - n_carry):
+            zero = self.const(np.array([0], np.int64), "axes")
+            parts = [self.node("Unsqueeze", [ys[k], zero], scope)[0] for ys in ys_steps]
+            stacked.append(self.node("Concat", parts, scope, axis=0)[0])
+        return [*carry, *stacked]
+
+    def _unsupported(self, eqn, scope, what):
+        raise ONNXExportError(
+            f"df.export_onnx: layer {self.layer(scope)!r} uses {what} (JAX operation "
+            f"{eqn.primitive.name!r} at {_where(eqn)}), which has no ONNX lowering in difffn. "
+            "Fix: express it with operations that lower, or give the sizes in the layouts."
+        )
+
+
+def _where(eqn) -> str:
+    from jax._src import source_info_util  # the one way JAX offers to print an equation's line
+
+    return source_info_util.summarize(eqn.source_info)

@@ -1,0 +1,159 @@
+r"""Activations (elementwise, any format) and ``softmax`` (over ``C``).
+
+The elementwise ones keep the input's format and need none: a plain array stays plain
+(``fmt=`` is accepted for symmetry with the other ops and only checked).
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+
+from .._errors import OpError
+from ._common import floating, pack, real, require_label, unpack, who
+
+
+def _elementwise(op, x, fmt, fn):
+    data, fmt, formatted = unpack(op, x, fmt, needs_format=False)
+    return pack(fn(data), fmt, formatted)
+
+
+def relu(x, *, fmt: str | None = None):
+    """Rectified linear unit, ``max(x, 0)`` (MATLAB's ``relu``).
+
+    Examples:
+      >>> import jax.numpy as jnp
+      >>> import difffn as df
+      >>> df.ops.relu(df.dlarray(jnp.array([[-1.0, 2.0]]), "BC"))
+      FormattedArray('BC', float32[1,2])
+      [[0. 2.]]
+    """
+    return _elementwise("relu", x, fmt, jax.nn.relu)
+
+
+def leaky_relu(x, scale: float = 0.01, *, fmt: str | None = None):
+    """Leaky ReLU: ``x`` where positive, ``scale * x`` elsewhere (MATLAB's ``leakyrelu``).
+
+    Args:
+      x: any array; the format is kept.
+      scale: the slope for negative inputs; default 0.01.
+      fmt: the format of a plain ``x`` (only checked).
+
+    Examples:
+      >>> import jax.numpy as jnp
+      >>> import difffn as df
+      >>> df.ops.leaky_relu(jnp.array([-2.0, 3.0]), 0.1)
+      Array([-0.2,  3. ], dtype=float32)
+    """
+    scale = real("leaky_relu", "scale", scale)
+    return _elementwise("leaky_relu", x, fmt, lambda v: jax.nn.leaky_relu(v, scale))
+
+
+def clipped_relu(x, ceiling: float, *, fmt: str | None = None):
+    """Clipped ReLU, ``min(max(x, 0), ceiling)`` (MATLAB's ``clippedReluLayer``).
+
+    Examples:
+      >>> import jax.numpy as jnp
+      >>> import difffn as df
+      >>> df.ops.clipped_relu(jnp.array([-1.0, 2.0, 9.0]), 6.0)
+      Array([0., 2., 6.], dtype=float32)
+    """
+    ceiling = real("clipped_relu", "ceiling", ceiling, positive=True)
+    return _elementwise("clipped_relu", x, fmt, lambda v: jnp.clip(v, 0, ceiling))
+
+
+def elu(x, alpha: float = 1.0, *, fmt: str | None = None):
+    r"""Exponential linear unit: ``x`` where positive, :math:`\alpha (e^x - 1)` elsewhere.
+
+    Examples:
+      >>> import jax.numpy as jnp
+      >>> import difffn as df
+      >>> df.ops.elu(jnp.array([-1.0, 2.0]), 2.0)
+      Array([-1.2642411,  2.       ], dtype=float32)
+    """
+    alpha = real("elu", "alpha", alpha)
+    return _elementwise("elu", x, fmt, lambda v: jax.nn.elu(v, alpha))
+
+
+def gelu(x, *, approximation: str = "none", fmt: str | None = None):
+    r"""Gaussian error linear unit, :math:`x \Phi(x)` (MATLAB's ``gelu``).
+
+    Args:
+      x: any array; the format is kept.
+      approximation: ``"none"`` (default: the exact form with ``erf``) or ``"tanh"``
+        (:math:`\frac{x}{2}(1 + \tanh(\sqrt{2/\pi}(x + 0.044715 x^3)))`).
+      fmt: the format of a plain ``x`` (only checked).
+
+    Examples:
+      >>> import jax.numpy as jnp
+      >>> import difffn as df
+      >>> jnp.round(df.ops.gelu(jnp.array([-1.0, 1.0])), 4)
+      Array([-0.1587,  0.8413], dtype=float32)
+    """
+    if approximation not in ("none", "tanh"):
+        raise OpError(
+            f"{who('gelu')}: approximation must be 'none' or 'tanh'; got {approximation!r}."
+        )
+    exact = approximation == "none"
+    return _elementwise("gelu", x, fmt, lambda v: jax.nn.gelu(v, approximate=not exact))
+
+
+def swish(x, *, fmt: str | None = None):
+    r"""Swish, :math:`x \sigma(x)` (MATLAB's ``swishLayer``).
+
+    Examples:
+      >>> import jax.numpy as jnp
+      >>> import difffn as df
+      >>> df.ops.swish(jnp.array([0.0, 1.0]))
+      Array([0.       , 0.7310586], dtype=float32)
+    """
+    return _elementwise("swish", x, fmt, jax.nn.swish)
+
+
+def sigmoid(x, *, fmt: str | None = None):
+    r"""Logistic sigmoid, :math:`1 / (1 + e^{-x})` (MATLAB's ``sigmoid``).
+
+    Examples:
+      >>> import jax.numpy as jnp
+      >>> import difffn as df
+      >>> df.ops.sigmoid(jnp.array([0.0]))
+      Array([0.5], dtype=float32)
+    """
+    return _elementwise("sigmoid", x, fmt, jax.nn.sigmoid)
+
+
+def tanh(x, *, fmt: str | None = None):
+    """Hyperbolic tangent (MATLAB's ``tanh`` on a ``dlarray``).
+
+    Examples:
+      >>> import jax.numpy as jnp
+      >>> import difffn as df
+      >>> df.ops.tanh(df.dlarray(jnp.zeros((1, 2)), "BC")).format
+      'BC'
+    """
+    return _elementwise("tanh", x, fmt, jnp.tanh)
+
+
+def softmax(x, *, fmt: str | None = None):
+    """Softmax over the channel axis ``C`` (MATLAB's ``softmax``); any other axes are independent.
+
+    Args:
+      x: a ``df.FormattedArray`` with a ``C`` axis, or a plain array with ``fmt``. Integer data
+        computes in float32.
+      fmt: the format of a plain ``x``.
+
+    Returns:
+      Probabilities along ``C``, with the input's format.
+
+    Raises:
+      FormatError: no format, or no ``C`` axis.
+
+    Examples:
+      >>> import jax.numpy as jnp
+      >>> import difffn as df
+      >>> df.ops.softmax(jnp.zeros((1, 4)), fmt="BC")
+      Array([[0.25, 0.25, 0.25, 0.25]], dtype=float32)
+    """
+    data, fmt, formatted = unpack("softmax", x, fmt)
+    axis = require_label("softmax", fmt, "C", data.shape, why="works along the channel axis 'C'")
+    return pack(jax.nn.softmax(floating(data), axis=axis), fmt, formatted)

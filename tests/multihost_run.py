@@ -1,0 +1,179 @@
+"""Training in several processes joined by ``jax.distributed``, for tests/test_multihost.py.
+
+``python tests/multihost_run.py MODE OUT [PROCESS_ID NUM_PROCESSES PORT]``. With a process id the
+script joins a job on ``127.0.0.1:PORT`` (gloo collectives on CPU) and trains with
+``execution_environment="multi-host"``; without, it is one process. Process 0 (or the one
+process) writes what the test compares into the folder OUT:
+
+* ``single``: one process (4 devices): the run with ``"multi-device"`` and with one device
+  (``"auto"``), and the iterable-of-shards run as one process sees it (``single.npz``,
+  ``single.json``);
+* ``multihost``: the run, checkpoints in ``OUT/ckpt``; an iterable run in which each process
+  yields its own share of every batch; ``minibatchpredict`` and ``testnet`` on the mesh
+  (``multihost.npz``, ``multihost.json``);
+* ``killed``: the run with checkpoints in ``OUT/ckpt-killed``, until process 0 kills the whole
+  process group (SIGKILL, both processes) at iteration ``KILL_AT``;
+* ``resumed``: ``resume_from=OUT/ckpt-killed`` (``resumed.npz``, ``resumed.json``).
+
+The run is ``checkpoint_run``'s (input statistics, batch norm, dropout keys, a shuffle every
+epoch, a learn-rate schedule, validation with the best-validation network), with a validation
+set whose last batch (14) does not split over 4 devices.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import sys
+from pathlib import Path
+
+import jax
+
+if len(sys.argv) > 3:  # before anything else uses JAX
+    jax.config.update("jax_cpu_collectives_implementation", "gloo")
+    jax.distributed.initialize(
+        coordinator_address=f"127.0.0.1:{sys.argv[5]}",
+        num_processes=int(sys.argv[4]),
+        process_id=int(sys.argv[3]),
+    )
+
+import checkpoint_run as run  # noqa: E402
+import numpy as np  # noqa: E402
+
+import difffn as df  # noqa: E402
+
+KILL_AT = 14
+X, T, X_VAL, T_VAL = run.data()
+X_VAL, T_VAL = X_VAL[:46], T_VAL[:46]
+
+
+def train(environment, folder=None, *, resume_from=None, output_fcn=None, **changes):
+    options = run.options(
+        folder,
+        execution_environment=environment,
+        validation_data=(X_VAL, T_VAL),
+        checkpoint_frequency=4,
+        output_fcn=output_fcn,
+        **changes,
+    )
+    key = None if resume_from is not None else jax.random.key(run.KEY)
+    return df.trainnet(
+        X, T, run.network(), "crossentropy", options, key=key, resume_from=resume_from
+    )
+
+
+def shards(process: int, processes: int):
+    """Process ``process``'s share of each of 6 batches of 16: rows ``process::processes`` of
+    the batch (in a single process: the whole batch, the processes' shares in order)."""
+    batches = []
+    for b in range(6):
+        rows = np.arange(b * 16, (b + 1) * 16)
+        parts = [rows[p::processes] for p in range(processes)]
+        mine = np.concatenate(parts) if process is None else parts[process]
+        batches.append((X[mine], T[mine]))
+    return batches
+
+
+def learnables(net) -> dict:
+    return {path: np.asarray(value) for path, value in net.learnables.items()}
+
+
+def save(out: Path, name: str, arrays: dict, facts: dict) -> None:
+    np.savez(out / f"{name}.npz", **arrays)
+    (out / f"{name}.json").write_text(json.dumps(facts))
+
+
+def main():
+    mode, out = sys.argv[1], Path(sys.argv[2])
+    multi = len(sys.argv) > 3
+    process = jax.process_index()
+    if mode == "single":
+        many, info = train("multi-device")
+        one, _ = train("auto")
+        options = df.TrainingOptions(max_epochs=1, verbose=False, execution_environment="auto")
+        net, _ = df.trainnet(shards(None, 2), run.network(), "crossentropy", options)
+        arrays = {f"many/{k}": v for k, v in learnables(many).items()}
+        arrays |= {f"one/{k}": v for k, v in learnables(one).items()}
+        arrays |= {f"iterable/{k}": v for k, v in learnables(net).items()}
+        scores = df.minibatchpredict(many, X_VAL, mini_batch_size=16)
+        arrays["scores"] = np.asarray(scores.data)
+        facts = {
+            "loss": info.training_history["loss"].tolist(),
+            "validation": info.validation_history["loss"].tolist(),
+            "stop_reason": info.stop_reason,
+            "accuracy": df.testnet(many, X_VAL, T_VAL, "accuracy", mini_batch_size=16),
+        }
+        save(out, "single", arrays, facts)
+        return
+    if mode in ("multihost", "killed"):
+        folder = out / ("ckpt" if mode == "multihost" else "ckpt-killed")
+        folder.mkdir(exist_ok=True)
+        calls = out / f"output_fcn_{process}.txt"
+
+        def output_fcn(info):
+            with open(calls, "a") as f:
+                f.write(f"{info['state']} {info['iteration']}\n")
+            if mode == "killed" and info["iteration"] == KILL_AT:
+                os.killpg(os.getpgrp(), signal.SIGKILL)  # every process of the job, at once
+            return False
+
+        plots = out / f"plot_{process}.png"
+        net, info = train(
+            "multi-host",
+            folder,
+            output_fcn=output_fcn,
+            verbose=True,
+            plots="training-progress",
+            plots_path=str(plots),
+        )
+        if not multi:
+            return
+        options = df.TrainingOptions(
+            max_epochs=1, verbose=False, execution_environment="multi-host"
+        )
+        iterable, _ = df.trainnet(
+            shards(process, jax.process_count()), run.network(), "crossentropy", options
+        )
+        scores = df.minibatchpredict(
+            net, X_VAL, mini_batch_size=16, execution_environment="multi-host"
+        )
+        accuracy = df.testnet(
+            net, X_VAL, T_VAL, "accuracy", mini_batch_size=16, execution_environment="multi-host"
+        )
+        shard_accuracy = df.testnet(
+            net,
+            [(X_VAL[p::2], T_VAL[p::2]) for p in [process]],
+            "accuracy",
+            execution_environment="multi-host",
+        )
+        if process == 0:
+            arrays = {f"run/{k}": v for k, v in learnables(net).items()}
+            arrays |= {f"iterable/{k}": v for k, v in learnables(iterable).items()}
+            arrays["scores"] = np.asarray(scores.data)
+            facts = {
+                "loss": info.training_history["loss"].tolist(),
+                "validation": info.validation_history["loss"].tolist(),
+                "stop_reason": info.stop_reason,
+                "accuracy": accuracy,
+                "shard_accuracy": shard_accuracy,
+                "steps": sorted(p.name for p in folder.iterdir()),
+            }
+            save(out, "multihost", arrays, facts)
+        print("done", process, flush=True)
+        return
+    if mode == "resumed":
+        net, info = train("multi-host", resume_from=str(out / "ckpt-killed"))
+        if process == 0:
+            facts = {
+                "loss": info.training_history["loss"].tolist(),
+                "stop_reason": info.stop_reason,
+                "iterations": info.training_history["iteration"].tolist(),
+            }
+            save(out, "resumed", {f"run/{k}": v for k, v in learnables(net).items()}, facts)
+        return
+    raise SystemExit(f"unknown mode {mode!r}")
+
+
+if __name__ == "__main__":
+    main()
