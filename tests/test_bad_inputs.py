@@ -1141,6 +1141,347 @@ def _():
     _in_tmp(go)
 
 
+# -- df.ops: format-aware operations ----------------------------------------------------------
+
+IMAGE = df.dlarray(np.ones((5, 5, 2, 1), np.float32), "SSCB")
+SEQ = df.dlarray(np.ones((4, 2, 3), np.float32), "CBT")
+row(
+    "ops-conv-plain-without-fmt",
+    lambda: df.ops.conv(np.ones((5, 5, 2, 1), np.float32), jnp.ones((3, 3, 2, 4))),
+    df.FormatError,
+    "df.ops.conv",
+    r"\(5, 5, 2, 1\)",
+    "fmt=",
+)
+row(
+    "ops-conv-fmt-on-formatted",
+    lambda: df.ops.conv(IMAGE, jnp.ones((3, 3, 2, 4)), fmt="SSBC"),
+    df.FormatError,
+    "df.ops.conv",
+    "'SSCB'",
+    "'SSBC'",
+)
+row(
+    "ops-conv-no-channel-axis",
+    lambda: df.ops.conv(df.dlarray(np.ones((5, 5, 1), np.float32), "SSB"), jnp.ones((3, 3, 2, 4))),
+    df.FormatError,
+    "df.ops.conv",
+    "'SSB'",
+    "'C'",
+)
+row(
+    "ops-conv-weights-channels",
+    lambda: df.ops.conv(IMAGE, jnp.ones((3, 3, 3, 4))),
+    df.OpError,
+    "df.ops.conv",
+    "2 channels",
+    r"\(3, 3, 3, 4\)",
+)
+row(
+    "ops-fully-connect-weights",
+    lambda: df.ops.fully_connect(df.dlarray(np.ones((2, 3), np.float32), "BC"), jnp.ones((4, 5))),
+    df.OpError,
+    "df.ops.fully_connect",
+    "3 features",
+    r"\(4, 5\)",
+)
+row(
+    "ops-softmax-no-channel-axis",
+    lambda: df.ops.softmax(df.dlarray(np.ones((2, 3), np.float32), "BT")),
+    df.FormatError,
+    "df.ops.softmax",
+    "'BT'",
+    "'C'",
+)
+row(
+    "ops-layernorm-offset-size",
+    lambda: df.ops.layernorm(
+        df.dlarray(np.ones((2, 3), np.float32), "BC"), jnp.zeros(4), jnp.ones(4)
+    ),
+    df.OpError,
+    "df.ops.layernorm",
+    "offset",
+    r"\(4,\)",
+    "3 channels",
+)
+row(
+    "ops-attention-formats-differ",
+    lambda: df.ops.attention(SEQ, df.permute(SEQ, "BTC"), SEQ, 1),
+    df.FormatError,
+    "df.ops.attention",
+    "'BTC'",
+    "'CBT'",
+)
+row(
+    "ops-attention-heads",
+    lambda: df.ops.attention(SEQ, SEQ, SEQ, 3),
+    df.OpError,
+    "num_heads=3",
+    "4 channels",
+)
+row("ops-max-pool-window", lambda: df.ops.max_pool(IMAGE, 7), df.OpError, "max_pool", "7", "5")
+row(
+    "ops-groupnorm-groups",
+    lambda: df.ops.groupnorm(IMAGE, 3, jnp.zeros(2), jnp.ones(2)),
+    df.OpError,
+    "df.ops.groupnorm",
+    "num_groups=3",
+    "2 channels",
+)
+row(
+    "ops-lstm-recurrent-weights",
+    lambda: df.ops.lstm(
+        df.dlarray(np.ones((2, 3), np.float32), "BC"),
+        jnp.zeros((2, 4)),
+        jnp.zeros((2, 4)),
+        jnp.ones((16, 3)),
+        jnp.ones((16, 4)),
+        jnp.zeros(16),
+    ),
+    df.OpError,
+    "df.ops.lstm",
+    "recurrent_weights",
+    r"\(16, 4\)",
+)
+row(
+    "ops-onehot-decode-no-channel-axis",
+    lambda: df.ops.onehot_decode(df.dlarray(np.ones((2, 3), np.float32), "BT")),
+    df.FormatError,
+    "onehot_decode",
+    "'BT'",
+    "'C'",
+)
+
+# -- layers of version 2: options and formats --------------------------------------------------
+
+row("conv1d-filter-pair", lambda: L.Conv1D((3, 3), 4), df.LayerError, "Conv1D", r"\(3, 3\)")
+row("conv1d-padding-valid", lambda: L.Conv1D(3, 4, padding="valid"), df.LayerError, "valid")
+row("conv3d-filter-pair", lambda: L.Conv3D((3, 3), 4), df.LayerError, "Conv3D", "3 positive")
+row("conv3d-stride", lambda: L.Conv3D(3, 4, stride=(1, 0, 1)), df.LayerError, r"\(1, 0, 1\)")
+row(
+    "transposed-conv-cropping",
+    lambda: L.TransposedConv2D(3, 4, cropping="full"),
+    df.LayerError,
+    "TransposedConv2D",
+    "cropping",
+    "'full'",
+    "cropping='same'",
+)
+row("transposed-conv-filters", lambda: L.TransposedConv2D(3, 0), df.LayerError, "num_filters")
+row("avgpool-size-zero", lambda: L.AveragePool2D(0), df.LayerError, "AveragePool2D", "pool_size")
+row(
+    "avgpool-padding-value",
+    lambda: L.AveragePool2D(2, padding_value="max"),
+    df.LayerError,
+    "padding_value",
+    "'max'",
+)
+row("groupnorm-groups-word", lambda: L.GroupNorm("all"), df.LayerError, "num_groups", "'all'")
+row(
+    "groupnorm-groups-divide",
+    lambda: df.Network([L.ImageInput((4, 4, 3)), L.GroupNorm(2)]).initialize(key=KEY),
+    df.LayerError,
+    "GroupNorm",
+    "3 channels",
+    "num_groups=2",
+)
+row("resize-method", lambda: L.Resize2D(scale=2, method="cubic"), df.LayerError, "cubic")
+row(
+    "resize-scale-and-size",
+    lambda: L.Resize2D(scale=2, output_size=(4, 4)),
+    df.LayerError,
+    "Resize2D",
+    "scale",
+    "output_size",
+)
+row("leaky-relu-scale", lambda: L.LeakyReLU("a"), df.LayerError, "LeakyReLU", "scale", "'a'")
+row("clipped-relu-ceiling", lambda: L.ClippedReLU(-1), df.LayerError, "ceiling", "-1")
+row(
+    "global-max-pool-on-features",
+    lambda: df.Network([L.FeatureInput(3), L.GlobalMaxPool2D()]).initialize(key=KEY),
+    df.FormatError,
+    "GlobalMaxPool2D",
+    "'BC'",
+)
+row(
+    "conv1d-on-images",
+    lambda: df.Network([L.ImageInput((4, 4, 3)), L.Conv1D(3, 2)]).initialize(key=KEY),
+    df.FormatError,
+    "Conv1D",
+    "'BSSC'",
+    "Conv2D",
+)
+row(
+    "conv3d-on-images",
+    lambda: df.Network([L.ImageInput((4, 4, 3)), L.Conv3D(3, 2)]).initialize(key=KEY),
+    df.FormatError,
+    "Conv3D",
+    "'BSSC'",
+    "'BSSSC'",
+)
+
+# -- sequences, precision and scale options ----------------------------------------------------
+
+row(
+    "options-sequence-length-word",
+    lambda: df.TrainingOptions(sequence_length="longests"),
+    df.OptionsError,
+    "sequence_length",
+    "'longests'",
+    "'longest'",
+)
+row(
+    "options-sequence-length-zero",
+    lambda: df.TrainingOptions(sequence_length=0),
+    df.OptionsError,
+    "sequence_length",
+    "got 0",
+)
+row(
+    "options-sequence-direction",
+    lambda: df.TrainingOptions(sequence_padding_direction="up"),
+    df.OptionsError,
+    "sequence_padding_direction",
+    "'up'",
+)
+row(
+    "options-sequence-padding-value",
+    lambda: df.TrainingOptions(sequence_padding_value="zero"),
+    df.OptionsError,
+    "sequence_padding_value",
+    "'zero'",
+)
+row(
+    "options-sequence-bucketing",
+    lambda: df.TrainingOptions(sequence_bucketing=0),
+    df.OptionsError,
+    "sequence_bucketing",
+    "got 0",
+)
+row(
+    "options-precision-fp8",
+    lambda: df.TrainingOptions(precision="fp8"),
+    df.OptionsError,
+    "precision",
+    "'fp8'",
+    "'bfloat16'",
+)
+row(
+    "options-fsdp-on-one-device",
+    lambda: df.TrainingOptions(parameter_sharding="fsdp"),
+    df.OptionsError,
+    "parameter_sharding",
+    "execution_environment='auto'",
+)
+row(
+    "options-mesh-axis",
+    lambda: df.TrainingOptions(execution_environment="multi-device", mesh_shape={"batch": 2}),
+    df.OptionsError,
+    "mesh_shape",
+    "'batch'",
+    "'data', 'model'",
+)
+row(
+    "options-mesh-two-inferred",
+    lambda: df.TrainingOptions(
+        execution_environment="multi-device", mesh_shape={"data": -1, "model": -1}
+    ),
+    df.OptionsError,
+    "mesh_shape",
+    "-1",
+)
+row(
+    "trainnet-multi-host-without-jax-distributed",
+    lambda: train(options=quiet(execution_environment="multi-host")),
+    df.OptionsError,
+    "multi-host",
+    r"jax\.distributed\.initialize",
+)
+row(
+    "learnable-sharding-tuple",
+    lambda: df.learnable(sharding=(None, "model")),
+    df.LayerError,
+    "sharding",
+    "tuple",
+    "PartitionSpec",
+)
+
+
+@case("partition-spec-unknown-mesh-axis", df.OptionsError, "'bad/weights'", "'tensor'", "'data'")
+def _():
+    class TensorParallel(df.Layer):
+        weights: jax.Array | None = df.learnable(
+            default=None, sharding=jax.sharding.PartitionSpec(None, "tensor")
+        )
+
+        def initialize(self, layout, *, key):
+            return self.replace(weights=jnp.ones((layout.size("C"), 2)))
+
+        def predict(self, x):
+            return x @ self.weights
+
+    net = df.Network([L.FeatureInput(3, name="in"), TensorParallel(name="bad")])
+    train(net=net, options=quiet(execution_environment="multi-device"))
+
+
+# -- ONNX --------------------------------------------------------------------------------------
+
+
+def _onnx_relu(opset: int) -> bytes:
+    """A one-node ONNX model made with the onnx package itself (not by difffn)."""
+    from onnx import TensorProto, helper
+
+    value = helper.make_tensor_value_info
+    graph = helper.make_graph(
+        [helper.make_node("Relu", ["x"], ["y"])],
+        "relu",
+        [value("x", TensorProto.FLOAT, [1, 3])],
+        [value("y", TensorProto.FLOAT, [1, 3])],
+    )
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", opset)])
+    return model.SerializeToString()
+
+
+def _import_file(content: bytes):
+    def go(folder):
+        with open(f"{folder}/model.onnx", "wb") as file:
+            file.write(content)
+        return df.import_onnx(f"{folder}/model.onnx")
+
+    return _in_tmp(go)
+
+
+row(
+    "onnx-truncated-file",
+    lambda: _import_file(_onnx_relu(13)[:20]),
+    df.ONNXImportError,
+    "model.onnx",
+    "truncated",
+)
+row(
+    "onnx-not-an-onnx-file",
+    lambda: _import_file(b"name,value\n1,2\n"),
+    df.ONNXImportError,
+    "model.onnx",
+    "not an ONNX model",
+)
+row(
+    "onnx-opset-too-old",
+    lambda: _import_file(_onnx_relu(6)),
+    df.ONNXImportError,
+    "opset 6",
+    "convert_version",
+)
+row("onnx-source-int", lambda: df.import_onnx(3), df.ONNXImportError, "import_onnx", "int")
+row(
+    "onnx-export-a-layer",
+    lambda: df.export_onnx(L.ReLU(), df.Layout((None, 3), "BC"), path="x.onnx"),
+    df.ONNXExportError,
+    "df.Network",
+    "ReLU",
+)
+
+
 # -- solvers and small functions --------------------------------------------------------------
 
 row(

@@ -89,7 +89,9 @@ def padding_2d(layer, value: Any, *, argument: str = "padding"):
         "'same', a non-negative int, a pair (top_bottom, left_right), four ints "
         "(top, bottom, left, right) or ((top, bottom), (left, right))"
     )
-    fix = "e.g. padding='same' (output size ceil(input / stride)) or padding=1."
+    # TransposedConv2D's cropping shares the forms; its 'same' makes the output size * stride
+    same = "input * stride" if argument == "cropping" else "ceil(input / stride)"
+    fix = f"e.g. {argument}='same' (output size {same}) or {argument}=1."
     if isinstance(value, str):
         if value != "same":
             raise bad_argument(layer, argument, expected, value, fix)
