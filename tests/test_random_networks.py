@@ -38,7 +38,8 @@ def bounded(n: int):
 
 
 # Mostly valid options (so that most networks get as far as save and load), some invalid: 0 and
-# -1 sizes, probabilities outside [0, 1), negative or zero epsilon and alpha.
+# -1 sizes, probabilities outside [0, 1), negative or zero epsilon and alpha, group counts that
+# do not divide the channels, negative scales.
 sizes = st.integers(1, 4) | st.sampled_from([0, -1])
 probabilities = st.sampled_from([0.3, 0.0, 1.0, 1.5, -0.1])
 
@@ -51,6 +52,9 @@ feature_layers = st.one_of(
         functools.partial, st.just(L.BatchNorm), epsilon=st.sampled_from([1e-5, 1e-3, 0.0, -1.0])
     ),
     st.just(L.Softmax),
+    st.builds(functools.partial, st.just(L.LeakyReLU), st.sampled_from([0.01, 0.2, "a"])),
+    st.builds(functools.partial, st.just(L.ClippedReLU), st.sampled_from([6.0, 1.0, -1.0])),
+    st.sampled_from([L.GELU, L.Tanh, L.Swish, L.LayerNorm]),
 )
 image_layers = st.one_of(
     st.builds(
@@ -62,7 +66,12 @@ image_layers = st.one_of(
         padding=st.sampled_from([0, 1, "same", "sam"]),
     ),
     st.builds(functools.partial, st.just(L.MaxPool2D), st.integers(0, 3), stride=st.integers(1, 2)),
-    st.just(L.GlobalAveragePool2D),
+    st.builds(
+        functools.partial, st.just(L.AveragePool2D), st.integers(0, 3), stride=st.integers(1, 2)
+    ),
+    st.sampled_from([L.GlobalAveragePool2D, L.GlobalMaxPool2D]),
+    st.builds(functools.partial, st.just(L.GroupNorm), st.sampled_from([1, 2, "channel-wise", 0])),
+    st.builds(functools.partial, st.just(L.Resize2D), scale=st.sampled_from([2, 0.5, -1])),
     st.just(L.BatchNorm),
     st.just(L.ReLU),
     st.just(L.Flatten),
@@ -76,6 +85,13 @@ sequence_layers = st.one_of(
     ),
     st.builds(
         functools.partial, st.just(L.GRU), sizes, output_mode=st.sampled_from(["sequence", "last"])
+    ),
+    st.builds(
+        functools.partial,
+        st.just(L.Conv1D),
+        st.integers(0, 3),
+        sizes,
+        padding=st.sampled_from(["causal", "same", 0, "valid"]),
     ),
     st.just(L.ReLU),
 )
