@@ -190,7 +190,7 @@ def single_layers(draw):
 
 
 @pytest.mark.slow
-@bounded(4)
+@bounded(3)
 @given(single_layers())
 def test_check_layer_on_random_layers_reports_or_raises_a_df_error(subject):
     make, layout = subject
