@@ -5,6 +5,9 @@ API, the ``df.Error`` subclass expected, and regexes the message must match: wha
 layer, argument, option, path) and what was expected or got. Every message must also say how to
 fix it (``FIX``). A raw Python or JAX exception, a silent result or a message without a fix is a
 failing row: the fix belongs in the module that owns the concept, not here.
+
+The file is one table on purpose (past the usual length of a module): a mistake is found, and
+a duplicate id caught, by reading or searching one catalogue; its sections follow the public API.
 """
 
 from __future__ import annotations
