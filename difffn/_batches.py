@@ -11,6 +11,7 @@ from __future__ import annotations
 import jax.numpy as jnp
 import numpy as np
 
+from ._arrays import check_numbers
 from ._errors import OptionsError
 from ._format import FormattedArray, dlarray
 
@@ -32,29 +33,9 @@ def batch_axis(x, fmt: str | None = None, *, what: str = "data") -> int:
 
 
 def check_data(x, *, what: str) -> None:
-    """Host-side checks of one data array: real numbers (or booleans), not strings or complex.
-
-    A complex array given to a real network would lose its imaginary part without a word, and
-    strings or objects fail deep inside JAX; both are named here, before anything runs.
-    """
-    data = x.data if isinstance(x, FormattedArray) else x
-    dtype = getattr(data, "dtype", None)
-    if dtype is None:
-        kind = type(x).__name__
-        raise OptionsError(
-            f"{what} must be an array; got {kind}. Fix: pass np.asarray(...) of numbers."
-        )
-    if jnp.issubdtype(dtype, jnp.complexfloating):
-        raise OptionsError(
-            f"{what} is complex ({dtype}); the network computes in real numbers and would drop "
-            "the imaginary part. Fix: pass the real and imaginary parts as separate channels, "
-            "e.g. np.concatenate([x.real, x.imag], axis=channel_axis)."
-        )
-    if not (jnp.issubdtype(dtype, jnp.number) or jnp.issubdtype(dtype, jnp.bool_)):
-        raise OptionsError(
-            f"{what} has dtype {dtype}, which is not numbers (strings or Python objects?). "
-            "Fix: pass numeric arrays (np.asarray(x, dtype=np.float32), class labels as ints)."
-        )
+    """Host-side checks of one data array: real numbers (or booleans), not strings or complex
+    (``_arrays.check_numbers``, as an ``OptionsError``)."""
+    check_numbers(x, what=what, error=OptionsError)
 
 
 def count(x, axis: int) -> int:

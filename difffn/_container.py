@@ -34,9 +34,25 @@ VERSION = 1
 _HEADER = struct.Struct("<8sI16sQ32s")
 
 
+_READERS = {
+    "network": "df.load(path, like=net)",
+    "checkpoint": "df.load(path, like=net) or df.trainnet(..., resume_from=path)",
+    "exported": "df.load_exported(path)",
+}
+
+
+def _as_path(path) -> Path:
+    if not isinstance(path, (str, os.PathLike)):
+        raise SerializationError(
+            f"the path must be a str or os.PathLike; got {type(path).__name__} {path!r}. Fix: "
+            "pass a file name such as 'model.difffn'."
+        )
+    return Path(path)
+
+
 def write(path: str | os.PathLike, kind: str, payload: dict[str, Any]) -> Path:
     """Serialize ``payload`` and write it atomically to ``path``; returns the path."""
-    path = Path(path)
+    path = _as_path(path)
     data = msgpack_codec().msgpack_serialize(payload)
     header = _HEADER.pack(
         MAGIC,
@@ -75,7 +91,8 @@ def write(path: str | os.PathLike, kind: str, payload: dict[str, Any]) -> Path:
         if isinstance(error, OSError):
             raise SerializationError(
                 f"could not write {str(path)!r}: {error.strerror or error}. The previous file, "
-                "if any, is unchanged."
+                "if any, is unchanged. Fix: pass the path of a file (not a folder) in a folder "
+                "you can write to."
             ) from error
         raise
     _fsync_folder(folder)
@@ -114,7 +131,7 @@ def read(path: str | os.PathLike, kind: str | tuple[str, ...]) -> dict[str, Any]
 
     ``kind`` is the kind expected, or a tuple of the kinds accepted.
     """
-    path = Path(path)
+    path = _as_path(path)
     try:
         with open(path, "rb") as handle:
             size = os.fstat(handle.fileno()).st_size
@@ -122,9 +139,14 @@ def read(path: str | os.PathLike, kind: str | tuple[str, ...]) -> dict[str, Any]
             digest = _check_header(path, head, size, kind)
             data = handle.read()
     except FileNotFoundError:
-        raise SerializationError(f"{str(path)!r} does not exist.") from None
+        raise SerializationError(
+            f"{str(path)!r} does not exist. Fix: check the path (relative paths start at "
+            f"{os.getcwd()!r})."
+        ) from None
     except IsADirectoryError:
-        raise SerializationError(f"{str(path)!r} is a folder, not a difffn file.") from None
+        raise SerializationError(
+            f"{str(path)!r} is a folder, not a difffn file. Fix: pass the path of a file in it."
+        ) from None
     except OSError as error:
         raise SerializationError(f"cannot read {str(path)!r}: {error}.") from error
     if len(data) != size - _HEADER.size:
@@ -159,11 +181,15 @@ def _check_header(path: Path, head: bytes, size: int, kind) -> bytes:
     kinds = (kind,) if isinstance(kind, str) else tuple(kind)
     if file_kind not in kinds:
         wanted = " or ".join(repr(k) for k in kinds)
-        raise SerializationError(f"{str(path)!r} holds a difffn {file_kind!r}, not a {wanted}.")
+        reader = _READERS.get(file_kind)
+        raise SerializationError(
+            f"{str(path)!r} holds a difffn {file_kind!r}, not a {wanted}."
+            + (f" Fix: read it with {reader}." if reader else "")
+        )
     if size - _HEADER.size != length:
         raise SerializationError(
             f"{str(path)!r} is truncated or has trailing bytes: expected a payload of {length} "
-            f"bytes, found {size - _HEADER.size}. The file is damaged; use another copy."
+            f"bytes, found {size - _HEADER.size}. The file is damaged. Fix: use another copy."
         )
     return digest
 

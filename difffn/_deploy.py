@@ -28,6 +28,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from . import _container, _export
+from ._arrays import as_numbers
 from ._errors import NetworkError, SerializationError, type_name
 from ._format import FormattedArray, Layout, dims, dlarray, stripdims
 from ._network import Network
@@ -113,7 +114,11 @@ def export(
     else:
         layouts = layouts_and_path
     if not isinstance(net, Network):
-        raise SerializationError(f"df.export expected a df.Network; got {type_name(net)}.")
+        raise SerializationError(
+            f"df.export expected a df.Network; got {type_name(net)}. Fix: df.export(net, "
+            "*layouts, path=...) with net a df.Network (wrap a single layer: "
+            "df.Network([layer]))."
+        )
     if not isinstance(vjp_order, int) or isinstance(vjp_order, bool) or vjp_order < 0:
         raise SerializationError(
             f"df.export: vjp_order is {vjp_order!r}; expected a non-negative int (how many "
@@ -274,7 +279,8 @@ class ExportedNetwork:
         if len(inputs) != len(self.input_names):
             raise NetworkError(
                 f"the exported network takes {len(self.input_names)} input(s) "
-                f"{list(self.input_names)}; got {len(inputs)}."
+                f"{list(self.input_names)}; got {len(inputs)}. Fix: pass one array per input, "
+                "in that order."
             )
         xs = []
         for x, name, layout, dtype in zip(
@@ -287,7 +293,9 @@ class ExportedNetwork:
                         f"got {x.format!r}. Fix: df.permute(x, {layout.format!r})."
                     )
                 x = x.data
-            x = jnp.asarray(x)
+            x = jnp.asarray(
+                as_numbers(x, what=f"exported network input {name!r}", error=NetworkError)
+            )
             bad = x.ndim != layout.ndim or any(
                 want is not None and want != got
                 for want, got in zip(layout.shape, x.shape, strict=True)
@@ -295,7 +303,8 @@ class ExportedNetwork:
             if bad:
                 raise NetworkError(
                     f"exported network input {name!r} expects {layout} (None: any size); got "
-                    f"shape {x.shape}."
+                    f"shape {x.shape}. Fix: pass data of the layout the network was exported "
+                    "for (or export it again for these sizes)."
                 )
             if x.dtype != np.dtype(dtype):
                 if not jnp.can_cast(x.dtype, dtype, casting="same_kind"):

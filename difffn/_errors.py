@@ -10,9 +10,35 @@ was expected and what was got, and *how to fix it*.
 
 from __future__ import annotations
 
+_CAUSE = BaseException.__cause__  # the built-in descriptors, which the property below wraps
+_JAX_FORWARD_TRACE = "JaxStackTraceBeforeTransformation"
+
+
+def _get_cause(self):
+    return _CAUSE.__get__(self)
+
+
+def _set_cause(self, value):
+    if type(value).__name__ == _JAX_FORWARD_TRACE:
+        # JAX moves the error's own chain onto its record of the forward pass: take it back.
+        _CAUSE.__set__(self, value.__cause__)
+        self.__context__ = value.__context__
+        self.__suppress_context__ = value.__suppress_context__
+        return
+    _CAUSE.__set__(self, value)
+
 
 class Error(Exception):
-    """Base class of every error difffn raises for a user's mistake."""
+    """Base class of every error difffn raises for a user's mistake.
+
+    An error raised while JAX transforms an operation (a backward rule running inside
+    ``jax.grad``) would get, as its ``__cause__``, JAX's record of the forward call's stack
+    (``JaxStackTraceBeforeTransformation``), printed as a second traceback of JAX's frames above
+    the error. difffn's messages name the user's class, method and line instead, so an ``Error``
+    declines that record and keeps its own chain: one traceback. ``raise ... from`` is unchanged.
+    """
+
+    __cause__ = property(_get_cause, _set_cause)  # type: ignore[assignment]
 
 
 class FormatError(Error, ValueError):

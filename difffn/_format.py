@@ -19,7 +19,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from ._errors import FormatError, type_name
-from ._formatted_array import FormattedArray
+from ._formatted_array import FormattedArray, asarray
 from ._labels import _UNIQUE_LABELS, _validate_format, _validate_label
 
 __all__ = ["FormattedArray", "Layout", "dims", "dlarray", "finddim", "permute", "stripdims"]
@@ -55,7 +55,7 @@ class Layout:
         if isinstance(shape, (str, bytes)) or not isinstance(shape, Iterable):
             raise FormatError(
                 f"Layout shape must be a sequence of sizes (int or None), got "
-                f"{type_name(shape)} {shape!r}."
+                f"{type_name(shape)} {shape!r}. Fix: e.g. df.Layout((None, 3), 'BC')."
             )
         sizes = []
         for i, n in enumerate(shape):
@@ -165,21 +165,9 @@ def _validate_size(n: object, *, what: str) -> int | None:
     if isinstance(n, (int, np.integer)) and not isinstance(n, (bool, np.bool_)) and n >= 0:
         return int(n)
     raise FormatError(
-        f"{what} must be a non-negative int or None (unknown size), got {type_name(n)} {n!r}."
+        f"{what} must be a non-negative int or None (unknown size), got {type_name(n)} {n!r}. "
+        "Fix: pass a whole number of elements, or None where the size may vary."
     )
-
-
-def as_array(x) -> jax.Array:
-    """``x`` as a JAX array; a NumPy array is copied to the device without a compiled program.
-
-    ``jnp.asarray`` of a NumPy array runs a conversion compiled per shape, and JAX keeps each one
-    (measured on CPU, jax 0.10.2: 1.4 MiB per new shape, never released): a service fed NumPy
-    arrays of many shapes would grow without bound. ``jax.device_put`` copies, with the same
-    dtype canonicalization, and compiles nothing.
-    """
-    if isinstance(x, np.ndarray):
-        return jax.device_put(x)
-    return jnp.asarray(x)
 
 
 def dlarray(x: Any, fmt: str | None = None) -> Any:
@@ -208,8 +196,8 @@ def dlarray(x: Any, fmt: str | None = None) -> Any:
         difffn._errors.FormatError: dlarray: fmt 'BSC' has 3 labels ... (shape (2, 3)); ...
     """
     if fmt is None:
-        return x if isinstance(x, FormattedArray) else as_array(x)
-    data = as_array(x._data if isinstance(x, FormattedArray) else x)
+        return x if isinstance(x, FormattedArray) else asarray(x)
+    data = asarray(x._data if isinstance(x, FormattedArray) else x)
     return FormattedArray._wrap(
         data, _validate_format(fmt, data.ndim, what="dlarray: fmt", shape=data.shape)
     )

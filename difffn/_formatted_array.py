@@ -25,6 +25,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from ._arrays import as_numbers
 from ._errors import FormatError, type_name
 from ._labels import _validate_format
 
@@ -54,6 +55,23 @@ def _describe_index(k: object) -> str:
     if shape is not None and dtype is not None:
         return f"{type_name(k)} of shape {tuple(shape)} and dtype {dtype}"
     return f"{type_name(k)} {k!r}"
+
+
+def asarray(data: Any) -> jax.Array:
+    """``data`` as a JAX array; strings, Python objects and ragged lists are a named FormatError.
+
+    A NumPy array is copied to the device with ``jax.device_put``, not ``jnp.asarray``:
+    ``jnp.asarray`` of a NumPy array runs a conversion compiled per shape, and JAX keeps each one
+    (measured on CPU, jax 0.10.2: 1.4 MiB per new shape, never released), so a service fed NumPy
+    arrays of many shapes would grow without bound. ``jax.device_put`` copies, with the same
+    dtype canonicalization, and compiles nothing.
+    """
+    if not isinstance(data, jax.Array):
+        # Checked first: JAX would warn (NumPy's deprecated 'a' alias) or fail in its own words.
+        data = as_numbers(data, what="dlarray: the data", error=FormatError, real=False)
+    if isinstance(data, np.ndarray):
+        return jax.device_put(data)
+    return jnp.asarray(data)
 
 
 def _binary(fn: Callable[[Any, Any], Any], symbol: str, *, reflected: bool = False):
@@ -116,7 +134,7 @@ class FormattedArray:
     def __init__(self, data: Any, fmt: str):
         if isinstance(data, FormattedArray):
             data = data._data
-        data = jnp.asarray(data)
+        data = asarray(data)
         self._data = data
         self._format = _validate_format(fmt, data.ndim, shape=data.shape)
 
@@ -271,8 +289,8 @@ class FormattedArray:
                 raise FormatError(
                     f"FormattedArray {self._format!r} supports basic indexing only (ints, slices "
                     f"and ...), got {_describe_index(k)}; boolean and array indexing do not "
-                    f"keep axes in place. Index df.stripdims(x) instead and re-apply a format "
-                    f"with df.dlarray."
+                    f"keep axes in place. Fix: index df.stripdims(x) instead and re-apply a "
+                    f"format with df.dlarray."
                 )
         explicit = sum(k is not Ellipsis for k in items)
         if explicit > len(self._format) or sum(k is Ellipsis for k in items) > 1:

@@ -115,7 +115,7 @@ class DifferentiableFunction:
         if "<locals>" not in cls.__qualname__:
             jax.tree_util.register_static(cls)
         if (
-            cls.__init__ is object.__init__
+            cls.__init__ is DifferentiableFunction.__init__
             and _defines(cls, "forward")
             and _defines(cls, "backward")
         ):
@@ -123,6 +123,18 @@ class DifferentiableFunction:
             names, required, variadic = _signature(cls)
             if not variadic:
                 _check_backward_arity(cls, rules.flags_of_class(cls), names)
+
+    def __init__(self, *args, **kwargs):
+        if args or kwargs:
+            # MATLAB calls the object directly (``f = MyFunction(); y = f(x)``); giving the
+            # inputs to the constructor is the mistake this names.
+            cls = type(self).__name__
+            raise DifferentiableFunctionError(
+                f"{cls}(...) got {len(args) + len(kwargs)} argument(s), but {cls} defines no "
+                f"__init__ to take configuration. A DifferentiableFunction is made, then called "
+                f"on its inputs. Fix: {cls}()(x, ...), or define __init__(self, ...) for "
+                "configuration."
+            )
 
     def forward(self, *inputs):
         raise NotImplementedError

@@ -39,6 +39,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from . import _cotangents as ct
+from . import _user_code
 from ._describe import is_array
 from ._errors import DifferentiableFunctionError, ForwardError
 from ._format import FormattedArray
@@ -153,6 +154,11 @@ def split_forward_result(fcn, flags: Flags, result, who: str):
     """``forward``'s (or ``vmap``'s) return value as (outputs tuple, memory tuple)."""
     n_out, n_mem = flags.num_outputs, flags.num_memory
     total = n_out + n_mem
+    if result is None:
+        raise ForwardError(
+            f"{who} returned None; expected {total} value(s) (num_outputs={n_out} outputs, then "
+            f"num_memory_values={n_mem} memory values). Fix: add the missing `return`."
+        )
     if total == 1:
         # One value: it is the output, whatever its structure; a bare 1-tuple is unwrapped
         # (as before pytree outputs existed).
@@ -196,8 +202,22 @@ def run_forward(fcn, xs):
     """Call the user's forward on ``xs`` and split its result into (outputs, memory values)."""
     flags = flags_of(fcn)
     who = f"{type(fcn).__name__}.forward"
-    outputs, memory = split_forward_result(fcn, flags, fcn.forward(*xs), who)
+    outputs, memory = split_forward_result(fcn, flags, user_call(fcn, "forward", *xs), who)
     return check_outputs(outputs, who), memory
+
+
+def user_call(fcn, method: str, *args):
+    """``fcn.method(*args)``: Python control flow on traced values in it is named, with the fix
+    (``_user_code``)."""
+    return _user_code.call(
+        getattr(fcn, method),
+        *args,
+        what=f"{type(fcn).__name__}.{method}",
+        fix=(
+            f"{_user_code.TRACEABLE_FIX} (a DifferentiableFunction is traced under jax.jit, "
+            "inside networks and trainnet: its methods must be traceable)"
+        ),
+    )
 
 
 # -- the operation ----------------------------------------------------------------------------
@@ -257,7 +277,7 @@ class Operation:
 
     def _primal(self, *leaves):
         who = f"{self.cls_name}.forward"
-        result = self.fcn.forward(*self.inputs(leaves))
+        result = user_call(self.fcn, "forward", *self.inputs(leaves))
         outputs, memory = split_forward_result(self.fcn, self.flags, result, who)
         return self._pack(check_outputs(outputs, who), memory, who)
 
@@ -272,7 +292,7 @@ class Operation:
     def _vmap_rule(self, axis_size, in_batched, *leaves):
         who = f"{self.cls_name}.vmap"
         batched = self.inputs(in_batched)
-        result = self.fcn.vmap(axis_size, batched, *self.inputs(leaves))
+        result = user_call(self.fcn, "vmap", axis_size, batched, *self.inputs(leaves))
         if not isinstance(result, (tuple, list)) or len(result) != 2:
             raise ForwardError(
                 f"{who} returned a {type(result).__name__}; expected a pair (outputs, "
@@ -380,7 +400,7 @@ class Operation:
             args += jax.tree.unflatten(out_tree, list(saved_outputs))
         if flags.num_memory:
             args += ct.join_memory(mem, mem_arrays)
-        result = fcn.backward(*args)
+        result = user_call(fcn, "backward", *args)
         grads = self._check_gradients(result, perturbed, in_specs)
         if flags.once_differentiable:
             present = [g for g in grads if g is not None]
@@ -423,7 +443,7 @@ class Operation:
             for i, v in zip(chosen, values):
                 full[i] = v
             who = f"{self.cls_name}.forward"
-            result = self.fcn.forward(*self.inputs(full))
+            result = user_call(self.fcn, "forward", *self.inputs(full))
             return ct.split_memory(split_forward_result(self.fcn, self.flags, result, who)[1], who)[
                 1
             ]
@@ -456,7 +476,7 @@ class Operation:
             None if not differentiable(x) else ct.instantiate(t, ct.Spec.of(x))
             for x, t in zip(primals, tangents)
         ]
-        result = self.fcn.jvp(self.inputs(primals), self.inputs(ts))
+        result = user_call(self.fcn, "jvp", self.inputs(primals), self.inputs(ts))
         if not isinstance(result, (tuple, list)) or len(result) != 2:
             raise DifferentiableFunctionError(
                 f"{who} returned {type(result).__name__}; expected a pair (outputs, "

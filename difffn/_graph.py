@@ -51,7 +51,8 @@ class Graph:
             return self.names.index(name)
         except ValueError:
             raise NetworkError(
-                f"the network has no layer named {name!r}; its layers are {list(self.names)}."
+                f"the network has no layer named {name!r}; its layers are {list(self.names)}. "
+                "Fix: use one of those names."
             ) from None
 
     def port(self, spec: str, *, kind: str, what: str) -> tuple[int, int]:
@@ -76,7 +77,8 @@ class Graph:
 
 def _port_error(what, name, ports, kind):
     return NetworkError(
-        f"{what}: layer {name!r} has no {kind} {ports[1]!r}; its {kind}s are {list(ports[0])}."
+        f"{what}: layer {name!r} has no {kind} {ports[1]!r}; its {kind}s are {list(ports[0])}. "
+        f"Fix: name one of them, as '{name}/{ports[0][0]}'."
     )
 
 
@@ -86,7 +88,10 @@ def _parse(spec: str, ports, names: Sequence[str], *, kind: str, what: str):
         raise NetworkError(f"{what}: expected a 'layer' or 'layer/port' string; got {spec!r}.")
     layer_name, _, port = spec.partition("/")
     if layer_name not in names:
-        raise NetworkError(f"{what}: no layer named {layer_name!r}; the layers are {list(names)}.")
+        raise NetworkError(
+            f"{what}: no layer named {layer_name!r}; the layers are {list(names)}. Fix: use one "
+            "of those names."
+        )
     i = names.index(layer_name)
     port_names = ports[i][1] if kind == "output" else ports[i][0]
     if not port:
@@ -241,7 +246,7 @@ def _topological_order(names, sources) -> tuple[int, ...]:
         raise NetworkError(
             f"the connections form a cycle through {_find_cycle(names, sources, set(order))}. "
             "Networks are acyclic; for recurrence use a recurrent layer (e.g. df.layers.LSTM) "
-            "or a custom layer with state."
+            "or a custom layer with state. Fix: remove the connection that closes the cycle."
         )
     return tuple(order)
 
@@ -272,7 +277,8 @@ def flatten_layers(layers):
     if not isinstance(layers, (list, tuple)) or not layers:
         raise NetworkError(
             f"Network(layers) expected a non-empty list of df.Layer (or of lists of layers); "
-            f"got {type(layers).__name__}."
+            f"got {'an empty ' if not layers else ''}{type(layers).__name__}. Fix: e.g. "
+            "df.Network([df.layers.FeatureInput(3), df.layers.FullyConnected(2)])."
         )
     flat, chains = [], []
     current: list[int] = []
@@ -296,8 +302,9 @@ def flatten_layers(layers):
             chains.append(chain)
         else:
             raise NetworkError(
-                f"Network(layers): got {type(item).__name__}; expected df.Layer objects (or "
-                "lists of them, one per chain)."
+                f"Network(layers): got {type(item).__name__} {item!r:.40}; expected df.Layer "
+                "objects (or lists of them, one per chain). Fix: pass layer objects, e.g. "
+                "df.layers.ReLU() instead of 'relu'."
             )
     if current:
         chains.append(current)

@@ -99,7 +99,8 @@ def remove_layers(net, names):
     unknown = [n for n in names if n not in g.names]
     if unknown:
         raise NetworkError(
-            f"{what}: the network has no layer named {unknown}; its layers are {list(g.names)}."
+            f"{what}: the network has no layer named {unknown}; its layers are {list(g.names)}. "
+            "Fix: use names from that list."
         )
     removed = set(names)
     if removed == set(g.names):
@@ -125,11 +126,13 @@ def replace_layer(net, name: str, layers, *, reconnect_by: str = "name"):
     what = f"replace_layer({name!r}, ...)"
     if reconnect_by not in _RECONNECT:
         raise NetworkError(
-            f"{what}: reconnect_by={reconnect_by!r}; expected one of {list(_RECONNECT)}."
+            f"{what}: reconnect_by={reconnect_by!r}; expected one of {list(_RECONNECT)}. Fix: "
+            "reconnect_by='name' (ports matched by name) or 'order' (by position)."
         )
     if name not in g.names:
         raise NetworkError(
-            f"{what}: the network has no layer named {name!r}; its layers are {list(g.names)}."
+            f"{what}: the network has no layer named {name!r}; its layers are {list(g.names)}. "
+            "Fix: use one of those names."
         )
     i = g.names.index(name)
     old = net.layers[i]

@@ -47,7 +47,8 @@ def _validate_format(
     if not isinstance(fmt, str):
         raise FormatError(
             f"{what} must be a format string with one label per axis from {_LABEL_HELP}, "
-            f"such as 'BSSC'; got {type_name(fmt)} {fmt!r}."
+            f"such as 'BSSC'; got {type_name(fmt)} {fmt!r}. Fix: pass the format as a string, "
+            "e.g. 'BC' for (batch, channels)."
         )
     bad = sorted({label for label in fmt if label not in _LABELS})
     if bad:
@@ -56,7 +57,7 @@ def _validate_format(
             hint = f" Labels are upper case: use {fmt.upper()!r}."
         raise FormatError(
             f"{what} {fmt!r} has invalid label(s) {', '.join(map(repr, bad))}; valid labels are "
-            f"{_LABEL_HELP}.{hint}"
+            f"{_LABEL_HELP}.{hint} Fix: label each axis with one of those letters."
         )
     counts = Counter(fmt)
     for label in _UNIQUE_LABELS:
@@ -69,7 +70,8 @@ def _validate_format(
         got = f" (shape {tuple(shape)})" if shape is not None else ""
         raise FormatError(
             f"{what} {fmt!r} has {len(fmt)} labels but the array has {ndim} dimensions{got}; "
-            f"give exactly one label per axis."
+            f"give exactly one label per axis. Fix: a format with {ndim} labels, e.g. "
+            f"{'BSSC'[:ndim] if ndim <= 4 else 'B' + 'S' * (ndim - 1)!r}."
         )
     return fmt
 
@@ -78,6 +80,7 @@ def _validate_label(label: object, *, what: str = "label") -> str:
     """Check a single axis label (``"S"``, ``"C"``, ``"B"``, ``"T"`` or ``"U"``) and return it."""
     if not (isinstance(label, str) and len(label) == 1 and label in _LABELS):
         raise FormatError(
-            f"{what} must be one of 'S', 'C', 'B', 'T', 'U' ({_LABEL_HELP}); got {label!r}."
+            f"{what} must be one of 'S', 'C', 'B', 'T', 'U' ({_LABEL_HELP}); got {label!r}. "
+            "Fix: pass one of those letters."
         )
     return label

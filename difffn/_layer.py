@@ -47,8 +47,10 @@ from ._fields import (
     is_network,
 )
 from ._format import FormattedArray, Layout
-from ._layer_call import CONCRETIZATION_ERRORS, call_layer
-from ._signatures import LAYER_METHODS, predict_arity
+from ._keys import check_key
+from ._layer_call import call_layer
+from ._signatures import LAYER_METHODS, accepts_key, predict_arity
+from ._user_code import CONCRETIZATION_ERRORS
 
 
 def _guarded(initialize):
@@ -65,6 +67,13 @@ def _guarded(initialize):
     @functools.wraps(initialize)
     def guarded(self, *layouts, **kwargs):
         layouts = tuple(_as_layout(self, i, layout) for i, layout in enumerate(layouts))
+        check_key(who(self, "initialize"), kwargs.get("key"), LayerError)
+        if not accepts_key(type(self), "initialize"):
+            raise LayerError(
+                f"{type(self).__name__}.initialize does not take the keyword argument key; "
+                "difffn passes the randomness for initialization explicitly (MATLAB's initialize "
+                "has no key). Fix: def initialize(self, layout, *, key): ..."
+            )
         try:
             return initialize(self, *layouts, **kwargs)
         except (Error, *CONCRETIZATION_ERRORS):
@@ -136,7 +145,8 @@ class _LayerMeta(type):
         except TypeError as error:
             fields = ", ".join(f.name for f in dataclasses.fields(cls))
             raise LayerError(
-                f"{cls.__name__}(...) could not be constructed: {error}. Its fields are: {fields}."
+                f"{cls.__name__}(...) could not be constructed: {error}. Its fields are: {fields}. "
+                "Fix: pass only those fields (options after the required ones are keywords)."
             ) from None
         cls.__init__(self, *args, **kwargs)
         missing = [f.name for f in dataclasses.fields(cls) if f.name not in self.__dict__]
@@ -373,6 +383,7 @@ def _validate(layer: Layer, changed: set[str] | None, *, previous: Layer | None 
     if changed is None:
         for n in cls._learnable_fields + cls._state_fields:
             d[n] = as_parameter(cls, n, d[n])
+        _check_name(layer)
         _resolve_ports(layer)
         d["type"] = d["type"] or cls.__name__
         d["description"] = d["description"] or cls.__name__
@@ -398,8 +409,19 @@ def _validate(layer: Layer, changed: set[str] | None, *, previous: Layer | None 
             del d["_initializing"]
         changed = changed | {n for n in BASE_FIELDS if d[n] is not before[n]}
     if any(kinds[n] == BASE for n in changed):
+        _check_name(layer)
         _resolve_ports(layer, changed=changed)
     d["_leaf_fields"] = _classify(layer)
+
+
+def _check_name(layer: Layer) -> None:
+    """A layer's name is a string: networks build parameter paths (``"layer/param"``) from it."""
+    name = layer.__dict__["name"]
+    if not isinstance(name, str):
+        raise LayerError(
+            f"{type(layer).__name__}: name must be a string; got {type(name).__name__} "
+            f"{name!r}. Fix: name={str(name)!r}."
+        )
 
 
 def _resolve_ports(layer: Layer, changed: set[str] | None = None) -> None:

@@ -4,7 +4,8 @@
 ``formattable = False`` receives plain arrays and its outputs take the format of its first
 formatted input; a ``formattable = True`` layer receives and returns ``FormattedArray``\\ s. A
 layer with a custom ``backward`` runs through ``_layer_backward``. A user method that uses Python
-control flow on traced values gets a named ``df.AccelerationError`` with the fixes.
+control flow on traced values, or passes a ``FormattedArray`` to ``jax.numpy``, gets a named error
+with the fixes (``_user_code``).
 """
 
 from __future__ import annotations
@@ -12,22 +13,15 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-import jax
 import jax.numpy as jnp
 
-from ._describe import is_array, raised_at, who
-from ._errors import AccelerationError, ForwardError, LayerError
+from . import _user_code
+from ._describe import is_array, who
+from ._errors import ForwardError, LayerError
 from ._fields import LEARNABLE, is_network
 from ._format import FormattedArray, dims, dlarray, stripdims
 from ._layer_backward import call_with_backward
 from ._signatures import accepts_key, accepts_mask, has_backward, has_method
-
-CONCRETIZATION_ERRORS = (
-    jax.errors.ConcretizationTypeError,
-    jax.errors.TracerArrayConversionError,
-    jax.errors.TracerIntegerConversionError,
-    jax.errors.NonConcreteBooleanIndexError,
-)
 
 
 def call_layer(layer, inputs: Sequence[Any], *, training: bool = False, key=None, mask=None):
@@ -102,34 +96,24 @@ def run_user(layer, inputs, training: bool, key, mask=None):
 
 
 def _invoke(layer, method: str, args, key, mask=None):
-    """Call a user method, turning tracing failures into a clear, named error."""
+    """Call a user method; what JAX cannot trace in it is named (``_user_code``)."""
     cls = type(layer)
     fn = getattr(layer, method)
     kwargs = {"key": key} if method == "forward" and accepts_key(cls, "forward") else {}
     if mask is not None and accepts_mask(cls, method):
         kwargs["mask"] = mask
-    try:
-        return fn(*args, **kwargs)
-    except CONCRETIZATION_ERRORS as error:
-        if layer.acceleratable:
-            fix = (
-                "Fixes: express the choice with jnp.where(...) or jax.lax.cond / "
-                "jax.lax.while_loop, or set `acceleratable = False` on the class so networks "
-                "run this layer eagerly (outside the compiled trace)."
-            )
-        else:
-            fix = (
-                "The class sets acceleratable = False, so networks run it eagerly, but here it "
-                "is being traced anyway (inside jax.jit or another staging transformation). "
-                "Fix: call it outside jit, or use jnp.where / jax.lax.cond."
-            )
-        where = raised_at(error)
-        raise AccelerationError(
-            f"{who(layer, method)} uses Python control flow or a "
-            "Python conversion (if/while/bool/int/float) on array values, which cannot be "
-            f"traced and compiled. {fix}\nJAX said: {str(error).splitlines()[0]}"
-            + (f" (at {where})" if where else "")
-        ) from None
+    if layer.acceleratable:
+        fix = (
+            f"{_user_code.TRACEABLE_FIX}, or set `acceleratable = False` on the class so "
+            "networks run this layer eagerly (outside the compiled trace)"
+        )
+    else:
+        fix = (
+            "call it outside jax.jit, or use jnp.where / jax.lax.cond (the class sets "
+            "acceleratable = False, so networks run it eagerly, but here it is being traced "
+            "anyway, inside jax.jit or another staging transformation)"
+        )
+    return _user_code.call(fn, *args, what=who(layer, method), fix=fix, **kwargs)
 
 
 def _split_returns(layer, method: str, result, with_memory: bool):
@@ -138,6 +122,12 @@ def _split_returns(layer, method: str, result, with_memory: bool):
     state_names = layer.state_names
     m, k = layer.num_outputs, len(state_names)
     total = m + k + (1 if with_memory else 0)
+    if result is None:
+        raise ForwardError(
+            f"{who(layer, method)} returned None; expected {total} value(s) ({m} output(s)"
+            + (f", then the state field(s) {list(state_names)}" if k else "")
+            + "). Fix: add the missing `return`."
+        )
     if total == 1 and not isinstance(result, (tuple, list)):
         result = (result,)
     if not isinstance(result, (tuple, list)) or len(result) != total:

@@ -392,14 +392,21 @@ def get_loss(loss, *, who: str = "trainnet"):
         if fn is None:
             raise OptionsError(
                 f"{who}: unknown loss {loss!r}; the built-in losses are "
-                f"{sorted(LOSSES)} (or pass any callable loss(Y, T) returning a scalar)."
+                f"{sorted(LOSSES)}. Fix: use one of those names, or pass a callable loss(Y, T) "
+                "returning a scalar."
             )
         return fn
+    if isinstance(loss, type):
+        raise OptionsError(
+            f"{who}: loss is the class {loss.__name__}, not a loss. Fix: pass an instance, "
+            f"{loss.__name__}() (with its configuration), or a function loss(Y, T)."
+        )
     if callable(loss):
         return loss
     raise OptionsError(
         f"{who}: loss must be a name ({sorted(LOSSES)}), a callable loss(Y, T) or a "
-        f"df.DifferentiableFunction; got {type(loss).__name__}."
+        f"df.DifferentiableFunction; got {type(loss).__name__}. Fix: pass e.g. 'mse' or "
+        "'crossentropy', or a function loss(Y, T)."
     )
 
 

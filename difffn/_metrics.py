@@ -34,6 +34,7 @@ import inspect
 import jax
 import jax.numpy as jnp
 
+from . import _user_code
 from ._errors import OptionsError
 from ._format import stripdims
 from ._losses import (
@@ -294,6 +295,12 @@ class FunctionMetric(Metric):
     """
 
     def __init__(self, fn, *, name: str | None = None, maximize: bool | None = None):
+        if not callable(fn):
+            raise OptionsError(
+                f"FunctionMetric: fn must be a callable fn(Y, T) returning a scalar; got "
+                f"{type(fn).__name__} {fn!r}. Fix: e.g. FunctionMetric(lambda Y, T: "
+                "jnp.mean(jnp.abs(df.stripdims(Y) - T)), name='mae')."
+            )
         self.fn = fn
         self.name = name or getattr(fn, "__name__", type(fn).__name__)
         self.title = self.name
@@ -305,8 +312,8 @@ class FunctionMetric(Metric):
     def update(self, state, Y, T, mask=None):
         ys = Y if isinstance(Y, tuple) else (Y,)
         ts = T if isinstance(T, tuple) else (T,)
+        kwargs = {}
         if mask is None:
-            value = jnp.asarray(self.fn(*ys, *ts))
             n = _observations(ys[0])
         else:
             if not takes_mask(self.fn):
@@ -316,8 +323,24 @@ class FunctionMetric(Metric):
                     "(a boolean (batch, time) array, True at real steps; e.g. pass it on to "
                     "df.losses functions), or score sequence-to-one outputs."
                 )
-            value = jnp.asarray(self.fn(*ys, *ts, mask=mask))
+            kwargs["mask"] = mask
             n = jnp.sum(_mask_of(self.name, ys[0], mask))
+        value = _user_code.call(
+            self.fn,
+            *ys,
+            *ts,
+            what=f"metric {self.name!r}",
+            call_fix="a metric takes the network outputs, then the targets, fn(Y1, ..., T1, "
+            "...), and returns a scalar.",
+            error=OptionsError,
+            **kwargs,
+        )
+        if value is None:
+            raise OptionsError(
+                f"metric {self.name!r} returned None; a metric must return a scalar. Fix: add "
+                "the missing `return`."
+            )
+        value = jnp.asarray(value)
         if value.ndim != 0:
             raise OptionsError(
                 f"metric {self.name!r} returned an array of shape {value.shape}; a metric must "
@@ -360,10 +383,16 @@ def get_metric(spec, *, who: str = "trainnet") -> Metric:
         cls = METRICS.get(canonical(spec).replace("-", ""))
         if cls is None:
             raise OptionsError(
-                f"{who}: unknown metric {spec!r}; the built-in metrics are {list(METRICS)} (or "
-                "pass a callable fn(Y, T) returning a scalar, or a df.metrics.Metric)."
+                f"{who}: unknown metric {spec!r}; the built-in metrics are {list(METRICS)}. Fix: "
+                "use one of those names, or pass a callable fn(Y, T) returning a scalar, or a "
+                "df.metrics.Metric."
             )
         return cls()
+    if isinstance(spec, type):
+        raise OptionsError(
+            f"{who}: the metric {spec.__name__} is a class. Fix: pass an instance, "
+            f"{spec.__name__}(), a name such as 'accuracy', or a function fn(Y, T)."
+        )
     if callable(spec):
         return FunctionMetric(spec)
     raise OptionsError(

@@ -20,23 +20,21 @@ from collections.abc import Sequence
 from typing import Any
 
 import jax
+import jax.numpy as jnp
 
 from . import _cache, _execute, _graph_edit, _mask, _parameters
+from ._arrays import as_numbers, check_numbers
 from ._errors import AccelerationError, NetworkError
 from ._fields import LEARNABLE, STATE, NetworkBase
-from ._format import FormattedArray, Layout, as_array
+from ._format import FormattedArray, Layout
+from ._formatted_array import asarray
 from ._graph import Graph, build_graph, flatten_layers, name_layers
 from ._input_layer import InputLayer
+from ._keys import check_key
 from ._layer import Layer
 from ._propagate import propagate, resolve_layouts
 from ._table import ParameterTable
-
-_TRACING_ERRORS = (
-    jax.errors.ConcretizationTypeError,
-    jax.errors.TracerArrayConversionError,
-    jax.errors.TracerIntegerConversionError,
-)
-
+from ._user_code import CONCRETIZATION_ERRORS
 
 _KEEP = object()  # with_layers: keep the recorded layouts
 
@@ -345,14 +343,18 @@ class Network(NetworkBase):
 
     # -- initialize ----------------------------------------------------------------------------
 
-    def initialize(self, *layouts_or_examples, key) -> Network:
+    def initialize(self, *layouts_or_examples, key=None) -> Network:
         """Fill the parameters that are still empty, from the input layouts.
 
         Args:
           *layouts_or_examples: one ``df.Layout`` or example array per network input; may be
             omitted for inputs that come from input layers.
-          key: a ``jax.random`` key.
+          key: a ``jax.random`` key (required).
+
+        Raises:
+          NetworkError: no key, or a layout that does not fit the network's inputs.
         """
+        check_key("Network.initialize", key, NetworkError)
         layouts = resolve_layouts(self, layouts_or_examples)
         tracing = any(isinstance(v, jax.core.Tracer) for v in jax.tree.leaves((self, key)))
         if self.acceleratable and not tracing:
@@ -363,7 +365,7 @@ class Network(NetworkBase):
                 traced = jax.jit(
                     lambda net, key: propagate(net, layouts, key, abstract=False)
                 ).trace(self, key)
-            except (*_TRACING_ERRORS, AccelerationError):
+            except (*CONCRETIZATION_ERRORS, AccelerationError):
                 pass  # an initialize with Python logic on values: run it eagerly instead
             else:
                 lowered = traced.lower()
@@ -432,6 +434,7 @@ class Network(NetworkBase):
           values (put it back with ``net.replace(state=state)``).
         """
         self._no_named_inputs("forward", named)
+        check_key("Network.forward", key, NetworkError, optional=True)
         values, states, *_ = self.run(
             inputs, key, training=True, outputs=outputs, acceleration=acceleration, masks=mask
         )
@@ -513,7 +516,8 @@ class Network(NetworkBase):
                 return result
         if acceleration not in _execute.ACCELERATION:
             raise NetworkError(
-                f"acceleration={acceleration!r}; expected one of {list(_execute.ACCELERATION)}."
+                f"acceleration={acceleration!r}; expected one of {list(_execute.ACCELERATION)}. "
+                "Fix: 'auto' (compiled, cached per input signature) or 'none' (op by op)."
             )
         self._graph.check_connected()
         if not self.initialized:
@@ -548,14 +552,18 @@ class Network(NetworkBase):
         if len(inputs) != len(g.inputs):
             raise NetworkError(
                 f"the network takes {len(g.inputs)} input(s) {list(g.input_names)}; got "
-                f"{len(inputs)}."
+                f"{len(inputs)}. Fix: pass one array per input, in the order of "
+                "net.input_names."
             )
         known = self.input_layouts
         prepared = []
         for k, x in enumerate(inputs):
             layout, name = known[k], g.input_names[k]
+            x = as_numbers(x, what=f"network input {name!r}", error=NetworkError, real=False)
+            if _is_complex(x) and not self._complex_learnables:
+                check_numbers(x, what=f"network input {name!r}", error=NetworkError)
             if not isinstance(x, (FormattedArray, jax.Array)):
-                x = as_array(x)
+                x = asarray(x)
             if layout is None:
                 prepared.append(x)
                 continue
@@ -563,7 +571,9 @@ class Network(NetworkBase):
                 if x.ndim != layout.ndim:
                     raise NetworkError(
                         f"network input {name!r} expects {layout.ndim}-D data with format "
-                        f"{layout.format!r} ({layout}); got a plain array of shape {x.shape}."
+                        f"{layout.format!r} ({layout}); got a plain array of shape {x.shape}. "
+                        f"Fix: pass an array with one axis per label of {layout.format!r} (a "
+                        "single observation keeps its batch axis, of size 1)."
                     )
                 x = FormattedArray._wrap(x, layout.format)  # the rank was just checked
             elif x.format != layout.format:
@@ -576,10 +586,19 @@ class Network(NetworkBase):
                 if want is not None and want != got:
                     raise NetworkError(
                         f"network input {name!r} expects size {want} on axis {axis} "
-                        f"({layout.format[axis]!r}) of {layout}; got shape {x.shape}."
+                        f"({layout.format[axis]!r}) of {layout}; got shape {x.shape}. Fix: "
+                        "pass data of the size the network was built for (its input layer's)."
                     )
             prepared.append(x)
         return tuple(prepared)
+
+    @property
+    def _complex_learnables(self) -> bool:
+        """Whether some parameter is complex (complex inputs are then the user's design)."""
+        cached = self.__dict__.get("_complex")
+        if cached is None:
+            cached = self.__dict__["_complex"] = any(map(_is_complex, jax.tree.leaves(self)))
+        return cached
 
     def with_layer_states(self, states: Sequence[Sequence[Any]]) -> Network:
         """A network whose layers hold new state values (one tuple per layer, from ``execute``)."""
@@ -628,6 +647,10 @@ class Network(NetworkBase):
             f"Network({len(self._layers)} layers, inputs={list(self.input_names)}, "
             f"outputs={list(self.output_names)}, {learnables:,} learnables, {state})"
         )
+
+
+def _is_complex(x) -> bool:
+    return jnp.iscomplexobj(x.data if isinstance(x, FormattedArray) else x)
 
 
 def _layout_text(layout: Layout) -> str:

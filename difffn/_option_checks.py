@@ -8,6 +8,7 @@ holds the options earlier in the table (so ``objective_metric_name`` can read ``
 
 from __future__ import annotations
 
+import difflib
 import math
 import numbers
 import os
@@ -49,8 +50,10 @@ def choice(choices: Sequence[str], hints: Mapping[str, str] | None = None) -> Ch
         if not isinstance(value, str) or value not in choices:
             listed = ", ".join(repr(c) for c in choices)
             hint = (hints or {}).get(value, "") if isinstance(value, str) else ""
+            close = difflib.get_close_matches(value, choices, n=1) if isinstance(value, str) else []
             raise OptionsError(
-                f"TrainingOptions: {name} must be one of {listed}; got {value!r}.{hint}"
+                f"TrainingOptions: {name} must be one of {listed}; got {value!r}.{hint} Fix: "
+                f"{name}={(close or choices)[0]!r}, or another of those."
             )
         return value
 
@@ -66,7 +69,8 @@ def positive_int(*, allow_inf: bool = False, allow_none: bool = False) -> Check:
         if not (is_int(value) and value > 0):
             more = " or math.inf" if allow_inf else " or None" if allow_none else ""
             raise OptionsError(
-                f"TrainingOptions: {name} must be a positive int{more}; got {value!r}."
+                f"TrainingOptions: {name} must be a positive int{more}; got {value!r}. Fix: "
+                f"pass a whole number >= 1 (e.g. {name}=10), or leave {name} out for its default."
             )
         return int(value)
 
@@ -90,7 +94,10 @@ def real(*, low=None, high=None, low_open=False, high_open=False, inf=False) -> 
                 what = "a positive real number" + (" or math.inf" if inf else "")
             elif low == 0 and not low_open and high is None:
                 what = "a non-negative real number"
-            raise OptionsError(f"TrainingOptions: {name} must be {what}; got {value!r}.")
+            raise OptionsError(
+                f"TrainingOptions: {name} must be {what}; got {value!r}. Fix: pass {what} as a "
+                f"Python float, or leave {name} out for its default."
+            )
         return float(value)
 
     return check
@@ -103,7 +110,8 @@ def solver(name, value, checked):
         listed = ", ".join(repr(c) for c in SOLVERS)
         raise OptionsError(
             f"TrainingOptions: solver must be one of {listed}, or an optax.GradientTransformation "
-            f"(e.g. optax.inject_hyperparams(optax.lion)(learning_rate=1e-4)); got {value!r}."
+            f"(e.g. optax.inject_hyperparams(optax.lion)(learning_rate=1e-4)); got {value!r}. Fix: "
+            "pass one of those names as the first argument, or the optax transformation."
         )
     return value
 
@@ -121,7 +129,10 @@ def learn_rate(name, value, checked):
 
 def boolean(name, value, checked):
     if not isinstance(value, bool):
-        raise OptionsError(f"TrainingOptions: {name} must be True or False; got {value!r}.")
+        raise OptionsError(
+            f"TrainingOptions: {name} must be True or False; got {value!r}. Fix: {name}=True or "
+            f"{name}=False."
+        )
     return value
 
 
@@ -156,7 +167,7 @@ def validation_data(name, value, checked):
         raise OptionsError(
             "TrainingOptions: validation_data must be (X, T) (arrays, or a tuple of inputs and "
             f"a tuple of targets) or an iterable of (inputs..., targets...) batches; got "
-            f"{type(value).__name__}."
+            f"{type(value).__name__}. Fix: validation_data=(X_val, T_val)."
         )
     return value
 
@@ -166,9 +177,15 @@ def metrics(name, value, checked) -> tuple[Metric, ...]:
     metrics = tuple(get_metric(m, who="TrainingOptions: metrics") for m in items)
     names = [m.name for m in metrics]
     if len(set(names)) != len(names):
-        raise OptionsError(f"TrainingOptions: metrics has repeated names {names}.")
+        raise OptionsError(
+            f"TrainingOptions: metrics has repeated names {names}. Fix: give each metric its own "
+            "name (FunctionMetric(fn, name=...))."
+        )
     if "loss" in names:
-        raise OptionsError("TrainingOptions: a metric may not be called 'loss' (the loss is).")
+        raise OptionsError(
+            "TrainingOptions: a metric may not be called 'loss' (the loss is). Fix: name it "
+            "otherwise (FunctionMetric(fn, name='my_loss'))."
+        )
     return metrics
 
 
@@ -195,7 +212,8 @@ def output_network(name, value, checked):
 def plots_path(name, value, checked):
     if value is not None and not isinstance(value, (str, os.PathLike)):
         raise OptionsError(
-            f"TrainingOptions: plots_path must be a file path or None; got {value!r}."
+            f"TrainingOptions: plots_path must be a file path or None; got {value!r}. Fix: "
+            "plots_path='progress.png'."
         )
     return None if value is None else os.fspath(value)
 
@@ -208,7 +226,8 @@ def callables(name, value, checked):
         if not callable(item):
             raise OptionsError(
                 f"TrainingOptions: {name} must be a callable fn(info) -> bool or a sequence "
-                f"of them; got {type(item).__name__}."
+                f"of them; got {type(item).__name__}. Fix: pass a function (or a list of "
+                "functions) of the training info that returns True to stop."
             )
     return items
 
@@ -240,7 +259,7 @@ def mesh_shape(name, value, checked):
     if not isinstance(value, Mapping) or not value:
         raise OptionsError(
             f"TrainingOptions: {name} must be a dict of mesh axis sizes, e.g. {example}; got "
-            f"{value!r}."
+            f"{value!r}. Fix: {name}={example} (or leave it out: every device on 'data')."
         )
     unknown = [k for k in value if k not in MESH_AXES]
     if unknown:
@@ -253,12 +272,12 @@ def mesh_shape(name, value, checked):
         if not (is_int(size) and (size > 0 or size == -1)):
             raise OptionsError(
                 f"TrainingOptions: {name}[{axis!r}] must be a positive int (or -1: the devices "
-                f"left over); got {size!r}."
+                f"left over); got {size!r}. Fix: e.g. {name}={example}."
             )
     if sum(1 for s in value.values() if s == -1) > 1:
         raise OptionsError(
             f"TrainingOptions: {name} may leave at most one axis size to be inferred (-1); got "
-            f"{dict(value)!r}."
+            f"{dict(value)!r}. Fix: give every axis but one its size, e.g. {name}={example}."
         )
     _needs_mesh(name, value, True, checked)
     return tuple((axis, int(value.get(axis, 1))) for axis in MESH_AXES)

@@ -237,6 +237,22 @@ OPTIONS: tuple[Option, ...] = (
 )
 
 
+def _positional_message(solver, pairs: tuple) -> str:
+    """The error for options given positionally, as MATLAB's name-value pairs."""
+    head = f"TrainingOptions got {len(pairs)} positional argument(s) after the solver"
+    names, values = pairs[0::2], pairs[1::2]
+    if len(pairs) % 2 == 0 and all(isinstance(n, str) for n in names):
+        keywords = ", ".join(f"{_snake(n)}={v!r}" for n, v in zip(names, values))
+        return (
+            f"{head}: {list(pairs)!r}, MATLAB's name-value pairs. Options are keyword arguments "
+            f"here. Fix: df.TrainingOptions({solver!r}, {keywords})."
+        )
+    return (
+        f"{head}: {list(pairs)!r}; only the solver is positional. Fix: name each option, e.g. "
+        f"df.TrainingOptions({solver!r}, max_epochs=30, mini_batch_size=128)."
+    )
+
+
 def _rows() -> dict[str, Option]:
     # Read at call time (not frozen at import), so the table is the only list of options.
     return {o.name: o for o in OPTIONS}
@@ -392,7 +408,9 @@ class TrainingOptions:
       TrainingOptions: unknown option 'max_epoch' (did you mean 'max_epochs'?)
     """
 
-    def __init__(self, solver="sgdm", **options):
+    def __init__(self, solver="sgdm", *pairs, **options):
+        if pairs:
+            raise OptionsError(_positional_message(solver, pairs))
         rows = _rows()
         solver = rows["solver"].check("solver", solver, {})
         names = option_names()
@@ -403,7 +421,9 @@ class TrainingOptions:
             hint = f" (did you mean {close[0]!r}?)" if close else ""
             raise OptionsError(
                 f"TrainingOptions: unknown option {name!r}{hint}. Valid options: "
-                f"{', '.join(names)}."
+                f"{', '.join(names)}. Fix: "
+                + (f"{close[0]}=..." if close else "use one of the valid option names")
+                + "."
             )
         for name in options:
             if not rows[name].applies_to(solver):
@@ -417,7 +437,8 @@ class TrainingOptions:
                 )
                 raise OptionsError(
                     f"TrainingOptions: {name} is an option of solver(s) {takers}, not of "
-                    f"{label}. The {label} options are {own}.{more}"
+                    f"{label}. The {label} options are {own}.{more} Fix: leave {name} out, or "
+                    f"choose the solver {takers[0]!r}."
                 )
         options = {k: v for k, v in options.items() if not (v is None and rows[k].none_is_default)}
         checked: dict[str, Any] = {"solver": solver}

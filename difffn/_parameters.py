@@ -150,9 +150,21 @@ def assign(net, values, kind: str):
     Every new value goes through the layer's constructor, which checks it against the value it
     replaces (shape and dtype kind for learnables, dtype kind for state).
     """
-    items = values.items() if hasattr(values, "items") else values
+    arg = "learnables" if kind == LEARNABLE else "state"
+    if not hasattr(values, "items"):
+        raise NetworkError(
+            f"Network.replace: {arg} must be a ParameterTable or a mapping from "
+            f"'layer/parameter' to a value; got {type(values).__name__}. Fix: e.g. "
+            f"net.replace({arg}=net.{arg}.set('fc/bias', b)) or "
+            f"net.replace({arg}={{'fc/bias': b}})."
+        )
     updates: dict[str, dict[str, Any]] = {}
-    for path, value in items:
+    for path, value in values.items():
+        if not isinstance(path, str) or "/" not in path:
+            raise NetworkError(
+                f"Network.replace: {path!r} is not a 'layer/parameter' path. Fix: name the "
+                f"parameter as in net.{arg}, e.g. {next(iter(table(net, kind)), 'fc/bias')!r}."
+            )
         layer_name, _, parameter = path.partition("/")
         updates.setdefault(layer_name, {})[parameter] = value
     layers = list(net.layers)
@@ -170,7 +182,8 @@ def _assign_layer(layer: Layer, params: dict[str, Any], kind: str) -> Layer:
         if field not in cls._field_kinds:
             raise NetworkError(
                 f"layer {layer.name!r} ({cls.__name__}) has no parameter {path!r}; its "
-                f"{kind} parameters are {_kind_fields(layer, kind)}."
+                f"{kind} parameters are {_kind_fields(layer, kind)}. Fix: use one of those "
+                "names."
             )
         if rest:
             nested.setdefault(field, {})[rest] = value

@@ -37,13 +37,11 @@ def _check_net(who: str, net) -> None:
 
 
 def _check_size(who: str, mini_batch_size) -> int:
-    if isinstance(mini_batch_size, bool) or not isinstance(mini_batch_size, int):
+    bad = isinstance(mini_batch_size, bool) or not isinstance(mini_batch_size, int)
+    if bad or mini_batch_size < 1:
         raise OptionsError(
-            f"{who}: mini_batch_size must be a positive int; got {mini_batch_size!r}."
-        )
-    if mini_batch_size < 1:
-        raise OptionsError(
-            f"{who}: mini_batch_size must be a positive int; got {mini_batch_size!r}."
+            f"{who}: mini_batch_size must be a positive int; got {mini_batch_size!r}. Fix: e.g. "
+            "mini_batch_size=128."
         )
     return mini_batch_size
 

@@ -133,7 +133,8 @@ def validate(schedule, settings) -> tuple[tuple[Any, ...], dict[str, dict[str, A
                 raise OptionsError(
                     f"learn_rate_schedule {part!r} is not a schedule; expected one of "
                     f"{list(NAMES)}, a callable fn(initial_learn_rate, iteration, epoch), an "
-                    "optax schedule fn(count), or a sequence of those."
+                    "optax schedule fn(count), or a sequence of those. Fix: name one of those "
+                    "schedules (settings go in learn_rate_schedule_settings)."
                 )
         elif callable(part):
             _callable_kind(part)

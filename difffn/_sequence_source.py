@@ -282,10 +282,12 @@ def output_masks(outputs, out_masks, masks, chunked: bool) -> tuple:
     return tuple(result)
 
 
-def masked_loss(loss, label: str, outputs, targets, masks):
-    """The loss of a step; with masks, over the real steps (``df.losses`` take ``mask=``)."""
+def loss_mask(loss, label: str, masks) -> dict:
+    """The keyword arguments that pass a step's masks to the loss: ``{}`` without masks, else
+    ``{"mask": ...}`` (one mask per output; ``df.losses`` take ``mask=``) and the loss then
+    counts only the real steps."""
     if all(m is None for m in masks):
-        return loss(*outputs, *targets)
+        return {}
     if loss not in LOSSES.values() and not takes_mask(loss):
         raise OptionsError(
             f"trainnet: the loss {label!r} is computed on padded sequences but takes no mask, so "
@@ -293,7 +295,7 @@ def masked_loss(loss, label: str, outputs, targets, masks):
             "time) array, True at real steps; pass it on to df.losses functions), or use a "
             "built-in loss."
         )
-    return loss(*outputs, *targets, mask=masks[0] if len(masks) == 1 else masks)
+    return {"mask": masks[0] if len(masks) == 1 else masks}
 
 
 def metric_value(metric, y, t, mask):

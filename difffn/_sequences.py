@@ -79,7 +79,8 @@ def check_direction(who: str, value):
     if isinstance(value, str) and value in DIRECTIONS:
         return value
     raise OptionsError(
-        f"{who}: sequence_padding_direction must be 'right' or 'left'; got {value!r}."
+        f"{who}: sequence_padding_direction must be 'right' or 'left'; got {value!r}. Fix: "
+        "sequence_padding_direction='right' (pad after the data) or 'left' (before it)."
     )
 
 
@@ -91,7 +92,8 @@ def check_bucketing(who: str, value):
         return int(value)
     raise OptionsError(
         f"{who}: sequence_bucketing must be 'power-of-two', 'none' or a positive int k (pad "
-        f"lengths to a multiple of k); got {value!r}."
+        f"lengths to a multiple of k); got {value!r}. Fix: e.g. sequence_bucketing='power-of-two' "
+        "(few compilations) or 'none' (pad to each batch's longest)."
     )
 
 

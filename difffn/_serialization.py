@@ -28,6 +28,9 @@ from ._parameters import leaf_kinds, walk
 
 FORMAT = "difffn.network"
 FORMAT_VERSION = 1
+_LIKE_FIX = (
+    " Fix: pass like= a network built as the saved one was (the same layers, sizes and names)."
+)
 
 
 def save(path: str | os.PathLike, net: Network) -> Path:
@@ -49,11 +52,15 @@ def save(path: str | os.PathLike, net: Network) -> Path:
       True
     """
     if not isinstance(net, Network):
-        raise SerializationError(f"df.save expected a df.Network; got {type(net).__name__}.")
+        raise SerializationError(
+            f"df.save(path, net) expected a df.Network as net; got {type(net).__name__}. Fix: "
+            "df.save('model.difffn', net): the path first, then the network (wrap a single "
+            "layer: df.Network([layer]))."
+        )
     return _container.write(path, "network", network_payload(net))
 
 
-def load(path: str | os.PathLike, *, like: Network) -> Network:
+def load(path: str | os.PathLike, *, like: Network | None = None) -> Network:
     """Load parameters saved by :func:`save` into a network of the same structure.
 
     ``like`` gives the structure (layer classes, names, connections); it may be uninitialized.
@@ -62,11 +69,17 @@ def load(path: str | os.PathLike, *, like: Network) -> Network:
     structure (the first differing parameter is named, with expected and found shape and
     dtype), a newer format, or a file that is not a difffn file are each a clear
     ``df.SerializationError``.
+
+    Raises:
+      SerializationError: no ``like`` network (it is required: the file holds no code), or any
+        of the problems above.
     """
     if not isinstance(like, Network):
         raise SerializationError(
-            f"df.load(path, like=...) expected a df.Network giving the structure; got "
-            f"{type(like).__name__}."
+            f"df.load(path, like=...) needs a df.Network giving the structure (difffn files "
+            f"hold values, never code); got {'no like=' if like is None else type(like).__name__}."
+            " Fix: df.load(path, like=make_network()), with the function that built the saved "
+            "network."
         )
     payload = _container.read(path, ("network", "checkpoint"))
     if payload.get("format") == "difffn.checkpoint" and isinstance(payload.get("network"), dict):
@@ -149,7 +162,7 @@ def restore_network(payload: dict[str, Any], like: Network, *, source: str) -> N
         if key not in saved:
             raise SerializationError(
                 f"{source!r} does not match the network: parameter {key!r} is missing from the "
-                "file (it was saved from a network of another structure)."
+                "file (it was saved from a network of another structure)." + _LIKE_FIX
             )
         want_shape, want_dtype = tuple(np.shape(leaf)), _dtype_name(leaf)
         got_shape, got_dtype = tuple(saved[key]["shape"]), saved[key]["dtype"]
@@ -157,12 +170,13 @@ def restore_network(payload: dict[str, Any], like: Network, *, source: str) -> N
             raise SerializationError(
                 f"{source!r} does not match the network at parameter {key!r}: the network "
                 f"expects shape {want_shape} {want_dtype}; the file has {got_shape} {got_dtype}."
+                + _LIKE_FIX
             )
     extra = sorted(set(saved) - {k for k, _ in expected})
     if extra:
         raise SerializationError(
             f"{source!r} does not match the network: the file has parameter(s) {extra[:5]} that "
-            "the network lacks."
+            "the network lacks." + _LIKE_FIX
         )
     leaves = [_from_numpy(values[key], saved[key]["dtype"]) for key, _ in expected]
     net = jax.tree.unflatten(jax.tree.structure(like), leaves)
@@ -225,15 +239,17 @@ def _check_structure(saved: dict[str, Any], current: dict[str, Any], source: str
             raise SerializationError(
                 f"{source!r} does not match the network at layer {i + 1}: the network has "
                 f"{c['name']!r} ({c['class']}); the file has {s['name']!r} ({s['class']})."
+                + _LIKE_FIX
             )
     if len(saved_layers) != len(layers):
         raise SerializationError(
             f"{source!r} does not match the network: the file has {len(saved_layers)} layers, "
-            f"the network {len(layers)}."
+            f"the network {len(layers)}." + _LIKE_FIX
         )
     if [list(c) for c in saved["connections"]] != current["connections"]:
         raise SerializationError(
             f"{source!r} does not match the network: the layers are connected differently."
+            + _LIKE_FIX
         )
 
 

@@ -338,14 +338,19 @@ def _check_number(who: str, name: str, value, *, low, high=None, low_open=True, 
     try:
         v = float(value)
     except (TypeError, ValueError):
-        raise OptionsError(f"{who}: {name} must be a real number; got {value!r}.") from None
+        raise OptionsError(
+            f"{who}: {name} must be a real number; got {value!r}. Fix: pass {name} as a float."
+        ) from None
     ok = (v > low if low_open else v >= low) and (
         high is None or (v < high if high_open else v <= high)
     )
     if not ok:
         lo = ("(" if low_open else "[") + str(low)
         hi = "inf)" if high is None else str(high) + (")" if high_open else "]")
-        raise OptionsError(f"{who}: {name} must be in {lo}, {hi}; got {value!r}.")
+        raise OptionsError(
+            f"{who}: {name} must be in {lo}, {hi}; got {value!r}. Fix: pass a value in that "
+            f"range (or leave {name} out for its default)."
+        )
     return value
 
 

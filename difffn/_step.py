@@ -31,7 +31,7 @@ import jax
 import jax.numpy as jnp
 import optax
 
-from . import _batches, _options
+from . import _batches, _options, _user_code
 from . import _sequence_source as _seq
 from ._errors import OptionsError
 from ._format import stripdims
@@ -97,13 +97,41 @@ def _keep_if(frozen, old, new):
     return jax.tree.map(lambda o, n: jnp.where(frozen, o, n), old, new)
 
 
+def loss_value(loss, name, outputs, targets, **mask):
+    """The user's loss on the outputs and targets (and ``mask=``, for padded sequences), as a
+    scalar (named errors otherwise)."""
+    value = _user_code.call(
+        loss,
+        *outputs,
+        *targets,
+        what=f"trainnet: the loss {name!r}",
+        fix=(
+            f"{_user_code.TRACEABLE_FIX} (the loss is compiled into the training step), or "
+            "compute it from jnp functions without Python branches"
+        ),
+        call_fix=(
+            "a loss takes the network outputs, then the targets, loss(Y1, ..., T1, ...), and "
+            "returns a scalar."
+        ),
+        error=OptionsError,
+        **mask,
+    )
+    return scalar_loss(value, name)
+
+
 def scalar_loss(value, name):
     """The loss value as a scalar array (a clear error for anything else)."""
+    if value is None:
+        raise OptionsError(
+            f"trainnet: the loss {name!r} returned None; a loss must return a scalar array. "
+            "Fix: add the missing `return` (e.g. return jnp.mean((Y - T) ** 2))."
+        )
     value = stripdims(value)
     if jnp.ndim(value) != 0:
         raise OptionsError(
             f"trainnet: the loss {name!r} returned an array of shape {jnp.shape(value)}; a loss "
-            "must return a scalar (sum or average over the observations)."
+            "must return a scalar. Fix: reduce it over the observations, e.g. jnp.mean(...) "
+            "or jnp.sum(...)."
         )
     return value
 
@@ -162,7 +190,7 @@ class Steps:
                 outputs = policy.output(outputs)
                 if keep is not None:  # the padding carries no weight: it never reaches the loss
                     outputs = tuple(_batches.first_rows(y, keep) for y in outputs)
-                value = scalar_loss(self.loss(*outputs, *ts), self.loss_label)
+                value = loss_value(self.loss, self.loss_label, outputs, ts)
                 return value, (outputs, states, (None,) * len(outputs))
             chunked, carried = sequences
             if carried is not None:  # the next chunk of split sequences: their state goes on
@@ -172,8 +200,9 @@ class Steps:
             )
             outputs = policy.output(outputs)
             out_masks = _seq.output_masks(outputs, out_masks, masks, chunked)
-            loss = _seq.masked_loss(self.loss, self.loss_label, outputs, ts, out_masks)
-            return scalar_loss(loss, self.loss_label), (outputs, states, out_masks)
+            mask = _seq.loss_mask(self.loss, self.loss_label, out_masks)
+            value = loss_value(self.loss, self.loss_label, outputs, ts, **mask)
+            return value, (outputs, states, out_masks)
 
         value, (outputs, states, out_masks), grads, finite, scaling = policy.value_and_grad(
             objective, learnables, scaling
@@ -314,14 +343,14 @@ class Steps:
                 outputs, _ = net.run(xs, None, training=False, outputs=self.wanted)
                 outputs = policy.output(outputs)
                 out_masks = (None,) * len(outputs)
-                value = self.loss(*outputs, *ts)
+                mask = {}
             else:
                 outputs, _, out_masks = net.run(
                     xs, None, training=False, outputs=self.wanted, masks=masks
                 )
                 outputs = policy.output(outputs)
-                value = _seq.masked_loss(self.loss, self.loss_label, outputs, ts, out_masks)
-            value = scalar_loss(value, self.loss_label)
+                mask = _seq.loss_mask(self.loss, self.loss_label, out_masks)
+            value = loss_value(self.loss, self.loss_label, outputs, ts, **mask)
             states = tuple(
                 _seq.metric_update(m, outputs[0], ts[0], out_masks[0]) for m in self.metrics
             )

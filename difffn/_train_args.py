@@ -1,10 +1,7 @@
-"""``trainnet``'s positional arguments: its two forms, a layer array as a network, the key."""
+"""``trainnet``'s positional arguments: its two forms, a layer array as a network (the key is
+checked by ``_keys``)."""
 
 from __future__ import annotations
-
-import jax
-import jax.numpy as jnp
-import numpy as np
 
 from ._errors import OptionsError
 from ._layer import Layer
@@ -45,27 +42,10 @@ def form_of(who: str, args: tuple) -> str:
     if len(args) in (4, 5) and not nets:
         net = args[2] if len(args) == 5 else args[1]
         raise OptionsError(
-            f"{who}: net must be a df.Network or a list of layers; got {type(net).__name__}."
+            f"{who}: net must be a df.Network or a list of layers; got {type(net).__name__}. "
+            "Fix: pass df.Network(layers) (or the list of layers; a single layer: [layer])."
         )
     raise OptionsError(
         f"{who} takes (X, T, net, loss, options) or (data, net, loss, options); got "
         f"{len(args)} positional argument(s) ({got})."
     )
-
-
-def check_key(who: str, key) -> None:
-    if key is None:
-        return
-    typed = isinstance(key, jax.Array) and jnp.issubdtype(key.dtype, jax.dtypes.prng_key)
-    raw = (
-        hasattr(key, "shape")
-        and hasattr(key, "dtype")
-        and tuple(key.shape) == (2,)
-        and key.dtype == np.uint32
-    )
-    if not (typed or raw):
-        hint = f"jax.random.key({key})" if isinstance(key, int) else "jax.random.key(0)"
-        raise OptionsError(
-            f"{who}: key must be a jax.random key; got {type(key).__name__} {repr(key)[:40]}. "
-            f"Fix: key={hint}."
-        )

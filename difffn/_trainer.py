@@ -29,6 +29,7 @@ from ._distributed import agree
 from ._errors import OptionsError
 from ._factors import L2, LEARN_RATE, leaf_factors
 from ._format import FormattedArray, Layout
+from ._keys import check_key
 from ._losses import get_loss, loss_name
 from ._metrics import Metric
 from ._network import Network
@@ -50,7 +51,7 @@ from ._sources import (
 )
 from ._state import History, TrainingInfo, TrainingState, split
 from ._step import cached_steps
-from ._train_args import check_key, form_of, layer_arrays_as_networks
+from ._train_args import form_of, layer_arrays_as_networks
 
 
 def trainnet(*args, key=None, resume_from=None):
@@ -127,9 +128,11 @@ def trainnet(*args, key=None, resume_from=None):
         data, net, loss, options = args
     if not isinstance(options, TrainingOptions):
         raise OptionsError(
-            f"{who}: options must be df.TrainingOptions(...); got {type(options).__name__}."
+            f"{who}: options must be df.TrainingOptions(...); got {type(options).__name__}. "
+            "Fix: df.TrainingOptions('adam', max_epochs=10, ...)"
+            + (" (the keywords of the dict)." if isinstance(options, dict) else ".")
         )
-    check_key(who, key)
+    check_key(who, key, OptionsError, optional=True)
     loss_fn = get_loss(loss, who=who)
     checkpoint = None
     if resume_from is not None:

@@ -181,10 +181,14 @@ def test_missing_file_and_bad_arguments(net, tmp_path):
     with pytest.raises(df.SerializationError, match=r"does not exist"):
         df.load(tmp_path / "nope.difffn", like=structure())
     with pytest.raises(
-        df.SerializationError, match=r"expected a df\.Network giving the structure; got dict"
+        df.SerializationError,
+        match=r"needs a df\.Network giving the structure .*; got dict\. Fix: ",
     ):
         df.load(tmp_path / "x", like={})
-    with pytest.raises(df.SerializationError, match=r"df\.save expected a df\.Network; got list"):
+    with pytest.raises(
+        df.SerializationError,
+        match=r"df\.save\(path, net\) expected a df\.Network as net; got list",
+    ):
         df.save(tmp_path / "x", [])
     with pytest.raises(df.SerializationError, match=r"the folder .* does not exist"):
         df.save(tmp_path / "no" / "such" / "folder.difffn", net)

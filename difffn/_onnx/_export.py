@@ -85,7 +85,11 @@ def export_onnx(net: Network, *layouts_and_path, path: str | os.PathLike | None 
     else:
         layouts = layouts_and_path
     if not isinstance(net, Network):
-        raise ONNXExportError(f"df.export_onnx expected a df.Network; got {type_name(net)}.")
+        raise ONNXExportError(
+            f"df.export_onnx expected a df.Network; got {type_name(net)}. Fix: wrap a layer in a "
+            "network first, e.g. df.Network([df.layers.FeatureInput(3), layer]).initialize("
+            "key=jax.random.key(0))."
+        )
     if not net.initialized:
         raise ONNXExportError(
             "df.export_onnx: the network is not initialized. Fix: "

@@ -89,7 +89,8 @@ def load_model(source):
     else:
         raise ONNXImportError(
             f"df.import_onnx takes a file path, bytes or an onnx.ModelProto; got "
-            f"{type(source).__name__}."
+            f"{type(source).__name__}. Fix: pass the path of the .onnx file, e.g. "
+            "df.import_onnx('model.onnx')."
         )
     _load_external_data(onnx, model, base_dir)
     try:

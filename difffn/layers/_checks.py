@@ -89,7 +89,9 @@ def padding_2d(layer, value: Any, *, argument: str = "padding"):
         "'same', a non-negative int, a pair (top_bottom, left_right), four ints "
         "(top, bottom, left, right) or ((top, bottom), (left, right))"
     )
-    fix = "e.g. padding='same' (output size ceil(input / stride)) or padding=1."
+    # TransposedConv2D's cropping shares the forms; its 'same' makes the output size * stride
+    same = "input * stride" if argument == "cropping" else "ceil(input / stride)"
+    fix = f"e.g. {argument}='same' (output size {same}) or {argument}=1."
     if isinstance(value, str):
         if value != "same":
             raise bad_argument(layer, argument, expected, value, fix)
@@ -207,7 +209,8 @@ def layout_format(layer, layout, allowed, *, want: str) -> Layout:
     if not allowed(layout.format):
         raise FormatError(
             f"{who(layer)}.initialize: the input layout {layout!r} has format "
-            f"{layout.format!r}; expected {want}."
+            f"{layout.format!r}; expected {want}. Fix: put the layer after an input layer or "
+            "layer giving that format (or build the network's input layer for it)."
         )
     return layout
 
@@ -248,7 +251,7 @@ def flatten_features(layer, data, fmt: str):
     if not fmt:
         if data.ndim < 1:
             raise FormatError(f"{who(layer)} needs at least one axis; got a scalar.")
-        return jnp.reshape(data, data.shape[:1] + (-1,)), ""
+        return jnp.reshape(data, data.shape[:1] + (math.prod(data.shape[1:]),)), ""
     keep = [i for i, label in enumerate(fmt) if label in "BT"]
     features = [i for i, label in enumerate(fmt) if label not in "BT"]
     if not features:
@@ -258,4 +261,6 @@ def flatten_features(layer, data, fmt: str):
         )
     data = jnp.transpose(data, keep + features)
     kept = tuple(data.shape[: len(keep)])
-    return jnp.reshape(data, kept + (-1,)), "".join(fmt[i] for i in keep) + "C"
+    # The feature size is spelled out: -1 cannot be inferred for an empty batch.
+    size = math.prod(data.shape[len(keep) :])
+    return jnp.reshape(data, kept + (size,)), "".join(fmt[i] for i in keep) + "C"
