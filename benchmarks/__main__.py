@@ -10,7 +10,7 @@ import time
 
 import jax
 
-BENCHMARKS = ["function", "network", "train", "check", "layers", "scale"]
+BENCHMARKS = ["function", "network", "train", "check", "layers", "scale", "models"]
 
 
 def main(argv=None) -> int:
