@@ -141,12 +141,12 @@ def nnx_model(sizes: Sizes, params):
 
     def conv(k, cin, cout, stride, p):
         layer = nnx.Conv(cin, cout, (k, k), strides=stride, padding="SAME", rngs=nnx.Rngs(0))
-        layer.kernel.value, layer.bias.value = p["weights"], p["bias"]
+        layer.kernel[...], layer.bias[...] = p["weights"], p["bias"]
         return layer
 
     def bn(c, p):
         layer = nnx.BatchNorm(c, momentum=0.9, epsilon=1e-5, rngs=nnx.Rngs(0))
-        layer.scale.value, layer.bias.value = p["scale"], p["offset"]
+        layer.scale[...], layer.bias[...] = p["scale"], p["offset"]
         return layer
 
     class Block(nnx.Module):
@@ -174,7 +174,7 @@ def nnx_model(sizes: Sizes, params):
                 cin = c
             self.blocks = nnx.List(blocks)
             self.fc = nnx.Linear(cin, CLASSES, rngs=nnx.Rngs(0))
-            self.fc.kernel.value, self.fc.bias.value = params["fc"]["weights"], params["fc"]["bias"]
+            self.fc.kernel[...], self.fc.bias[...] = params["fc"]["weights"], params["fc"]["bias"]
 
         def __call__(self, x):
             x = jax.nn.relu(self.stem_bn(self.stem_conv(x)))

@@ -128,12 +128,12 @@ def nnx_model(sizes: Sizes, params):
 
     def linear(cin, cout, p):
         layer = nnx.Linear(cin, cout, rngs=nnx.Rngs(0))
-        layer.kernel.value, layer.bias.value = p["weights"], p["bias"]
+        layer.kernel[...], layer.bias[...] = p["weights"], p["bias"]
         return layer
 
     def layernorm(p):
         layer = nnx.LayerNorm(width, epsilon=1e-5, rngs=nnx.Rngs(0))
-        layer.scale.value, layer.bias.value = p["scale"], p["offset"]
+        layer.scale[...], layer.bias[...] = p["scale"], p["offset"]
         return layer
 
     def attention(p):
@@ -142,10 +142,10 @@ def nnx_model(sizes: Sizes, params):
         )
         for name in ("query", "key", "value"):
             proj = getattr(layer, name)
-            proj.kernel.value = p[f"{name}_weights"].reshape(width, heads, split)
-            proj.bias.value = p[f"{name}_bias"].reshape(heads, split)
-        layer.out.kernel.value = p["output_weights"].reshape(heads, split, width)
-        layer.out.bias.value = p["output_bias"]
+            proj.kernel[...] = p[f"{name}_weights"].reshape(width, heads, split)
+            proj.bias[...] = p[f"{name}_bias"].reshape(heads, split)
+        layer.out.kernel[...] = p["output_weights"].reshape(heads, split, width)
+        layer.out.bias[...] = p["output_bias"]
         return layer
 
     class Block(nnx.Module):

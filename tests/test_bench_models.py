@@ -35,6 +35,7 @@ def hand_written():
     return losses
 
 
+@pytest.mark.slow  # each test compiles a training step (and the hand-written one, once per model)
 @pytest.mark.parametrize("framework", ["difffn.trainnet", "flax.nnx", "equinox"])
 @pytest.mark.parametrize("model", ["resnet", "transformer"])
 def test_every_framework_computes_the_same_losses(model, framework, hand_written):
