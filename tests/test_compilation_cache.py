@@ -22,6 +22,7 @@ jax.config.update("jax_explain_cache_misses", True)
 handler = logging.Handler()
 handler.emit = lambda record: misses.append(record.getMessage())
 logging.getLogger("jax._src.compiler").addHandler(handler)
+jax.jit(lambda x: x + 1)(1.0)  # compiled before the cache is on: trainnet must still turn it on
 net = df.Network([df.layers.FeatureInput(2, name="in"), df.layers.FullyConnected(1, name="fc")])
 X = np.arange(16, dtype=np.float32).reshape(8, 2) / 16
 options = df.TrainingOptions(
