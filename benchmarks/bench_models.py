@@ -182,7 +182,8 @@ def _equinox(model, sizes, X, T, net, cache=None):
     indices = [jnp.asarray(b, jnp.int32) for b in range(len(X) // sizes.batch)]
 
     def train(epochs):
-        module, state = model.equinox_model(sizes, params)
+        # donated buffers: the module gets a fresh copy of the parameters per run
+        module, state = model.equinox_model(sizes, jax.tree.map(jnp.copy, params))
         opt_state, losses = tx.init(eqx.filter(module, eqx.is_array)), []
         for _ in range(epochs):
             for b in indices:
@@ -250,51 +251,61 @@ def _in_subprocess(*args) -> dict:
     return json.loads(done.stdout.strip().splitlines()[-1])
 
 
+def print_results(model_name: str, results: dict, quick: bool) -> None:
+    """The table of one model from the workers' results (``{framework: result}``)."""
+    sizes = MODELS[model_name].QUICK if quick else MODELS[model_name].FULL
+    base = results["jax.jit + optax"]
+    rows = [
+        [
+            f,
+            f"{1 / r['step_s']:7.2f}",
+            f"{r['step_s'] * 1e3:8.1f} ms",
+            f"{base['step_s'] / r['step_s']:5.2f}x",
+            f"{r['maxrss_mib']:6.0f} MiB",
+            f"{r['maxrss_mib'] / base['maxrss_mib']:5.2f}x",
+            f"{r['first_step_s']:6.2f} s",
+            " ".join(f"{v:.6f}" for v in r["losses"]),
+            f"{r['noise'] * 100:4.1f}%",
+        ]
+        for f, r in results.items()
+    ]
+    short, long = EPOCHS[quick]
+    print(f"\n{model_name} {sizes}, {(long - short) * BATCHES[quick]} steps measured per round")
+    header = ["loop", "steps/s", "time/step", "vs jit+optax", "peak RSS", "vs jit+optax"]
+    print(table(rows, [*header, "first step", "loss step 0, 1", "noise"]))
+    mine = results["difffn.trainnet"]["step_s"]
+    print(
+        f"targets: difffn / jit+optax steps/s = {base['step_s'] / mine:.2f}x (>= 1.0x), "
+        f"/ nnx = {results['flax.nnx']['step_s'] / mine:.2f}x, "
+        f"/ equinox = {results['equinox']['step_s'] / mine:.2f}x (>= 1.5x); "
+        f"peak memory {results['difffn.trainnet']['maxrss_mib'] / base['maxrss_mib']:.2f}x "
+        "(<= 1.1x)"
+    )
+
+
+def cache_pair(model_name: str, quick: bool) -> None:
+    """Two difffn processes, one cache folder: the second's time to the first step."""
+    flags = ["--quick"] if quick else []
+    with tempfile.TemporaryDirectory() as cache:
+        first, second = (
+            _in_subprocess(model_name, FRAMEWORKS[0], *flags, "--first-step-only", "--cache", cache)
+            for _ in range(2)
+        )
+        files = len(os.listdir(cache))
+    print(
+        f"{model_name} compilation_cache: time to the first step {first['first_step_s']:.2f} s "
+        f"(empty cache) -> {second['first_step_s']:.2f} s (its {files} files; "
+        f"{second['first_step_s'] / first['first_step_s']:.2f}x)"
+    )
+
+
 def run(*, quick: bool = False) -> None:
     flags = ["--quick"] if quick else []
-    for model_name, model in MODELS.items():
-        sizes = model.QUICK if quick else model.FULL
-        results = {f: _in_subprocess(model_name, f, *flags) for f in FRAMEWORKS}
-        base = results["jax.jit + optax"]
-        rows = [
-            [
-                f,
-                f"{1 / r['step_s']:7.2f}",
-                f"{r['step_s'] * 1e3:8.1f} ms",
-                f"{base['step_s'] / r['step_s']:5.2f}x",
-                f"{r['maxrss_mib']:6.0f} MiB",
-                f"{r['maxrss_mib'] / base['maxrss_mib']:5.2f}x",
-                f"{r['first_step_s']:6.2f} s",
-                " ".join(f"{v:.6f}" for v in r["losses"]),
-                f"{r['noise'] * 100:4.1f}%",
-            ]
-            for f, r in results.items()
-        ]
-        short, long = EPOCHS[quick]
-        print(f"\n{model_name} {sizes}, {(long - short) * BATCHES[quick]} steps measured per round")
-        header = ["loop", "steps/s", "time/step", "vs jit+optax", "peak RSS", "vs jit+optax"]
-        print(table(rows, [*header, "first step", "loss step 0, 1", "noise"]))
-        mine = results["difffn.trainnet"]["step_s"]
-        print(
-            f"targets: difffn / jit+optax steps/s = {base['step_s'] / mine:.2f}x (>= 1.0x), "
-            f"/ nnx = {results['flax.nnx']['step_s'] / mine:.2f}x, "
-            f"/ equinox = {results['equinox']['step_s'] / mine:.2f}x (>= 1.5x); "
-            f"peak memory {results['difffn.trainnet']['maxrss_mib'] / base['maxrss_mib']:.2f}x "
-            "(<= 1.1x)"
+    for model_name in MODELS:
+        print_results(
+            model_name, {f: _in_subprocess(model_name, f, *flags) for f in FRAMEWORKS}, quick
         )
-        with tempfile.TemporaryDirectory() as cache:
-            first, second = (
-                _in_subprocess(
-                    model_name, FRAMEWORKS[0], *flags, "--first-step-only", "--cache", cache
-                )
-                for _ in range(2)
-            )
-            files = len(os.listdir(cache))
-        print(
-            f"compilation_cache: time to the first step {first['first_step_s']:.2f} s (empty "
-            f"cache) -> {second['first_step_s']:.2f} s (its {files} files; "
-            f"{second['first_step_s'] / first['first_step_s']:.2f}x)"
-        )
+        cache_pair(model_name, quick)
 
 
 def main(argv=None) -> int:
