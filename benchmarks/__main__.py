@@ -10,7 +10,7 @@ import time
 
 import jax
 
-BENCHMARKS = ["function", "network", "train", "check", "layers", "scale", "memory"]
+BENCHMARKS = ["function", "network", "train", "check", "layers", "scale", "memory", "models"]
 
 
 def main(argv=None) -> int:

@@ -12,6 +12,7 @@ import difflib
 import math
 import numbers
 import os
+import tempfile
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
@@ -292,3 +293,34 @@ def _needs_mesh(name, value, needed: bool, checked) -> None:
             "execution_environment='multi-device' (this process's devices) or 'multi-host' "
             f"(every process's), or leave {name} out."
         )
+
+
+def compilation_cache(name, value, checked):
+    """A folder JAX may write compiled programs to: existing, or creatable (it is made when
+    training starts)."""
+    if value is None:
+        return None
+    if not isinstance(value, (str, os.PathLike)):
+        raise OptionsError(
+            f"TrainingOptions: {name} must be a folder path or None; got {type(value).__name__}."
+        )
+    path = os.path.abspath(os.path.expanduser(os.fspath(value)))
+    if os.path.exists(path) and not os.path.isdir(path):
+        raise OptionsError(
+            f"TrainingOptions: {name} must be a folder; {path!r} is a file. Fix: name a folder "
+            "(it is created if missing), e.g. ~/.cache/difffn-jax."
+        )
+    existing = path
+    while not os.path.exists(existing):
+        existing = os.path.dirname(existing)
+    try:
+        if not os.path.isdir(existing):
+            raise NotADirectoryError(existing)
+        with tempfile.TemporaryFile(dir=existing):  # the real test: can this user write there?
+            pass
+    except OSError as error:
+        raise OptionsError(
+            f"TrainingOptions: {name}={path!r} is not writable ({existing!r}: "
+            f"{type(error).__name__}). Fix: name a folder you can write to."
+        ) from None
+    return path

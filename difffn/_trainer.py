@@ -22,7 +22,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from . import _batches, _checkpoint, _fingerprint, _options, _progress
+from . import _batches, _checkpoint, _compilation_cache, _fingerprint, _options, _progress
 from . import _sequence_source as _seq
 from ._checkpoint_sharded import ShardedWriter
 from ._distributed import agree
@@ -133,6 +133,8 @@ def trainnet(*args, key=None, resume_from=None):
             + (" (the keywords of the dict)." if isinstance(options, dict) else ".")
         )
     check_key(who, key, OptionsError, optional=True)
+    if options.compilation_cache is not None:
+        _compilation_cache.use(options.compilation_cache)
     loss_fn = get_loss(loss, who=who)
     checkpoint = None
     if resume_from is not None:

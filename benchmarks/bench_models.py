@@ -1,0 +1,323 @@
+"""Models at real sizes: a ResNet-style CNN and a transformer encoder in four frameworks.
+
+The models (``_model_resnet``: 32x32x3 images, three residual stages with batch normalization,
+batch 64; ``_model_transformer``: 4 layers, 4 heads, width 128, 128 steps, batch 32) are built in
+difffn from its built-in layers as a ``df.Network`` and trained with ``df.trainnet``; the same
+models are written by hand (a ``jax.jit`` step with donated buffers over optax), in flax.nnx
+(``nnx.jit`` over ``nnx.Optimizer``) and in equinox (``eqx.filter_jit``, per-example modules
+under ``vmap``), each starting from difffn's initial learnables. Every loop takes its
+mini-batches in the same order from the same device-resident synthetic data (a dynamic slice
+inside the compiled step), with SGD with momentum 0.9, learn rate 0.01 and no L2 (difffn's
+MATLAB L2 factors, 0 for biases, would otherwise have to be copied into every framework).
+
+Each framework runs in its own subprocess, one after another, so its peak resident memory
+(``ru_maxrss``) is its own and its time to the first step (building the model and optimizer,
+compiling, one step; imports excluded) is cold. Steady state: in interleaved rounds a loop runs
+``EPOCHS`` = (short, long) epochs; the difference of the medians over the difference in steps is
+the time per step (the rounds' interquartile range over the median is the noise). The step-0 and
+step-1 losses of every framework are printed: they agree when the four programs compute the
+same thing.
+
+Then two more subprocesses train the difffn model with ``TrainingOptions(compilation_cache=...)``
+on one new folder: the second finds the first's compiled programs there, and its time to the
+first step is printed against the first's.
+
+Targets (issue 16): difffn >= 1.0x the hand-written loop's steps/s and >= 1.5x flax.nnx's and
+equinox's; peak memory <= 1.1x the hand-written loop's.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import resource
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+
+import jax
+import jax.numpy as jnp
+import optax
+
+import difffn as df
+
+from . import _model_resnet, _model_transformer
+from ._timing import table
+
+MODELS = {"resnet": _model_resnet, "transformer": _model_transformer}
+FRAMEWORKS = ("difffn.trainnet", "jax.jit + optax", "flax.nnx", "equinox")
+LEARN_RATE, MOMENTUM = 0.01, 0.9
+BATCHES = {False: 3, True: 2}  # mini-batches per epoch (full, quick)
+EPOCHS = {False: (1, 2), True: (1, 2)}  # SHORT, LONG
+ROUNDS = {False: 5, True: 2}
+
+
+def parameters(net: df.Network):
+    """difffn's learnables and state as ``{layer: {parameter: array}}`` dicts."""
+    out = ({}, {})
+    for table_, into in zip((net.learnables, net.state), out):
+        for path in table_:
+            layer, name = path.split("/")
+            into.setdefault(layer, {})[name] = jnp.asarray(table_[path])
+    return out
+
+
+def _crossentropy(y, t):
+    """difffn's (MATLAB's) crossentropy of probabilities and integer labels."""
+    picked = jnp.take_along_axis(y, t[:, None], axis=1)
+    return -jnp.sum(jnp.log(jnp.maximum(picked, jnp.finfo(y.dtype).eps))) / y.shape[0]
+
+
+def _solver():
+    return optax.sgd(LEARN_RATE, momentum=MOMENTUM)
+
+
+def _batch(X, T, b, size):
+    return (
+        jax.lax.dynamic_slice_in_dim(X, b * size, size),
+        jax.lax.dynamic_slice_in_dim(T, b * size, size),
+    )
+
+
+# -- one training loop per framework: trainer(model, sizes, X, T, net, cache) -> train(epochs) --
+# train(epochs) returns (the trained leaves, the loss of every step).
+
+
+def _difffn(model, sizes, X, T, net, cache=None):
+    net = model.difffn_network(sizes)  # building the network is part of difffn's setup
+    options = df.TrainingOptions(
+        mini_batch_size=sizes.batch,
+        shuffle="never",
+        l2_regularization=0.0,
+        verbose=False,
+        compilation_cache=cache,
+    )
+
+    def train(epochs):
+        trained, info = df.trainnet(X, T, net, "crossentropy", options.replace(max_epochs=epochs))
+        return jax.tree.leaves(trained), jnp.asarray(info.training_history["loss"])
+
+    return train
+
+
+def _hand_written(model, sizes, X, T, net, cache=None):
+    forward = model.hand_written_forward(sizes)
+    tx = _solver()
+
+    def step(params, state, opt_state, X, T, b):
+        x, t = _batch(X, T, b, sizes.batch)
+
+        def loss_fn(params):
+            y, new_state = forward(params, state, x)
+            return _crossentropy(y, t), new_state
+
+        (loss, state), grads = jax.value_and_grad(loss_fn, has_aux=True)(params)
+        updates, opt_state = tx.update(grads, opt_state, params)
+        return optax.apply_updates(params, updates), state, opt_state, loss
+
+    step = jax.jit(step, donate_argnums=(0, 1, 2))
+    Xd, Td = jnp.asarray(X), jnp.asarray(T)
+    initial = parameters(net)
+
+    def train(epochs):
+        params, state = jax.tree.map(jnp.copy, initial)  # donated buffers: a fresh copy per run
+        opt_state, losses = tx.init(params), []
+        for _ in range(epochs):
+            for b in range(len(X) // sizes.batch):
+                params, state, opt_state, loss = step(params, state, opt_state, Xd, Td, b)
+                losses.append(loss)
+        return jax.tree.leaves(params), jnp.stack(losses)
+
+    return train
+
+
+def _nnx(model, sizes, X, T, net, cache=None):
+    from flax import nnx
+
+    @nnx.jit
+    def step(module, optimizer, X, T, b):
+        x, t = _batch(X, T, b, sizes.batch)
+        loss, grads = nnx.value_and_grad(lambda m: _crossentropy(m(x), t))(module)
+        optimizer.update(module, grads)
+        return loss
+
+    Xd, Td = jnp.asarray(X), jnp.asarray(T)
+    params, _ = parameters(net)
+
+    def train(epochs):
+        module = model.nnx_model(sizes, params)
+        optimizer, losses = nnx.Optimizer(module, _solver(), wrt=nnx.Param), []
+        for _ in range(epochs):
+            for b in range(len(X) // sizes.batch):
+                losses.append(step(module, optimizer, Xd, Td, b))
+        return jax.tree.leaves(nnx.state(module)), jnp.stack(losses)
+
+    return train
+
+
+def _equinox(model, sizes, X, T, net, cache=None):
+    import equinox as eqx
+
+    tx = _solver()
+
+    @eqx.filter_jit(donate="all-except-first")
+    def step(data, module, state, opt_state):
+        X, T, b = data
+        x, t = _batch(X, T, b, sizes.batch)
+
+        def loss_fn(module, state):
+            batched = jax.vmap(module, axis_name="batch", in_axes=(0, None), out_axes=(0, None))
+            y, state = batched(x, state)
+            return _crossentropy(y, t), state
+
+        (loss, state), grads = eqx.filter_value_and_grad(loss_fn, has_aux=True)(module, state)
+        updates, opt_state = tx.update(grads, opt_state, eqx.filter(module, eqx.is_array))
+        return eqx.apply_updates(module, updates), state, opt_state, loss
+
+    Xd, Td = jnp.asarray(model.to_equinox_inputs(X)), jnp.asarray(T)
+    params, _ = parameters(net)
+    indices = [jnp.asarray(b, jnp.int32) for b in range(len(X) // sizes.batch)]
+
+    def train(epochs):
+        # donated buffers: the module gets a fresh copy of the parameters per run
+        module, state = model.equinox_model(sizes, jax.tree.map(jnp.copy, params))
+        opt_state, losses = tx.init(eqx.filter(module, eqx.is_array)), []
+        for _ in range(epochs):
+            for b in indices:
+                module, state, opt_state, loss = step((Xd, Td, b), module, state, opt_state)
+                losses.append(loss)
+        return jax.tree.leaves(eqx.filter(module, eqx.is_array)), jnp.stack(losses)
+
+    return train
+
+
+TRAINERS = dict(zip(FRAMEWORKS, (_difffn, _hand_written, _nnx, _equinox)))
+
+
+def trainer(model_name: str, framework: str, *, quick: bool, batches: int, cache=None):
+    """``train(epochs) -> (leaves, losses)`` of one framework on ``batches`` synthetic batches."""
+    model = MODELS[model_name]
+    sizes = model.QUICK if quick else model.FULL
+    X, T = model.data(sizes, batches)
+    net = model.difffn_network(sizes)
+    return TRAINERS[framework](model, sizes, X, T, net, cache)
+
+
+# -- one framework in its own process --------------------------------------------------------------
+
+
+def _worker(model_name, framework, quick, cache, first_step_only):
+    jax.block_until_ready(jax.jit(lambda x: x + 1)(jnp.zeros(1)))  # start the backend first
+    model = MODELS[model_name]
+    sizes = model.QUICK if quick else model.FULL
+    X, T = model.data(sizes, BATCHES[quick])
+    net = model.difffn_network(sizes)
+    start = time.perf_counter()  # cold: build the model and optimizer, compile, one step
+    _, losses = jax.block_until_ready(
+        TRAINERS[framework](model, sizes, X[: sizes.batch], T[: sizes.batch], net, cache)(1)
+    )
+    result = {"first_step_s": time.perf_counter() - start, "first_loss": float(losses[0])}
+    if not first_step_only:
+        train = TRAINERS[framework](model, sizes, X, T, net, cache)
+        _, losses = train(1)  # compiled and warm from here on
+        short, long = EPOCHS[quick]
+        samples = {short: [], long: []}
+        for _ in range(ROUNDS[quick]):  # interleaved, so a burst of load hits both alike
+            for epochs, times in samples.items():
+                start = time.perf_counter()
+                jax.block_until_ready(train(epochs))
+                times.append(time.perf_counter() - start)
+        medians = {epochs: statistics.median(times) for epochs, times in samples.items()}
+        steps = (long - short) * BATCHES[quick]
+        result["step_s"] = (medians[long] - medians[short]) / steps
+        result["noise"] = max(
+            (q[2] - q[0]) / medians[e]
+            for e, q in ((e, statistics.quantiles(t, n=4)) for e, t in samples.items())
+        )
+        result["losses"] = [float(v) for v in losses[:2]]
+    # Linux reports ru_maxrss in KiB.
+    result["maxrss_mib"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+    print(json.dumps(result))
+
+
+def _in_subprocess(*args) -> dict:
+    command = [sys.executable, "-m", "benchmarks.bench_models", "--worker", *args]
+    done = subprocess.run(command, capture_output=True, text=True, check=False)
+    if done.returncode:
+        raise RuntimeError(f"{' '.join(command)} failed:\n{done.stderr[-3000:]}")
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+def print_results(model_name: str, results: dict, quick: bool) -> None:
+    """The table of one model from the workers' results (``{framework: result}``)."""
+    sizes = MODELS[model_name].QUICK if quick else MODELS[model_name].FULL
+    base = results["jax.jit + optax"]
+    rows = [
+        [
+            f,
+            f"{1 / r['step_s']:7.2f}",
+            f"{r['step_s'] * 1e3:8.1f} ms",
+            f"{base['step_s'] / r['step_s']:5.2f}x",
+            f"{r['maxrss_mib']:6.0f} MiB",
+            f"{r['maxrss_mib'] / base['maxrss_mib']:5.2f}x",
+            f"{r['first_step_s']:6.2f} s",
+            " ".join(f"{v:.6f}" for v in r["losses"]),
+            f"{r['noise'] * 100:4.1f}%",
+        ]
+        for f, r in results.items()
+    ]
+    short, long = EPOCHS[quick]
+    print(f"\n{model_name} {sizes}, {(long - short) * BATCHES[quick]} steps measured per round")
+    header = ["loop", "steps/s", "time/step", "vs jit+optax", "peak RSS", "vs jit+optax"]
+    print(table(rows, [*header, "first step", "loss step 0, 1", "noise"]))
+    mine = results["difffn.trainnet"]["step_s"]
+    print(
+        f"targets: difffn / jit+optax steps/s = {base['step_s'] / mine:.2f}x (>= 1.0x), "
+        f"/ nnx = {results['flax.nnx']['step_s'] / mine:.2f}x, "
+        f"/ equinox = {results['equinox']['step_s'] / mine:.2f}x (>= 1.5x); "
+        f"peak memory {results['difffn.trainnet']['maxrss_mib'] / base['maxrss_mib']:.2f}x "
+        "(<= 1.1x)"
+    )
+
+
+def cache_pair(model_name: str, quick: bool) -> None:
+    """Two difffn processes, one cache folder: the second's time to the first step."""
+    flags = ["--quick"] if quick else []
+    with tempfile.TemporaryDirectory() as cache:
+        first, second = (
+            _in_subprocess(model_name, FRAMEWORKS[0], *flags, "--first-step-only", "--cache", cache)
+            for _ in range(2)
+        )
+        files = len(os.listdir(cache))
+    print(
+        f"{model_name} compilation_cache: time to the first step {first['first_step_s']:.2f} s "
+        f"(empty cache) -> {second['first_step_s']:.2f} s (its {files} files; "
+        f"{second['first_step_s'] / first['first_step_s']:.2f}x)"
+    )
+
+
+def run(*, quick: bool = False) -> None:
+    flags = ["--quick"] if quick else []
+    for model_name in MODELS:
+        print_results(
+            model_name, {f: _in_subprocess(model_name, f, *flags) for f in FRAMEWORKS}, quick
+        )
+        cache_pair(model_name, quick)
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m benchmarks.bench_models")
+    parser.add_argument("--worker", nargs=2, metavar=("MODEL", "FRAMEWORK"), required=True)
+    parser.add_argument("--quick", action="store_true")
+    parser.add_argument("--cache", default=None)
+    parser.add_argument("--first-step-only", action="store_true")
+    args = parser.parse_args(argv)
+    _worker(*args.worker, args.quick, args.cache, args.first_step_only)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
