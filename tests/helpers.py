@@ -11,6 +11,9 @@ import jax
 import numpy as np
 
 ROOT = Path(__file__).resolve().parents[1]
+# XLA without LLVM's optimization passes: the suite compiles many small programs once each
+# (tests/conftest.py says why); subprocesses that set their own XLA_FLAGS add these.
+TEST_XLA_FLAGS = "--xla_backend_optimization_level=0"
 
 
 def tree_allclose(a, b, *, rtol=1e-6, atol=1e-6) -> bool:
@@ -52,7 +55,7 @@ def run_python(
     full_env.pop("JAX_ENABLE_X64", None)
     full_env["PYTHONPATH"] = str(ROOT) + os.pathsep + full_env.get("PYTHONPATH", "")
     if devices is not None:
-        full_env["XLA_FLAGS"] = f"--xla_force_host_platform_device_count={devices}"
+        full_env["XLA_FLAGS"] = f"--xla_force_host_platform_device_count={devices} {TEST_XLA_FLAGS}"
     full_env.update(env or {})
     if isinstance(code_or_path, Path):
         cmd = [sys.executable, str(code_or_path), *args]

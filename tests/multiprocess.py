@@ -17,7 +17,7 @@ import sys
 import time
 from pathlib import Path
 
-from helpers import ROOT
+from helpers import ROOT, TEST_XLA_FLAGS
 
 
 @dataclasses.dataclass
@@ -47,7 +47,7 @@ def launch(
     env = dict(os.environ)
     env.pop("JAX_ENABLE_X64", None)
     env["PYTHONPATH"] = str(ROOT) + os.pathsep + env.get("PYTHONPATH", "")
-    env["XLA_FLAGS"] = f"--xla_force_host_platform_device_count={devices}"
+    env["XLA_FLAGS"] = f"--xla_force_host_platform_device_count={devices} {TEST_XLA_FLAGS}"
     env["JAX_PLATFORMS"] = "cpu"
     env["MPLBACKEND"] = "Agg"
     folder.mkdir(parents=True, exist_ok=True)

@@ -20,8 +20,11 @@ def _losses(model, framework):
     with jax.numpy_rank_promotion("allow"):
         train = bench_models.trainer(model, framework, quick=True, batches=2)
         _, losses = train(1)
-        _, again = train(1)  # the benchmark times many runs: each starts afresh (no donated input)
-    np.testing.assert_array_equal(again, losses)
+        if framework == "equinox":
+            # the benchmark times many runs, each from the same initial parameters: equinox's
+            # loop donates its inputs, so a second run shows whether they were reused
+            _, again = train(1)
+            np.testing.assert_array_equal(again, losses)
     return np.asarray(losses)
 
 
