@@ -415,8 +415,14 @@ def _validate(layer: Layer, changed: set[str] | None, *, previous: Layer | None 
 
 
 def _check_name(layer: Layer) -> None:
-    """A layer's name is a string: networks build parameter paths (``"layer/param"``) from it."""
+    """A layer's name is a string: networks build parameter paths (``"layer/param"``) from it.
+
+    ``None`` (the usual default of a custom layer's ``__init__(..., name=None)``) means unnamed,
+    MATLAB's ``''``: a network names it.
+    """
     name = layer.__dict__["name"]
+    if name is None:
+        layer.__dict__["name"] = name = ""
     if not isinstance(name, str):
         raise LayerError(
             f"{type(layer).__name__}: name must be a string; got {type(name).__name__} "
