@@ -98,14 +98,14 @@ def clear_caches() -> None:
     that freed memory leaves the process instead of staying in the allocator's arenas.
 
     Examples:
-      >>> import jax, jax.numpy as jnp
-      >>> import difffn as df
-      >>> net = df.Network([df.layers.FeatureInput(2), df.layers.FullyConnected(1)])
-      >>> net = net.initialize(key=jax.random.key(0))
-      >>> _ = net.predict(jnp.ones((3, 2)))
-      >>> df.clear_caches()
-      >>> net.cache_info().entries
-      0
+      A service whose own code makes arrays of many shapes (not run here: it would drop every
+      compiled program of the process running the documentation's examples; tests/test_cache.py
+      runs it in a process of its own)::
+
+          for count, request in enumerate(requests, 1):
+              reply(net.predict(prepare(request)))
+              if count % 1000 == 0:
+                  df.clear_caches()
     """
     for cache in list(_CACHES):
         cache._entries.clear()

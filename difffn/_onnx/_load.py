@@ -206,10 +206,10 @@ def read_graph(model) -> GraphSpec:
     """The model as plain values, with shapes inferred by ``onnx.shape_inference``."""
     onnx = onnx_module()
     try:
-        inferred = onnx.shape_inference.infer_shapes(model)
+        inferred = onnx.shape_inference.infer_shapes(_without_large_weights(onnx, model))
     except Exception:  # noqa: BLE001 - shape inference is a help, not a requirement
         inferred = model
-    graph = inferred.graph
+    graph = model.graph
     initializers = {t.name: _tensor(onnx, t) for t in graph.initializer}
     nodes = []
     for i, node in enumerate(graph.node):
@@ -224,7 +224,7 @@ def read_graph(model) -> GraphSpec:
             )
         )
     value_info = {}
-    for info in (*graph.value_info, *graph.input, *graph.output):
+    for info in (*inferred.graph.value_info, *graph.input, *graph.output):
         value_info[info.name] = _tensor_info(info)
     return GraphSpec(
         opset=default_opset(model),
@@ -235,6 +235,41 @@ def read_graph(model) -> GraphSpec:
         value_info=value_info,
         graph_name=graph.name,
     )
+
+
+_LARGE = 1 << 16  # bytes: weights, never shapes or indices that shape inference reads
+
+
+def _without_large_weights(onnx, model):
+    """``model`` for shape inference: its large initializers as typed graph inputs, no data.
+
+    ``onnx.shape_inference.infer_shapes`` serializes the whole model and parses its result back,
+    weights included (VGG-19: about 550 MB, seconds per call); it needs only their shapes. Small
+    initializers keep their values: shape inference reads constant shapes, axes and indices.
+    """
+    graph = model.graph
+    large = [t for t in graph.initializer if len(t.raw_data) > _LARGE or t.data_location == 1]
+    if not large:
+        return model
+    names = {t.name for t in large}
+    light = onnx.GraphProto(name=graph.name)
+    light.node.extend(graph.node)
+    light.input.extend(graph.input)
+    known = {i.name for i in graph.input}
+    light.input.extend(
+        onnx.helper.make_tensor_value_info(t.name, t.data_type, list(t.dims))
+        for t in large
+        if t.name not in known
+    )
+    light.output.extend(graph.output)
+    light.value_info.extend(graph.value_info)
+    light.initializer.extend(t for t in graph.initializer if t.name not in names)
+    light.sparse_initializer.extend(graph.sparse_initializer)
+    result = onnx.ModelProto(ir_version=model.ir_version)
+    result.opset_import.extend(model.opset_import)
+    result.functions.extend(model.functions)
+    result.graph.CopyFrom(light)
+    return result
 
 
 def _tensor(onnx, tensor):
