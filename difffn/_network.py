@@ -20,14 +20,11 @@ from collections.abc import Sequence
 from typing import Any
 
 import jax
-import jax.numpy as jnp
 
-from . import _cache, _execute, _graph_edit, _mask, _parameters
-from ._arrays import as_numbers, check_numbers
+from . import _cache, _execute, _graph_edit, _mask, _network_inputs, _parameters
 from ._errors import AccelerationError, NetworkError
 from ._fields import LEARNABLE, STATE, NetworkBase
-from ._format import FormattedArray, Layout
-from ._formatted_array import asarray
+from ._format import Layout
 from ._graph import Graph, build_graph, flatten_layers, name_layers
 from ._input_layer import InputLayer
 from ._keys import check_key
@@ -548,57 +545,7 @@ class Network(NetworkBase):
 
     def prepare_inputs(self, inputs) -> tuple:
         """Check the network inputs against the known layouts; label plain arrays."""
-        g = self._graph
-        if len(inputs) != len(g.inputs):
-            raise NetworkError(
-                f"the network takes {len(g.inputs)} input(s) {list(g.input_names)}; got "
-                f"{len(inputs)}. Fix: pass one array per input, in the order of "
-                "net.input_names."
-            )
-        known = self.input_layouts
-        prepared = []
-        for k, x in enumerate(inputs):
-            layout, name = known[k], g.input_names[k]
-            x = as_numbers(x, what=f"network input {name!r}", error=NetworkError, real=False)
-            if _is_complex(x) and not self._complex_learnables:
-                check_numbers(x, what=f"network input {name!r}", error=NetworkError)
-            if not isinstance(x, (FormattedArray, jax.Array)):
-                x = asarray(x)
-            if layout is None:
-                prepared.append(x)
-                continue
-            if not isinstance(x, FormattedArray):
-                if x.ndim != layout.ndim:
-                    raise NetworkError(
-                        f"network input {name!r} expects {layout.ndim}-D data with format "
-                        f"{layout.format!r} ({layout}); got a plain array of shape {x.shape}. "
-                        f"Fix: pass an array with one axis per label of {layout.format!r} (a "
-                        "single observation keeps its batch axis, of size 1)."
-                    )
-                x = FormattedArray._wrap(x, layout.format)  # the rank was just checked
-            elif x.format != layout.format:
-                raise NetworkError(
-                    f"network input {name!r} expects format {layout.format!r}; got "
-                    f"{x.format!r}. Fix: df.permute(x, {layout.format!r}) or relabel with "
-                    "df.dlarray."
-                )
-            for axis, (want, got) in enumerate(zip(layout.shape, x.shape)):
-                if want is not None and want != got:
-                    raise NetworkError(
-                        f"network input {name!r} expects size {want} on axis {axis} "
-                        f"({layout.format[axis]!r}) of {layout}; got shape {x.shape}. Fix: "
-                        "pass data of the size the network was built for (its input layer's)."
-                    )
-            prepared.append(x)
-        return tuple(prepared)
-
-    @property
-    def _complex_learnables(self) -> bool:
-        """Whether some parameter is complex (complex inputs are then the user's design)."""
-        cached = self.__dict__.get("_complex")
-        if cached is None:
-            cached = self.__dict__["_complex"] = any(map(_is_complex, jax.tree.leaves(self)))
-        return cached
+        return _network_inputs.prepare(self, inputs)
 
     def with_layer_states(self, states: Sequence[Sequence[Any]]) -> Network:
         """A network whose layers hold new state values (one tuple per layer, from ``execute``)."""
@@ -647,10 +594,6 @@ class Network(NetworkBase):
             f"Network({len(self._layers)} layers, inputs={list(self.input_names)}, "
             f"outputs={list(self.output_names)}, {learnables:,} learnables, {state})"
         )
-
-
-def _is_complex(x) -> bool:
-    return jnp.iscomplexobj(x.data if isinstance(x, FormattedArray) else x)
 
 
 def _layout_text(layout: Layout) -> str:
