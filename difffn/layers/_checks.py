@@ -14,6 +14,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from .._arrays import as_numbers
 from .._describe import who
 from .._errors import FormatError, LayerError
 from .._format import FormattedArray, Layout, dlarray
@@ -122,13 +123,11 @@ def as_float_array(layer, argument: str, value: Any) -> jax.Array:
     ):
         return jnp.asarray(value)
     try:
-        kind = np.asarray(value).dtype.kind
-    except ValueError:  # ragged nesting
-        kind = "O"
-    if kind not in "biuf":
+        value = as_numbers(value, what=argument, error=LayerError)
+    except LayerError:  # the layer's own wording: its name, the argument, the Fix
         raise bad_argument(
             layer, argument, "a real array (or a number)", value, "pass numbers, e.g. an array."
-        )
+        ) from None
     return jnp.asarray(value, jnp.float32)
 
 
