@@ -12,9 +12,13 @@ MATLAB L2 factors, 0 for biases, would otherwise have to be copied into every fr
 
 Each framework runs in its own subprocess, one after another, so its peak resident memory
 (``ru_maxrss``) is its own and its time to the first step (building the model and optimizer,
-compiling, one step; imports excluded) is cold. Steady state: in interleaved rounds a loop runs
-``EPOCHS`` = (short, long) epochs; the difference of the medians over the difference in steps is
-the time per step (the rounds' interquartile range over the median is the noise). The step-0 and
+compiling, one step; imports excluded) is cold. Steady state is timed in one more subprocess
+that holds all four loops: in each of ``ROUNDS`` rounds every loop runs ``EPOCHS`` = (short,
+long) epochs in turn; per loop, the difference of the fastest runs of each length over the
+difference in steps is the time per step (the median-based figure is printed too; the rounds'
+interquartile range over the median is the noise). CPU/step is the process's CPU time per step
+(medians, both cores counted), which load from other processes disturbs less than wall time.
+The step-0 and
 step-1 losses of every framework are printed: they agree when the four programs compute the
 same thing.
 
@@ -51,8 +55,8 @@ MODELS = {"resnet": _model_resnet, "transformer": _model_transformer}
 FRAMEWORKS = ("difffn.trainnet", "jax.jit + optax", "flax.nnx", "equinox")
 LEARN_RATE, MOMENTUM = 0.01, 0.9
 BATCHES = {False: 3, True: 2}  # mini-batches per epoch (full, quick)
-EPOCHS = {False: (1, 2), True: (1, 2)}  # SHORT, LONG
-ROUNDS = {False: 5, True: 2}
+EPOCHS = {False: (1, 3), True: (1, 2)}  # SHORT, LONG
+ROUNDS = {False: 9, True: 2}
 
 
 def parameters(net: df.Network):
@@ -209,7 +213,8 @@ def trainer(model_name: str, framework: str, *, quick: bool, batches: int, cache
 # -- one framework in its own process --------------------------------------------------------------
 
 
-def _worker(model_name, framework, quick, cache, first_step_only):
+def _worker(model_name, framework, quick, cache):
+    """One framework cold in a fresh process: time to the first step, losses, peak memory."""
     jax.block_until_ready(jax.jit(lambda x: x + 1)(jnp.zeros(1)))  # start the backend first
     model = MODELS[model_name]
     sizes = model.QUICK if quick else model.FULL
@@ -220,31 +225,56 @@ def _worker(model_name, framework, quick, cache, first_step_only):
         TRAINERS[framework](model, sizes, X[: sizes.batch], T[: sizes.batch], net, cache)(1)
     )
     result = {"first_step_s": time.perf_counter() - start, "first_loss": float(losses[0])}
-    if not first_step_only:
-        train = TRAINERS[framework](model, sizes, X, T, net, cache)
-        _, losses = train(1)  # compiled and warm from here on
-        short, long = EPOCHS[quick]
-        samples = {short: [], long: []}
-        for _ in range(ROUNDS[quick]):  # interleaved, so a burst of load hits both alike
-            for epochs, times in samples.items():
-                start = time.perf_counter()
-                jax.block_until_ready(train(epochs))
-                times.append(time.perf_counter() - start)
-        medians = {epochs: statistics.median(times) for epochs, times in samples.items()}
-        steps = (long - short) * BATCHES[quick]
-        result["step_s"] = (medians[long] - medians[short]) / steps
-        result["noise"] = max(
-            (q[2] - q[0]) / medians[e]
-            for e, q in ((e, statistics.quantiles(t, n=4)) for e, t in samples.items())
-        )
-        result["losses"] = [float(v) for v in losses[:2]]
+    _, losses = jax.block_until_ready(TRAINERS[framework](model, sizes, X, T, net, cache)(1))
+    result["losses"] = [float(v) for v in losses[:2]]
     # Linux reports ru_maxrss in KiB.
     result["maxrss_mib"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
     print(json.dumps(result))
 
 
+def _timing_worker(model_name, quick):
+    """Every framework's steady-state time per step, in one process, interleaved.
+
+    Each round runs every framework's short and long run back to back, so a burst of load or a
+    change of the machine's speed hits all four alike (timed one process after another, the
+    ratios moved by 20-40 % between runs on the shared machine).
+    """
+    trainers = {f: trainer(model_name, f, quick=quick, batches=BATCHES[quick]) for f in FRAMEWORKS}
+    for train in trainers.values():
+        jax.block_until_ready(train(1))  # compiled and warm from here on
+    short, long = EPOCHS[quick]
+    samples = {f: {short: [], long: []} for f in FRAMEWORKS}
+    cpu = {f: {short: [], long: []} for f in FRAMEWORKS}  # CPU seconds of the whole process
+    for _ in range(ROUNDS[quick]):
+        for f, train in trainers.items():
+            for epochs, times in samples[f].items():
+                start, start_cpu = time.perf_counter(), time.process_time()
+                jax.block_until_ready(train(epochs))
+                times.append(time.perf_counter() - start)
+                cpu[f][epochs].append(time.process_time() - start_cpu)
+    steps = (long - short) * BATCHES[quick]
+    result = {}
+    for f, runs in samples.items():
+        cpu_medians = {epochs: statistics.median(t) for epochs, t in cpu[f].items()}
+        # the fastest run of each length: the least disturbed one (as timeit does); the
+        # medians moved by 20-50 % between runs of the benchmark on the shared 2-core machine
+        fastest = {epochs: min(times) for epochs, times in runs.items()}
+        medians = {epochs: statistics.median(times) for epochs, times in runs.items()}
+        noise = max(
+            (q[2] - q[0]) / medians[e]
+            for e, q in ((e, statistics.quantiles(t, n=4)) for e, t in runs.items())
+        )
+        result[f] = {
+            "step_s": (fastest[long] - fastest[short]) / steps,
+            "step_s_median": (medians[long] - medians[short]) / steps,
+            "cpu_step_s": (cpu_medians[long] - cpu_medians[short]) / steps,
+            "noise": noise,
+        }
+    print(json.dumps(result))
+
+
 def _in_subprocess(*args) -> dict:
-    command = [sys.executable, "-m", "benchmarks.bench_models", "--worker", *args]
+    command = [sys.executable, "-m", "benchmarks.bench_models", *args]
     done = subprocess.run(command, capture_output=True, text=True, check=False)
     if done.returncode:
         raise RuntimeError(f"{' '.join(command)} failed:\n{done.stderr[-3000:]}")
@@ -261,6 +291,9 @@ def print_results(model_name: str, results: dict, quick: bool) -> None:
             f"{1 / r['step_s']:7.2f}",
             f"{r['step_s'] * 1e3:8.1f} ms",
             f"{base['step_s'] / r['step_s']:5.2f}x",
+            f"{base['step_s_median'] / r['step_s_median']:5.2f}x",
+            f"{r['cpu_step_s'] * 1e3:8.1f} ms",
+            f"{base['cpu_step_s'] / r['cpu_step_s']:5.2f}x",
             f"{r['maxrss_mib']:6.0f} MiB",
             f"{r['maxrss_mib'] / base['maxrss_mib']:5.2f}x",
             f"{r['first_step_s']:6.2f} s",
@@ -271,7 +304,17 @@ def print_results(model_name: str, results: dict, quick: bool) -> None:
     ]
     short, long = EPOCHS[quick]
     print(f"\n{model_name} {sizes}, {(long - short) * BATCHES[quick]} steps measured per round")
-    header = ["loop", "steps/s", "time/step", "vs jit+optax", "peak RSS", "vs jit+optax"]
+    header = [
+        "loop",
+        "steps/s",
+        "time/step",
+        "vs jit+optax",
+        "(medians)",
+        "CPU/step",
+        "vs jit+optax",
+        "peak RSS",
+        "vs jit+optax",
+    ]
     print(table(rows, [*header, "first step", "loss step 0, 1", "noise"]))
     mine = results["difffn.trainnet"]["step_s"]
     print(
@@ -288,7 +331,7 @@ def cache_pair(model_name: str, quick: bool) -> None:
     flags = ["--quick"] if quick else []
     with tempfile.TemporaryDirectory() as cache:
         first, second = (
-            _in_subprocess(model_name, FRAMEWORKS[0], *flags, "--first-step-only", "--cache", cache)
+            _in_subprocess("--worker", model_name, FRAMEWORKS[0], *flags, "--cache", cache)
             for _ in range(2)
         )
         files = len(os.listdir(cache))
@@ -302,20 +345,26 @@ def cache_pair(model_name: str, quick: bool) -> None:
 def run(*, quick: bool = False) -> None:
     flags = ["--quick"] if quick else []
     for model_name in MODELS:
-        print_results(
-            model_name, {f: _in_subprocess(model_name, f, *flags) for f in FRAMEWORKS}, quick
-        )
+        results = {f: _in_subprocess("--worker", model_name, f, *flags) for f in FRAMEWORKS}
+        timings = _in_subprocess("--timing", model_name, *flags)
+        for f, r in results.items():
+            r.update(timings[f])
+        print_results(model_name, results, quick)
         cache_pair(model_name, quick)
 
 
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(prog="python -m benchmarks.bench_models")
-    parser.add_argument("--worker", nargs=2, metavar=("MODEL", "FRAMEWORK"), required=True)
+    modes = parser.add_mutually_exclusive_group(required=True)
+    modes.add_argument("--worker", nargs=2, metavar=("MODEL", "FRAMEWORK"))
+    modes.add_argument("--timing", metavar="MODEL")
     parser.add_argument("--quick", action="store_true")
     parser.add_argument("--cache", default=None)
-    parser.add_argument("--first-step-only", action="store_true")
     args = parser.parse_args(argv)
-    _worker(*args.worker, args.quick, args.cache, args.first_step_only)
+    if args.timing:
+        _timing_worker(args.timing, args.quick)
+    else:
+        _worker(*args.worker, args.quick, args.cache)
     return 0
 
 
