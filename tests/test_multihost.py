@@ -89,8 +89,8 @@ def test_an_uneven_mini_batch_is_padded_across_processes(runs):
 def test_iterable_shares_whose_global_batch_does_not_split_are_padded_per_process(runs):
     # each of 2 processes yields shares of 3: global batches of 6 over 2 x 2 devices. Without
     # batch norm each share is padded to 4 and the step keeps each process's first 3 rows, so
-    # the learnables and losses are one device's on the 6-row batches; with batch norm (and
-    # dropout) the shares are gathered and run replicated, the same numbers again
+    # the learnables and losses are one device's on the 6-row batches; with batch norm the
+    # shares are gathered and run replicated, the same numbers again
     out, results = runs
     single, single_facts = _load(out, "single")
     multi, multi_facts = _load(out, "multihost")
@@ -99,11 +99,15 @@ def test_iterable_shares_whose_global_batch_does_not_split_are_padded_per_proces
     for part in ("padded", "replicated", "replicated_state"):
         _assert_close(_group(multi_group, part), _group(single_group, part))
     facts, expected = multi_facts["iterable_uneven"], single_facts["iterable_uneven"]
-    for loss in ("loss", "replicated_loss"):
+    for loss in ("padded_loss", "replicated_loss"):
         assert len(facts[loss]) == 4
         np.testing.assert_allclose(facts[loss], expected[loss], atol=TOL, rtol=TOL)
-    (printed,) = facts["printed"]
-    assert "Mini-batches of 6 observations are padded to 8 (4 per process)" in printed
+    (padded,) = facts["padded_printed"]
+    assert "Mini-batches of 6 observations are padded to 8 (4 per process)" in padded
+    (replicated,) = facts["replicated_printed"]
+    assert "they run replicated (each device computes the whole batch, gathered from every " in (
+        replicated
+    )
     # shares of 3 in process 0 and 4 in process 1: refused in both processes, before a step
     assert re.search(
         r"every process must yield batches of one size; their first batches have different "
