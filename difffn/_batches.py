@@ -8,6 +8,9 @@ targets are batch-first).
 
 from __future__ import annotations
 
+from typing import NamedTuple
+
+import jax
 import jax.numpy as jnp
 import numpy as np
 
@@ -80,11 +83,47 @@ def pad(x, size: int, axis: int):
     return dlarray(padded, x.format) if isinstance(x, FormattedArray) else padded
 
 
-def first_rows(y, n: int):
-    """The first ``n`` observations of a network output (its ``B`` label, else axis 0): what
-    is left of a padded batch once the padding is cut."""
-    axis = batch_axis(y) if isinstance(y, FormattedArray) and "B" in y.format else 0
-    return slice_host(y, 0, n, axis)
+class Keep(NamedTuple):
+    """The real rows of a batch padded to split over the mesh.
+
+    The batch is ``shares`` blocks of ``padded`` rows in a row (one block, or one per process
+    when each process feeds its own share), each holding its ``rows`` real observations first
+    and copies of its first observation after them. ``targets``: whether the targets were
+    padded the same way (a multi-process iterable's, which cannot be joined unpadded) or hold
+    only the real rows.
+    """
+
+    shares: int
+    rows: int
+    padded: int
+    targets: bool = False
+
+
+def real_rows(y, keep: Keep, axis: int | None = None):
+    """The real observations of a padded batch ``y`` (along ``axis``; default: its ``B`` label,
+    else axis 0): each block's first ``keep.rows``, by a reshape and a slice (inside jit, so
+    the padding never reaches the loss, the metrics or the gradients).
+
+    Examples:
+      >>> import numpy as np
+      >>> y = np.array([0, 1, 1, 9, 3, 4, 3, 9])  # 2 shares of 4 rows, 2 real in each
+      >>> real_rows(y, Keep(shares=2, rows=2, padded=4)).tolist()
+      [0, 1, 3, 4]
+    """
+    if axis is None:
+        axis = batch_axis(y) if isinstance(y, FormattedArray) and "B" in y.format else 0
+    data = y.data if isinstance(y, FormattedArray) else jnp.asarray(y)
+    before, after = data.shape[:axis], data.shape[axis + 1 :]
+    blocks = jnp.reshape(data, (*before, keep.shares, keep.padded, *after))
+    real = jax.lax.slice_in_dim(blocks, 0, keep.rows, axis=axis + 1)
+    real = jnp.reshape(real, (*before, keep.shares * keep.rows, *after))
+    return dlarray(real, y.format) if isinstance(y, FormattedArray) else real
+
+
+def pad_host(x, size: int, axis: int) -> np.ndarray:
+    """``x`` (a host array) with copies of its first observation appended up to ``size``."""
+    first = np.take(x, np.zeros(size - x.shape[axis], np.intp), axis=axis)
+    return np.concatenate([x, first], axis=axis)
 
 
 def pad_with_first(x, size: int, axis: int):

@@ -355,8 +355,9 @@ class TrainingOptions:
       execution_environment: ``"auto"``, ``"cpu"``, ``"gpu"``, ``"multi-device"`` (batches
         split over this process's ``jax.devices()``) or ``"multi-host"`` (every process of a
         ``jax.distributed`` job runs the same ``trainnet`` and feeds its share of every batch;
-        see ``docs/scaling.md``). On a mesh, ``mini_batch_size`` must be a multiple of the
-        size of its ``"data"`` axis.
+        see ``docs/scaling.md``). On a mesh, a mini-batch that the size of its ``"data"`` axis
+        does not divide is padded (the padding carries no weight) or, for a network whose
+        state learns from the whole batch, runs replicated.
       parameter_sharding: ``"replicated"`` (default: every device holds every learnable) or
         ``"fsdp"``: each learnable and its optimizer state split along its largest axis that
         the ``"data"`` axis size divides (replicated where none does). A learnable declared

@@ -18,8 +18,11 @@ training likewise keeps every observation of a mini-batch (it splits it unevenly
 workers) rather than dropping some. A network whose state learns from the whole batch
 (BatchNorm's running statistics: a layer with state that is not reset between mini-batches)
 would see the copies, so its uneven batches run replicated instead (every device computes the
-whole batch). A validation batch that does not divide runs replicated; prediction pads
-(``_predict``).
+whole batch). When each process feeds its own share (a multi-process iterable), every process
+pads its share to the same size, so the padding sits at the end of each process's block of the
+global batch and the step cuts it block by block (``_batches.Keep``); replicated, the shares
+are gathered into every process. A validation batch that does not divide runs replicated;
+prediction pads (``_predict``).
 
 Data reach the devices as global ``jax.Array``s: from arrays that every process holds whole
 (:meth:`Placement.host_batch`: each process copies only the rows of its own devices, through
@@ -30,6 +33,7 @@ the processes' batches in process order).
 
 from __future__ import annotations
 
+import math
 from typing import NamedTuple
 
 import jax
@@ -38,7 +42,7 @@ from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
 from . import _distributed
-from ._batches import as_device_array, batch_axis, count
+from ._batches import as_device_array, batch_axis, count, pad_host
 from ._errors import OptionsError
 from ._fields import STATE
 from ._format import FormattedArray, dlarray, stripdims
@@ -175,28 +179,15 @@ class Placement:
             )(data)
         return jax.device_put(np.asarray(x), sharding)
 
-    def check_batch(self, size: int, *, what: str = "mini_batch_size") -> None:
-        """Refuse a batch the ``"data"`` size does not divide (a multi-process iterable's global
-        batch, whose shares cannot be padded)."""
-        parts = self.data_size
-        if self.mesh is not None and size % parts:
-            lower = size - size % parts
-            suggestion = f"{lower} or {lower + parts}" if lower else str(parts)
-            over = f"the {parts} devices"
-            if parts != self.count:
-                over = f"the mesh's 'data' axis ({parts})"
-            raise OptionsError(
-                f"execution_environment={self.environment!r} splits each mini-batch over {over}, "
-                f"so {what} must be a multiple of {parts}; got {size}. Fix: {what}={suggestion}."
-            )
-
-    def plan_uneven(self, net, size: int) -> str | None:
+    def plan_uneven(self, net, size: int, shares: int = 1) -> str | None:
         """Decide how mini-batches of ``size`` observations that the ``"data"`` size does not
         divide are split (:attr:`uneven`), and say so (None when it divides).
 
         Args:
           net: the network trained (its layers decide between padding and replication).
-          size: the mini-batch size.
+          size: the global mini-batch size.
+          shares: how many equal shares it is fed in (one per process of a multi-process
+            iterable, each padded on its own; 1 otherwise).
         """
         if self.divides(size):
             return None
@@ -210,26 +201,35 @@ class Placement:
         )
         if learners:
             self.uneven = "replicate"
+            gathered = ", gathered from every process's share" if shares > 1 else ""
             return (
                 f"Mini-batches of {size} observations do not split over the {parts} parts of "
                 f"the mesh's 'data' axis, and the state of {', '.join(learners)} learns from the "
-                "whole batch: they run replicated (each device computes the whole batch; the "
-                f"results are the same). A mini_batch_size that is a multiple of {parts} splits."
+                f"whole batch: they run replicated (each device computes the whole batch"
+                f"{gathered}; the results are the same). A mini-batch size that is a multiple "
+                f"of {parts} splits."
             )
         self.uneven = "pad"
-        padded = self.padded(size)
+        padded = self.padded(size, shares)
+        each = f" ({padded // shares} per process)" if shares > 1 else ""
         return (
-            f"Mini-batches of {size} observations are padded to {padded} to split over the "
-            f"{parts} parts of the mesh's 'data' axis; the {padded - size} padded observation(s) "
-            "carry no weight in the loss, the metrics or the gradients."
+            f"Mini-batches of {size} observations are padded to {padded}{each} to split over "
+            f"the {parts} parts of the mesh's 'data' axis; the {padded - size} padded "
+            "observation(s) carry no weight in the loss, the metrics or the gradients."
         )
 
-    def padded(self, size: int) -> int:
-        """``size`` rounded up to a multiple of the ``"data"`` size when uneven batches are
-        padded; ``size`` itself when it divides or they run replicated."""
+    def padded(self, size: int, shares: int = 1) -> int:
+        """``size`` rounded up to split over the ``"data"`` size when uneven batches are padded;
+        ``size`` itself when it divides or they run replicated.
+
+        A batch fed in ``shares`` equal shares (one per process) is padded share by share, each
+        to the same size, so that the shares together split: e.g. 2 shares of 3 over 4 parts
+        become 2 shares of 4.
+        """
         if self.divides(size) or self.uneven != "pad":
             return size
-        return -(-size // self.data_size) * self.data_size
+        step = self.data_size // math.gcd(shares, self.data_size)  # rows per share that split
+        return -(-(size // shares) // step) * step * shares
 
     def divides(self, size: int) -> bool:
         return self.mesh is None or size % self.data_size == 0
@@ -294,15 +294,23 @@ class Placement:
         array = jax.make_array_from_callback(tuple(shape), sharding, rows_of)
         return array if x.format is None else dlarray(array, x.format)
 
-    def local_batch(self, xs, ts, formats):
+    def local_batch(self, xs, ts, formats, rows: int | None = None):
         """This process's own batch (every process passes one of the same shape) as part of one
-        global batch: the processes' batches in process order, split over the mesh."""
-        xs = tuple(self._local(x, batch_axis(x, fmt)) for x, fmt in zip(xs, formats, strict=True))
-        ts = tuple(self._local(t, batch_axis(t)) for t in ts)
+        global batch: the processes' batches in process order, split over the mesh.
+
+        ``rows``: pad every share (inputs and targets) to that many observations with copies
+        of its first (:meth:`padded`; the step cuts them, ``_batches.Keep``).
+        """
+        xs = tuple(
+            self._local(x, batch_axis(x, fmt), rows) for x, fmt in zip(xs, formats, strict=True)
+        )
+        ts = tuple(self._local(t, batch_axis(t), rows) for t in ts)
         return xs, ts
 
-    def _local(self, x, axis: int):
+    def _local(self, x, axis: int, rows: int | None):
         host = np.asarray(stripdims(x))
+        if rows is not None:
+            host = pad_host(host, rows, axis)
         shape = list(host.shape)
         shape[axis] *= self.processes
         sharding = self.sharding(P(*([None] * axis), DATA))

@@ -209,7 +209,7 @@ class ArraySource:
     def _host_feeds(self, order, start, placement, batch_size):
         """Each mini-batch as global arrays, every process copying its own rows from the host."""
         padded = placement.padded(batch_size)
-        keep = batch_size if padded > batch_size else None
+        keep = _batches.Keep(1, batch_size, padded) if padded > batch_size else None
         spec = ("direct", self.input_axes, self.target_axes, keep)
         inputs, targets = self.host
         split_x, split_t = placement.divides(padded), placement.divides(batch_size)
@@ -402,7 +402,7 @@ class IterableSource:
                     f"{self.who}: a batch of the data has no observations (input shape "
                     f"{np.shape(stripdims(xs[0]))}). Fix: leave empty batches out."
                 )
-            if self.data_batch_size is None:  # (global_batch_size checked it for the mesh)
+            if self.data_batch_size is None:  # (global_batch checked it across processes)
                 self.data_batch_size = size
             if size < self.data_batch_size:
                 continue
@@ -412,10 +412,11 @@ class IterableSource:
                     f"({self.data_batch_size} then {size}); only a smaller last batch is allowed "
                     "(it is dropped)."
                 )
-            padded = placement.padded(size)
             if placement.multi_host:  # each process yields its own share of the global batch
-                xs, ts = placement.local_batch(xs, ts, self.formats)
+                keep, xs, ts = self._shares(xs, ts, size, placement)
             else:
+                padded = placement.padded(size)
+                keep = _batches.Keep(1, size, padded) if padded > size else None
                 if padded > size:  # copies of the first observation, cut from the outputs
                     xs = [
                         _batches.pad_with_first(x, padded, a)
@@ -423,25 +424,59 @@ class IterableSource:
                     ]
                 xs = placement.put(tuple(_batches.as_device_array(x) for x in xs))
                 ts = placement.put(tuple(_batches.as_device_array(t) for t in ts))
-            yield ("direct", in_axes, t_axes, size if padded > size else None), (xs, ts)
+            yield ("direct", in_axes, t_axes, keep), (xs, ts)
+
+    def _shares(self, xs, ts, size: int, placement: Placement):
+        """This process's share of a global batch, joined with the other processes' shares:
+        ``(keep, xs, ts)``. A global batch that does not split over the mesh has every share
+        padded to the same size (inputs and targets; ``keep`` says which rows the step keeps),
+        or, when it runs replicated, every share gathered into every process."""
+        processes = placement.processes
+        total = size * processes
+        if placement.divides(total):
+            return (None, *placement.local_batch(xs, ts, self.formats))
+        padded = placement.padded(total, processes)
+        if padded > total:
+            rows = padded // processes
+            keep = _batches.Keep(processes, size, rows, targets=True)
+            return (keep, *placement.local_batch(xs, ts, self.formats, rows))
+        xs = tuple(gather_batch(x, fmt) for x, fmt in zip(xs, self.formats, strict=True))
+        ts = tuple(gather_batch(t, None) for t in ts)
+        return (None, *placement.put_batch(xs, ts, self.formats))
 
     def in_order(self, batch_size=None) -> Iterator[tuple[tuple, tuple]]:
         for item in self._pass():
             yield self.split(item)
 
 
-def global_batch_size(data, placement: Placement, batch_size: int | None) -> int:
-    """The global mini-batch size: ``batch_size`` for arrays, the first batch's for an iterable
-    (times the processes, each of which feeds its share; a multi-process iterable's shares
-    cannot be padded, so their sum must split over the mesh)."""
+def global_batch(data, placement: Placement, batch_size: int | None) -> tuple[int, int]:
+    """The global mini-batch size, and how many equal shares it is fed in.
+
+    Arrays: ``(batch_size, 1)``. An iterable: its first batch's size; in a multi-host run each
+    process yields its own share, so the size times the processes, in as many shares. Every
+    process must yield shares of one size (they are joined, and padded alike, into one global
+    batch): the first batches' sizes are compared across the processes (one small
+    collective), and shares of different sizes raise a named error in every process.
+
+    Raises:
+      OptionsError: the processes' first batches have different sizes.
+    """
     if isinstance(data, ArraySource) or placement.mesh is None:
-        return batch_size or 1
+        return batch_size or 1, 1
     x = data.first_inputs()[0]
-    size = _batches.count(x, _batches.batch_axis(x, data.formats[0])) * placement.processes
-    if placement.multi_host:
-        what = f"the global batch ({placement.processes} processes x {size // placement.processes})"
-        placement.check_batch(size, what=what)
-    return size
+    size = _batches.count(x, _batches.batch_axis(x, data.formats[0]))
+    if not placement.multi_host:
+        return size, 1
+    sizes = [int(n) for n in gather_rows(np.asarray([size]), 0)]
+    if len(set(sizes)) > 1:
+        each = ", ".join(f"process {p}: {n}" for p, n in enumerate(sizes))
+        raise OptionsError(
+            f"{data.who}: execution_environment='multi-host' joins every process's own batch "
+            "into one global batch per step, so every process must yield batches of one size; "
+            f"their first batches have different sizes ({each}). Fix: yield batches of the "
+            f"same size in every process (e.g. {min(sizes)} rows each)."
+        )
+    return size * placement.processes, placement.processes
 
 
 def label_check(who, net, loss_fn, metrics):

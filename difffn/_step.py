@@ -6,8 +6,9 @@ learnables, the other leaves and the optimizer state donated so each iteration u
 in place. On a mesh its input and output shardings are explicit: the learnables and their
 optimizer state as ``_partition`` lays them out, everything else replicated, the batch split
 over the mesh's ``"data"`` axis; a batch padded to split over it (``_sharding``) has the padding
-cut from the outputs before the loss. The compute precision (``_precision``) casts the
-learnables and inputs inside the step and scales the loss for float16.
+cut from the outputs (and from padded targets) before the loss (``_batches.Keep``). The compute
+precision (``_precision``) casts the learnables and inputs inside the step and scales the loss
+for float16.
 
 Its data argument is what a data source feeds (``_sources``): ``"gather"`` takes the whole
 device-resident data and gathers the mini-batch from the epoch's order inside the compiled
@@ -171,9 +172,9 @@ class Steps:
         self, carry, xs, ts, key, iteration, learn_rate, masks=None, sequences=None, keep=None
     ):
         """One step; ``masks`` and ``sequences`` (``(chunked, carried state or None)``) for
-        padded sequences: then it also returns the recurrent state when ``chunked``; ``keep``:
-        the inputs were padded to split over the mesh, and only the outputs' first ``keep``
-        observations are real (the targets have just those)."""
+        padded sequences: then it also returns the recurrent state when ``chunked``; ``keep``: the
+        inputs were padded to split over the mesh, and only the outputs' rows that
+        ``_batches.Keep`` names are real (the targets have just those)."""
         learnables, others, opt_state, nan_at, scaling = carry
         step_key = jax.random.fold_in(key, iteration)
         policy = self.policy
@@ -189,7 +190,7 @@ class Steps:
                 outputs, states = net.run(xs, step_key, training=True, outputs=self.wanted)
                 outputs = policy.output(outputs)
                 if keep is not None:  # the padding carries no weight: it never reaches the loss
-                    outputs = tuple(_batches.first_rows(y, keep) for y in outputs)
+                    outputs = tuple(_batches.real_rows(y, keep) for y in outputs)
                 value = loss_value(self.loss, self.loss_label, outputs, ts)
                 return value, (outputs, states, (None,) * len(outputs))
             chunked, carried = sequences
@@ -265,7 +266,7 @@ class Steps:
         placement = self.placement
         if spec[0] == "gather":
             _, batch_size, in_axes, t_axes, padded = spec
-            keep = batch_size if padded > batch_size else None
+            keep = _batches.Keep(1, batch_size, padded) if padded > batch_size else None
 
             def batch(data):
                 X, T, order, b = data
@@ -291,6 +292,10 @@ class Steps:
                 xs, ts = data
                 xs = tuple(placement.constrain(x, a) for x, a in zip(xs, in_axes, strict=True))
                 ts = tuple(placement.constrain(t, a) for t, a in zip(ts, t_axes, strict=True))
+                if keep is not None and keep.targets:  # padded like the inputs: cut alike
+                    ts = tuple(
+                        _batches.real_rows(t, keep, a) for t, a in zip(ts, t_axes, strict=True)
+                    )
                 return xs, ts
 
         def step(carry, data, key, iteration, learn_rate):

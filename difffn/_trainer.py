@@ -45,7 +45,7 @@ from ._sources import (
     ArraySource,
     IterableSource,
     gather_batch,
-    global_batch_size,
+    global_batch,
     label_check,
     validation_batches,
 )
@@ -194,7 +194,7 @@ class _Run:
         self.iterations_per_epoch = data.iterations(self.batch_size)
         self.messages: list[str] = []
         uneven = self.placement.plan_uneven(
-            net, global_batch_size(data, self.placement, self.batch_size)
+            net, *global_batch(data, self.placement, self.batch_size)
         )
         if uneven:
             self.messages.append(uneven)

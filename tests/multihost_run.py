@@ -6,12 +6,14 @@ script joins a job on ``127.0.0.1:PORT`` (gloo collectives on CPU) and trains wi
 process) writes what the test compares into the folder OUT:
 
 * ``single``: one process (4 devices): the run with ``"multi-device"`` and with one device
-  (``"auto"``), and the iterable-of-shards run as one process sees it (``single.npz``,
+  (``"auto"``), and the iterable-of-shards runs as one process sees them (``single.npz``,
   ``single.json``);
 * ``multihost``: the run, checkpoints in ``OUT/ckpt``; a run with mini-batches of 30, padded to
-  split over the 4 devices (``single`` trains it on one device); an iterable run in which each process
-  yields its own share of every batch; ``minibatchpredict`` and ``testnet`` on the mesh
-  (``multihost.npz``, ``multihost.json``);
+  split over the 4 devices (``single`` trains it on one device); an iterable run in which each
+  process yields its own share of every batch; the ``iterable_uneven`` group, in which each
+  process yields shares of 3 (global batches of 6 over 4 devices: padded share by share, or
+  replicated with batch norm) and then shares of 3 and 4 (a named error); ``minibatchpredict``
+  and ``testnet`` on the mesh (``multihost.npz``, ``multihost.json``);
 * ``killed``: the run with checkpoints in ``OUT/ckpt-killed``, until process 0 kills the whole
   process group (SIGKILL, both processes) at iteration ``KILL_AT``;
 * ``resumed``: ``resume_from=OUT/ckpt-killed`` (``resumed.npz``, ``resumed.json``).
@@ -23,6 +25,8 @@ set whose last batch (14) does not split over 4 devices.
 
 from __future__ import annotations
 
+import contextlib
+import io
 import json
 import os
 import signal
@@ -64,29 +68,71 @@ def train(environment, folder=None, *, resume_from=None, output_fcn=None, **chan
     )
 
 
-def uneven(environment):
-    """Mini-batches of 30 over 4 devices, padded to 32 (no batch norm, whose statistics would
-    see the padding; no dropout, whose mask is drawn for the padded batch)."""
+def plain_network():
+    """No batch norm, whose statistics would see the padding; no dropout, whose mask is drawn
+    for the padded batch."""
     L = df.layers
-    net = df.Network(
+    return df.Network(
         [L.FeatureInput(4), L.FullyConnected(8), L.ReLU(), L.FullyConnected(3), L.Softmax()]
     )
+
+
+def batch_norm_network():
+    """The smallest network whose state (batch norm's statistics) learns from the whole batch."""
+    L = df.layers
+    return df.Network([L.FeatureInput(4), L.FullyConnected(3), L.BatchNorm(), L.Softmax()])
+
+
+def uneven(environment):
+    """Mini-batches of 30 over 4 devices, padded to 32."""
     options = df.TrainingOptions(
         max_epochs=1, mini_batch_size=30, verbose=False, execution_environment=environment
     )
+    net = plain_network()
     return df.trainnet(X, T, net, "crossentropy", options, key=jax.random.key(run.KEY))[0]
 
 
-def shards(process: int, processes: int):
-    """Process ``process``'s share of each of 6 batches of 16: rows ``process::processes`` of
-    the batch (in a single process: the whole batch, the processes' shares in order)."""
+def shards(process: int | None, processes: int, size: int = 16, count: int = 6):
+    """Process ``process``'s share of each of ``count`` batches of ``size``: rows
+    ``process::processes`` of the batch (in a single process: the whole batch, the processes'
+    shares in order)."""
     batches = []
-    for b in range(6):
-        rows = np.arange(b * 16, (b + 1) * 16)
+    for b in range(count):
+        rows = np.arange(b * size, (b + 1) * size)
         parts = [rows[p::processes] for p in range(processes)]
         mine = np.concatenate(parts) if process is None else parts[process]
         batches.append((X[mine], T[mine]))
     return batches
+
+
+def iterable_uneven(environment, process: int | None, processes: int = 2) -> tuple[dict, dict]:
+    """The ``iterable_uneven`` group: 4 global batches of 6, fed as shares of 3 per process
+    (in a single process: the global batches), to a network without batch norm (padded share
+    by share in a multi-host run) and to one with batch norm (gathered and replicated). In a
+    multi-host run, also shares of 3 in process 0 and 4 in process 1 (an ``OptionsError`` in
+    every process). Returns ``(arrays, facts)``."""
+    data = shards(process, processes, size=6, count=4)
+    options = df.TrainingOptions(
+        max_epochs=1, initial_learn_rate=0.1, verbose=True, execution_environment=environment
+    )
+    arrays, facts = {}, {}
+    for name, network in (("padded", plain_network), ("replicated", batch_norm_network)):
+        printed = io.StringIO()
+        with contextlib.redirect_stdout(printed):  # the verbose table: what was done, and why
+            net, info = df.trainnet(data, network(), "crossentropy", options)
+        lines = printed.getvalue().splitlines()
+        facts[f"{name}_printed"] = [line for line in lines if "Mini-batches of" in line]
+        facts[f"{name}_loss"] = info.training_history["loss"].tolist()
+        arrays |= {f"{name}/{k}": v for k, v in learnables(net).items()}
+        arrays |= {f"{name}_state/{k}": np.asarray(v) for k, v in net.state.items()}
+    if process is not None:
+        unequal = [(X[: 3 + process], T[: 3 + process])] * 2
+        try:
+            df.trainnet(unequal, plain_network(), "crossentropy", options)
+        except df.OptionsError as error:
+            facts["unequal"] = str(error)
+            print(f"process {process}: unequal shares refused", flush=True)
+    return arrays, facts
 
 
 def learnables(net) -> dict:
@@ -111,6 +157,8 @@ def main():
         arrays |= {f"one/{k}": v for k, v in learnables(one).items()}
         arrays |= {f"iterable/{k}": v for k, v in learnables(net).items()}
         arrays |= {f"uneven/{k}": v for k, v in learnables(uneven("auto")).items()}
+        group, group_facts = iterable_uneven("auto", None)
+        arrays |= {f"iterable_uneven/{k}": v for k, v in group.items()}
         scores = df.minibatchpredict(many, X_VAL, mini_batch_size=16)
         arrays["scores"] = np.asarray(scores.data)
         facts = {
@@ -118,6 +166,7 @@ def main():
             "validation": info.validation_history["loss"].tolist(),
             "stop_reason": info.stop_reason,
             "accuracy": df.testnet(many, X_VAL, T_VAL, "accuracy", mini_batch_size=16),
+            "iterable_uneven": group_facts,
         }
         save(out, "single", arrays, facts)
         return
@@ -151,6 +200,7 @@ def main():
             shards(process, jax.process_count()), run.network(), "crossentropy", options
         )
         padded = uneven("multi-host")
+        group, group_facts = iterable_uneven("multi-host", process, jax.process_count())
         scores = df.minibatchpredict(
             net, X_VAL, mini_batch_size=16, execution_environment="multi-host"
         )
@@ -167,6 +217,7 @@ def main():
             arrays = {f"run/{k}": v for k, v in learnables(net).items()}
             arrays |= {f"iterable/{k}": v for k, v in learnables(iterable).items()}
             arrays |= {f"uneven/{k}": v for k, v in learnables(padded).items()}
+            arrays |= {f"iterable_uneven/{k}": v for k, v in group.items()}
             arrays["scores"] = np.asarray(scores.data)
             facts = {
                 "loss": info.training_history["loss"].tolist(),
@@ -175,6 +226,7 @@ def main():
                 "accuracy": accuracy,
                 "shard_accuracy": shard_accuracy,
                 "steps": sorted(p.name for p in folder.iterdir()),
+                "iterable_uneven": group_facts,
             }
             save(out, "multihost", arrays, facts)
         print("done", process, flush=True)

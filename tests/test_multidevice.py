@@ -88,6 +88,11 @@ odd = [(X[i:i + 10], T[i:i + 10]) for i in range(0, 90, 10)]
 one_i, _ = df.trainnet(odd, plain(), "crossentropy", df.TrainingOptions(max_epochs=1, verbose=False))
 many_i, _ = df.trainnet(odd, plain(), "crossentropy", options)
 result["iterable_padded_diff"] = diff(one_i.learnables, many_i.learnables)
+# shares of a multi-process iterable are padded one by one, to one size that splits together
+from difffn._sharding import Placement
+placement = Placement("multi-device")
+result["padded_shares"] = [placement.padded(6, 2), placement.padded(10, 2),
+                           placement.padded(6, 3), placement.padded(30), placement.padded(8, 2)]
 print("RESULT" + json.dumps(result))
 """
 
@@ -142,3 +147,9 @@ def test_prediction_of_an_uneven_batch_returns_every_row(result):
 
 def test_iterable_data_is_sharded_too(result):
     assert result["iterable_iterations"] == 6
+
+
+def test_shares_are_padded_to_one_size_that_splits_over_the_mesh(result):
+    # over 4 devices: 2 shares of 3 -> 2 of 4; 2 of 5 -> 2 of 6; 3 of 2 -> 3 of 4; one batch
+    # of 30 -> 32; 2 shares of 4 already split
+    assert result["padded_shares"] == [8, 12, 12, 32, 8]

@@ -5,6 +5,7 @@ loopback (tests/multihost_run.py, launched by tests/multiprocess.py), against a 
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
 import jax
@@ -81,6 +82,40 @@ def test_an_uneven_mini_batch_is_padded_across_processes(runs):
     single, _ = _load(out, "single")
     multi, _ = _load(out, "multihost")
     _assert_close(_group(multi, "uneven"), _group(single, "uneven"))
+
+
+@pytest.mark.multihost
+@pytest.mark.slow
+def test_iterable_shares_whose_global_batch_does_not_split_are_padded_per_process(runs):
+    # each of 2 processes yields shares of 3: global batches of 6 over 2 x 2 devices. Without
+    # batch norm each share is padded to 4 and the step keeps each process's first 3 rows, so
+    # the learnables and losses are one device's on the 6-row batches; with batch norm the
+    # shares are gathered and run replicated, the same numbers again
+    out, results = runs
+    single, single_facts = _load(out, "single")
+    multi, multi_facts = _load(out, "multihost")
+    multi_group = _group(multi, "iterable_uneven")
+    single_group = _group(single, "iterable_uneven")
+    for part in ("padded", "replicated", "replicated_state"):
+        _assert_close(_group(multi_group, part), _group(single_group, part))
+    facts, expected = multi_facts["iterable_uneven"], single_facts["iterable_uneven"]
+    for loss in ("padded_loss", "replicated_loss"):
+        assert len(facts[loss]) == 4
+        np.testing.assert_allclose(facts[loss], expected[loss], atol=TOL, rtol=TOL)
+    (padded,) = facts["padded_printed"]
+    assert "Mini-batches of 6 observations are padded to 8 (4 per process)" in padded
+    (replicated,) = facts["replicated_printed"]
+    assert "they run replicated (each device computes the whole batch, gathered from every " in (
+        replicated
+    )
+    # shares of 3 in process 0 and 4 in process 1: refused in both processes, before a step
+    assert re.search(
+        r"every process must yield batches of one size; their first batches have different "
+        r"sizes \(process 0: 3, process 1: 4\)\. Fix: yield batches of the same size",
+        facts["unequal"],
+    )
+    for process, result in enumerate(results["multihost"]):
+        assert f"process {process}: unequal shares refused" in result.stdout
 
 
 def test_prediction_and_metrics_on_the_mesh(runs):

@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+from types import SimpleNamespace
+
 import numpy as np
 import pytest
 from training_layers import regression_data, regression_net
 
 import difffn as df
+from difffn import _sources as sources
 from difffn._sharding import Placement
 from difffn._sources import ArraySource, IterableSource, source
 
@@ -86,3 +89,22 @@ def test_array_errors_name_the_role():
         ArraySource("trainnet", X, "T", regression_net(), role="validation")
     with pytest.raises(df.OptionsError, match="the validation inputs and targets have different"):
         ArraySource("trainnet", X, T[:4], regression_net(), role="validation")
+
+
+def test_multi_process_shares_of_different_sizes_are_refused(monkeypatch):
+    # global_batch compares the processes' first batch sizes through _distributed.gather_rows
+    # (process_allgather); here it stands for a second process whose batches have one row more.
+    # The real collective runs in tests/test_multihost.py.
+    X, T = regression_data(12)
+    data = IterableSource("trainnet", batches_of(X, T, 3), regression_net())
+    monkeypatch.setattr(sources, "gather_rows", lambda x, axis: np.concatenate([x, x + 1], axis))
+    placement = SimpleNamespace(mesh="a mesh", multi_host=True, processes=2)
+    with pytest.raises(
+        df.OptionsError,
+        match=r"trainnet: execution_environment='multi-host' joins every process's own batch .*"
+        r"different sizes \(process 0: 3, process 1: 4\)\. Fix: yield batches of the same size "
+        r"in every process \(e\.g\. 3 rows each\)",
+    ):
+        sources.global_batch(data, placement, None)
+    monkeypatch.setattr(sources, "gather_rows", lambda x, axis: np.concatenate([x, x], axis))
+    assert sources.global_batch(data, placement, None) == (6, 2)  # 2 shares of 3
