@@ -88,10 +88,16 @@ class SReLULayer(df.Layer):
         def channel_sum(v):
             return jnp.sum(v, axis=axes, keepdims=True)
 
-        dLdtl = channel_sum(jnp.where(left, dLdY * (1 - al), 0.0))
-        dLdal = channel_sum(jnp.where(left, dLdY * (x - tl), 0.0))
-        dLdtr = channel_sum(jnp.where(right, dLdY * (1 - ar), 0.0))
-        dLdar = channel_sum(jnp.where(right, dLdY * (x - tr), 0.0))
+        # Four sums, of masked dL/dY and of the same times x; the (x - t) and (1 - a) factors
+        # come after summing (sum(dyl * (x - tl)) = sum(dyl * x) - tl * sum(dyl)), so no sum
+        # needs a parameter broadcast to full size: on XLA's CPU backend that halves the step
+        # (docs/performance.md, "Custom backwards").
+        dy_left, dy_right = jnp.where(left, dLdY, 0.0), jnp.where(right, dLdY, 0.0)
+        s_left, s_right = channel_sum(dy_left), channel_sum(dy_right)
+        dLdtl = s_left * (1 - al)
+        dLdal = channel_sum(dy_left * x) - tl * s_left
+        dLdtr = s_right * (1 - ar)
+        dLdar = channel_sum(dy_right * x) - tr * s_right
         return dLdX, dLdtl, dLdal, dLdtr, dLdar
 
 

@@ -44,10 +44,13 @@ class SReLU(df.DifferentiableFunction):
         def channel_sum(v):  # the parameters broadcast over batch and space
             return jnp.sum(v, axis=(0, 1, 2), keepdims=True)
 
-        dtl = channel_sum(dy_left) * (1 - al) if compute_gradients[1] else None
-        dal = channel_sum(dy_left * (x - tl)) if compute_gradients[2] else None
-        dtr = channel_sum(dy_right) * (1 - ar) if compute_gradients[3] else None
-        dar = channel_sum(dy_right * (x - tr)) if compute_gradients[4] else None
+        # sum(dyl * (x - tl)) = sum(dyl * x) - tl * sum(dyl): no sum needs a threshold broadcast
+        # to full size, which makes the step faster on XLA's CPU backend (docs/performance.md)
+        s_left, s_right = channel_sum(dy_left), channel_sum(dy_right)
+        dtl = s_left * (1 - al) if compute_gradients[1] else None
+        dal = channel_sum(dy_left * x) - tl * s_left if compute_gradients[2] else None
+        dtr = s_right * (1 - ar) if compute_gradients[3] else None
+        dar = channel_sum(dy_right * x) - tr * s_right if compute_gradients[4] else None
         return dx, dtl, dal, dtr, dar
 
 
