@@ -35,17 +35,15 @@ def srelu_backward(x, tl, al, tr, ar, dy):
     left, right = x <= tl, x >= tr
     dx = dy * jnp.where(left, al, jnp.where(right, ar, 1.0))
     dy_left, dy_right = jnp.where(left, dy, 0.0), jnp.where(right, dy, 0.0)
-
-    def channel_sum(v):
-        return jnp.sum(v, axis=(0, 1, 2), keepdims=True)
-
-    s_left, s_right = channel_sum(dy_left), channel_sum(dy_right)
+    s_left, s_right, s_left_x, s_right_x = load("01_srelu_function").channel_sums(
+        (0, 1, 2), dy_left, dy_right, dy_left * x, dy_right * x
+    )
     return (
         dx,
         s_left * (1 - al),
-        channel_sum(dy_left * x) - tl * s_left,
+        s_left_x - tl * s_left,
         s_right * (1 - ar),
-        channel_sum(dy_right * x) - tr * s_right,
+        s_right_x - tr * s_right,
     )
 
 

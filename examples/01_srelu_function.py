@@ -23,12 +23,36 @@ Run: ``python examples/01_srelu_function.py [--small]``.
 from __future__ import annotations
 
 import argparse
+import functools
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 
 import difffn as df
+
+
+@functools.partial(jax.custom_jvp, nondiff_argnums=(0,))
+def channel_sums(axes, *terms):
+    """``jnp.sum(t, axes, keepdims=True)`` for every term, in one pass over the terms.
+
+    Why not four ``jnp.sum``: XLA's CPU backend runs each sum as a pass of its own over its
+    inputs, and writes a ``jnp.where`` in a summand out to memory first. One ``lax.reduce`` of
+    all the terms over one axis is a single XLA loop that reads x and dL/dY once and evaluates
+    the masks on the fly; what is left to sum is that axis' size times smaller. This halves
+    SReLU's gradient step (docs/performance.md, "Custom backwards"). JAX cannot differentiate
+    a ``lax.reduce`` of several arrays, so the derivative is given: sums are linear, and the
+    tangents' sums are plain ``jnp.sum``, which keeps the backward differentiable again.
+    """
+    zeros = tuple(jnp.zeros((), t.dtype) for t in terms)
+    rows = jax.lax.reduce(terms, zeros, lambda a, b: tuple(map(jnp.add, a, b)), axes[-1:])
+    rest = tuple(a for a in axes if a < axes[-1])  # axes before the reduced one keep their index
+    return tuple(jnp.expand_dims(jnp.sum(r, rest, keepdims=True), axes[-1]) for r in rows)
+
+
+@channel_sums.defjvp
+def _channel_sums_jvp(axes, primals, tangents):
+    return channel_sums(axes, *primals), tuple(jnp.sum(t, axes, keepdims=True) for t in tangents)
 
 
 class SReLUFunction(df.DifferentiableFunction):
@@ -50,21 +74,18 @@ class SReLUFunction(df.DifferentiableFunction):
             return dx, None, None, None, None
 
         # The parameters are broadcast over every axis but C, so their gradients are sums over
-        # those axes: four of them, of masked dL/dY (left and right) and of the same times x.
-        # The (x - t) terms follow algebraically, sum(dyl * (x - tl)) = sum(dyl * x) - tl *
-        # sum(dyl), so no sum needs a threshold broadcast to full size: on XLA's CPU backend this
-        # step is 2-3x faster than autodiff of forward (docs/performance.md, "Custom backwards").
+        # those axes: four of them, of masked dL/dY (left and right) and of the same times x,
+        # taken in one pass (channel_sums). The (x - t) terms follow algebraically,
+        # sum(dyl * (x - tl)) = sum(dyl * x) - tl * sum(dyl), so no summand needs a threshold.
         axes = tuple(i for i, label in enumerate(self.fmt) if label != "C")
-
-        def channel_sum(v):
-            return jnp.sum(v, axis=axes, keepdims=True)
-
         dy_left, dy_right = jnp.where(left, dy, 0.0), jnp.where(right, dy, 0.0)
-        s_left, s_right = channel_sum(dy_left), channel_sum(dy_right)
+        s_left, s_right, s_left_x, s_right_x = channel_sums(
+            axes, dy_left, dy_right, dy_left * x, dy_right * x
+        )
         dtl = s_left * (1 - al) if grad_tl else None
-        dal = channel_sum(dy_left * x) - tl * s_left if grad_al else None
+        dal = s_left_x - tl * s_left if grad_al else None
         dtr = s_right * (1 - ar) if grad_tr else None
-        dar = channel_sum(dy_right * x) - tr * s_right if grad_ar else None
+        dar = s_right_x - tr * s_right if grad_ar else None
         return dx, dtl, dal, dtr, dar
 
 

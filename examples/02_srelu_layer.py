@@ -32,6 +32,7 @@ Run: ``python examples/02_srelu_layer.py [--small]``.
 from __future__ import annotations
 
 import argparse
+import functools
 import time
 
 import jax
@@ -39,6 +40,30 @@ import jax.numpy as jnp
 import numpy as np
 
 import difffn as df
+
+
+@functools.partial(jax.custom_jvp, nondiff_argnums=(0,))
+def channel_sums(axes, *terms):
+    """``jnp.sum(t, axes, keepdims=True)`` for every term, in one pass over the terms.
+
+    Why not four ``jnp.sum``: XLA's CPU backend runs each sum as a pass of its own over its
+    inputs, and writes a ``jnp.where`` in a summand out to memory first. One ``lax.reduce`` of
+    all the terms over one axis is a single XLA loop that reads x and dL/dY once and evaluates
+    the masks on the fly; what is left to sum is that axis' size times smaller. This halves
+    SReLU's gradient step (docs/performance.md, "Custom backwards"). JAX cannot differentiate
+    a ``lax.reduce`` of several arrays, so the derivative is given: sums are linear, and the
+    tangents' sums are plain ``jnp.sum``, which keeps the backward differentiable again.
+    """
+    zeros = tuple(jnp.zeros((), t.dtype) for t in terms)
+    rows = jax.lax.reduce(terms, zeros, lambda a, b: tuple(map(jnp.add, a, b)), axes[-1:])
+    rest = tuple(a for a in axes if a < axes[-1])  # axes before the reduced one keep their index
+    return tuple(jnp.expand_dims(jnp.sum(r, rest, keepdims=True), axes[-1]) for r in rows)
+
+
+@channel_sums.defjvp
+def _channel_sums_jvp(axes, primals, tangents):
+    return channel_sums(axes, *primals), tuple(jnp.sum(t, axes, keepdims=True) for t in tangents)
+
 
 # Starting values are drawn per channel from these ranges (the input is about unit scale after
 # batch normalization): a small slope left of a negative threshold, a slope near 1 right of a
@@ -85,19 +110,17 @@ class SReLULayer(df.Layer):
 
         axes = tuple(i for i, n in enumerate(tl.shape) if n == 1)  # all but the channel axis
 
-        def channel_sum(v):
-            return jnp.sum(v, axis=axes, keepdims=True)
-
-        # Four sums, of masked dL/dY and of the same times x; the (x - t) and (1 - a) factors
-        # come after summing (sum(dyl * (x - tl)) = sum(dyl * x) - tl * sum(dyl)), so no sum
-        # needs a parameter broadcast to full size: on XLA's CPU backend that halves the step
-        # (docs/performance.md, "Custom backwards").
+        # Four sums over those axes, of masked dL/dY and of the same times x, in one pass
+        # (channel_sums); the (x - t) and (1 - a) factors come after summing:
+        # sum(dyl * (x - tl)) = sum(dyl * x) - tl * sum(dyl).
         dy_left, dy_right = jnp.where(left, dLdY, 0.0), jnp.where(right, dLdY, 0.0)
-        s_left, s_right = channel_sum(dy_left), channel_sum(dy_right)
+        s_left, s_right, s_left_x, s_right_x = channel_sums(
+            axes, dy_left, dy_right, dy_left * x, dy_right * x
+        )
         dLdtl = s_left * (1 - al)
-        dLdal = channel_sum(dy_left * x) - tl * s_left
+        dLdal = s_left_x - tl * s_left
         dLdtr = s_right * (1 - ar)
-        dLdar = channel_sum(dy_right * x) - tr * s_right
+        dLdar = s_right_x - tr * s_right
         return dLdX, dLdtl, dLdal, dLdtr, dLdar
 
 
