@@ -103,9 +103,11 @@ class SReLULayer(df.Layer):
     def backward(self, x, y, dLdY, memory):
         tl, al = self.left_threshold, self.left_slope
         tr, ar = self.right_threshold, self.right_slope
-        # The same regions as predict: the left branch wins where both conditions hold.
+        # The same regions as predict: the left branch wins where both conditions hold, so
+        # right is x >= tr and x > tl, written as one compare (x > tl is x >= nextafter(tl, inf)):
+        # with `(x >= tr) & ~left` the one-pass sums below ran about 3x slower on XLA's CPU.
         left = x <= tl
-        right = (x >= tr) & ~left
+        right = x >= jnp.maximum(tr, jnp.nextafter(tl, jnp.inf))
         dLdX = dLdY * jnp.where(left, al, jnp.where(right, ar, 1.0))
 
         axes = tuple(i for i, n in enumerate(tl.shape) if n == 1)  # all but the channel axis

@@ -76,3 +76,18 @@ def test_check_function_passes_on_the_srelu_functions(stem, make, key):
     report = df.check_function(make(load(stem)), x, *params)
     assert report.ok, str(report)
     assert report["gradients_are_correct[x]"].status == "Passed"
+
+
+def test_srelu_layer_02_with_overlapping_thresholds_matches_autodiff(key, x64):
+    """tl > tr: predict gives x <= tl to the left branch, and 02's backward (one compare for the
+    right region, x >= max(tr, nextafter(tl, inf))) must agree, at the tie x == tl too."""
+    layer, custom, autodiff = bench_backward.subjects(SHAPE, jnp.float64)["02 SReLU layer"]
+    layer = layer.replace(
+        left_threshold=layer.right_threshold, right_threshold=layer.left_threshold
+    )
+    x = jax.random.normal(key, SHAPE, jnp.float64)
+    x = x.at[0].set(jnp.broadcast_to(layer.left_threshold[0], SHAPE[1:]))
+    dy = jnp.ones(SHAPE, jnp.float64)
+    got = bench_backward.gradient_step(custom)(layer, x, dy)
+    want = bench_backward.gradient_step(autodiff)(layer, x, dy)
+    assert_tree_allclose(got, want, rtol=1e-12, atol=1e-12)
