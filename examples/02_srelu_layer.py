@@ -106,8 +106,10 @@ class SReLULayer(df.Layer):
         # The same regions as predict: the left branch wins where both conditions hold, so
         # right is x >= tr and x > tl, written as one compare (x > tl is x >= nextafter(tl, inf)):
         # with `(x >= tr) & ~left` the one-pass sums below ran about 3x slower on XLA's CPU.
+        # A bound that only feeds a compare has no gradient; stop_gradient says so to JAX,
+        # which has no derivative rule for nextafter.
         left = x <= tl
-        right = x >= jnp.maximum(tr, jnp.nextafter(tl, jnp.inf))
+        right = x >= jnp.maximum(tr, jnp.nextafter(jax.lax.stop_gradient(tl), jnp.inf))
         dLdX = dLdY * jnp.where(left, al, jnp.where(right, ar, 1.0))
 
         axes = tuple(i for i, n in enumerate(tl.shape) if n == 1)  # all but the channel axis
