@@ -49,7 +49,7 @@ def channel_sums(axes, *terms):
     Why not four ``jnp.sum``: XLA's CPU backend runs each sum as a pass of its own over its
     inputs, and writes a ``jnp.where`` in a summand out to memory first. One ``lax.reduce`` of
     all the terms over one axis is a single XLA loop that reads x and dL/dY once and evaluates
-    the masks on the fly; what is left to sum is that axis' size times smaller. This halves
+    the masks on the fly; what is left to sum is that axis' size times smaller. This about halves
     SReLU's gradient step (docs/performance.md, "Custom backwards"). JAX cannot differentiate
     a ``lax.reduce`` of several arrays, so the derivative is given: sums are linear, and the
     tangents' sums are plain ``jnp.sum``, which keeps the backward differentiable again.
