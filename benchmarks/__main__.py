@@ -10,7 +10,17 @@ import time
 
 import jax
 
-BENCHMARKS = ["function", "network", "train", "check", "layers", "scale", "memory", "models"]
+BENCHMARKS = [
+    "function",
+    "backward",
+    "network",
+    "train",
+    "check",
+    "layers",
+    "scale",
+    "memory",
+    "models",
+]
 
 
 def main(argv=None) -> int:

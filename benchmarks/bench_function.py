@@ -35,9 +35,8 @@ def srelu_backward(x, tl, al, tr, ar, dy):
     left, right = x <= tl, x >= tr
     dx = dy * jnp.where(left, al, jnp.where(right, ar, 1.0))
     dy_left, dy_right = jnp.where(left, dy, 0.0), jnp.where(right, dy, 0.0)
-    products = jax.lax.optimization_barrier((dy_left, dy_right, dy_left * x, dy_right * x))
-    s_left, s_right, s_left_x, s_right_x = (
-        jnp.sum(v.reshape(-1, x.shape[-1]), axis=0).reshape(tl.shape) for v in products
+    s_left, s_right, s_left_x, s_right_x = load("01_srelu_function").channel_sums(
+        (0, 1, 2), dy_left, dy_right, dy_left * x, dy_right * x
     )
     return (
         dx,

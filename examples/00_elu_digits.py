@@ -55,8 +55,12 @@ class ELULayer(df.Layer):
     def backward(self, x, z, dLdZ, memory):
         negative = x <= 0
         dLdX = jnp.where(negative, dLdZ * self.alpha * jnp.exp(jnp.minimum(x, 0)), dLdZ)
-        # alpha is broadcast over every axis but C: sum its gradient over those axes.
-        per_element = dLdZ * (jnp.exp(jnp.minimum(x, 0)) - 1)
+        # alpha is broadcast over every axis but C: sum its gradient over those axes. The summand
+        # is plain arithmetic, which XLA's CPU backend fuses into its reduction (one pass over x
+        # and dL/dZ). expm1(m) is exp(m) - 1 without the rounding near 0. -0.0 instead of 0 (the
+        # same sum) keeps XLA from sharing min(x, 0) with dL/dX above: a value two kernels share
+        # is written out at full size (docs/performance.md, "Custom backwards").
+        per_element = dLdZ * jnp.expm1(jnp.minimum(x, -0.0))
         axes = tuple(i for i, n in enumerate(self.alpha.shape) if n == 1)
         dLdAlpha = jnp.sum(per_element, axis=axes, keepdims=True)
         return dLdX, dLdAlpha

@@ -23,12 +23,36 @@ Run: ``python examples/01_srelu_function.py [--small]``.
 from __future__ import annotations
 
 import argparse
+import functools
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 
 import difffn as df
+
+
+@functools.partial(jax.custom_jvp, nondiff_argnums=(0,))
+def channel_sums(axes, *terms):
+    """``jnp.sum(t, axes, keepdims=True)`` for every term, in one pass over the terms.
+
+    Why not four ``jnp.sum``: XLA's CPU backend runs each sum as a pass of its own over its
+    inputs, and writes a ``jnp.where`` in a summand out to memory first. One ``lax.reduce`` of
+    all the terms over one axis is a single XLA loop that reads x and dL/dY once and evaluates
+    the masks on the fly; what is left to sum is that axis' size times smaller. This about halves
+    SReLU's gradient step (docs/performance.md, "Custom backwards"). JAX cannot differentiate
+    a ``lax.reduce`` of several arrays, so the derivative is given: sums are linear, and the
+    tangents' sums are plain ``jnp.sum``, which keeps the backward differentiable again.
+    """
+    zeros = tuple(jnp.zeros((), t.dtype) for t in terms)
+    rows = jax.lax.reduce(terms, zeros, lambda a, b: tuple(map(jnp.add, a, b)), axes[-1:])
+    rest = tuple(a for a in axes if a < axes[-1])  # axes before the reduced one keep their index
+    return tuple(jnp.expand_dims(jnp.sum(r, rest, keepdims=True), axes[-1]) for r in rows)
+
+
+@channel_sums.defjvp
+def _channel_sums_jvp(axes, primals, tangents):
+    return channel_sums(axes, *primals), tuple(jnp.sum(t, axes, keepdims=True) for t in tangents)
 
 
 class SReLUFunction(df.DifferentiableFunction):
@@ -50,28 +74,18 @@ class SReLUFunction(df.DifferentiableFunction):
             return dx, None, None, None, None
 
         # The parameters are broadcast over every axis but C, so their gradients are sums over
-        # those axes. Two details make these sums about twice as fast as autodiff's on CPU:
-        # - four sums (masked dL/dY left and right, and the same times x); the (x - t) terms
-        #   follow algebraically: sum(dyl * (x - tl)) = sum(dyl * x) - tl * sum(dyl);
-        # - the products are materialized (optimization_barrier) and summed as (N, C) columns,
-        #   which XLA's CPU backend reduces far faster than a reduction fused with its producer.
-        c_axis = self.fmt.index("C")
-        channels = x.shape[c_axis]
-
-        def columns(v):  # (..., C) with C last, flattened to (N, C)
-            return jnp.moveaxis(v, c_axis, -1).reshape(-1, channels)
-
+        # those axes: four of them, of masked dL/dY (left and right) and of the same times x,
+        # taken in one pass (channel_sums). The (x - t) terms follow algebraically,
+        # sum(dyl * (x - tl)) = sum(dyl * x) - tl * sum(dyl), so no summand needs a threshold.
+        axes = tuple(i for i, label in enumerate(self.fmt) if label != "C")
         dy_left, dy_right = jnp.where(left, dy, 0.0), jnp.where(right, dy, 0.0)
-        products = jax.lax.optimization_barrier((dy_left, dy_right, dy_left * x, dy_right * x))
-        s_left, s_right, s_left_x, s_right_x = (jnp.sum(columns(v), axis=0) for v in products)
-
-        def param_shaped(v):  # back to the parameters' shape: size 1 except on C
-            return v.reshape(tl.shape)
-
-        dtl = param_shaped(s_left) * (1 - al) if grad_tl else None
-        dal = param_shaped(s_left_x) - tl * param_shaped(s_left) if grad_al else None
-        dtr = param_shaped(s_right) * (1 - ar) if grad_tr else None
-        dar = param_shaped(s_right_x) - tr * param_shaped(s_right) if grad_ar else None
+        s_left, s_right, s_left_x, s_right_x = channel_sums(
+            axes, dy_left, dy_right, dy_left * x, dy_right * x
+        )
+        dtl = s_left * (1 - al) if grad_tl else None
+        dal = s_left_x - tl * s_left if grad_al else None
+        dtr = s_right * (1 - ar) if grad_tr else None
+        dar = s_right_x - tr * s_right if grad_ar else None
         return dx, dtl, dal, dtr, dar
 
 

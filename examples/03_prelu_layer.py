@@ -57,7 +57,11 @@ class PReLULayer(PReLUAutodiff):
         positive = x > 0
         dLdX = jnp.where(positive, dLdY, self.alpha * dLdY)
         axes = tuple(i for i, n in enumerate(self.alpha.shape) if n == 1)  # all but C
-        dLdAlpha = jnp.sum(jnp.where(positive, 0.0, dLdY * x), axis=axes, keepdims=True)
+        # dL/dY * min(x, 0) is plain arithmetic, which XLA's CPU backend fuses into its
+        # reduction (one pass over x and dL/dY); a jnp.where there would be written out at full
+        # size first. -0.0 instead of 0 (the same sum) keeps XLA from sharing one zero array
+        # with `x > 0` above, which it would also write out (docs/performance.md).
+        dLdAlpha = jnp.sum(dLdY * jnp.minimum(x, -0.0), axis=axes, keepdims=True)
         return dLdX, dLdAlpha
 
 

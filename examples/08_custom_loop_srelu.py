@@ -19,6 +19,7 @@ Run: ``python examples/08_custom_loop_srelu.py [--small]``.
 from __future__ import annotations
 
 import argparse
+import functools
 import time
 
 import jax
@@ -26,6 +27,29 @@ import jax.numpy as jnp
 import numpy as np
 
 import difffn as df
+
+
+@functools.partial(jax.custom_jvp, nondiff_argnums=(0,))
+def channel_sums(axes, *terms):
+    """``jnp.sum(t, axes, keepdims=True)`` for every term, in one pass over the terms.
+
+    Why not four ``jnp.sum``: XLA's CPU backend runs each sum as a pass of its own over its
+    inputs, and writes a ``jnp.where`` in a summand out to memory first. One ``lax.reduce`` of
+    all the terms over one axis is a single XLA loop that reads x and dL/dY once and evaluates
+    the masks on the fly; what is left to sum is that axis' size times smaller. This about halves
+    SReLU's gradient step (docs/performance.md, "Custom backwards"). JAX cannot differentiate
+    a ``lax.reduce`` of several arrays, so the derivative is given: sums are linear, and the
+    tangents' sums are plain ``jnp.sum``, which keeps the backward differentiable again.
+    """
+    zeros = tuple(jnp.zeros((), t.dtype) for t in terms)
+    rows = jax.lax.reduce(terms, zeros, lambda a, b: tuple(map(jnp.add, a, b)), axes[-1:])
+    rest = tuple(a for a in axes if a < axes[-1])  # axes before the reduced one keep their index
+    return tuple(jnp.expand_dims(jnp.sum(r, rest, keepdims=True), axes[-1]) for r in rows)
+
+
+@channel_sums.defjvp
+def _channel_sums_jvp(axes, primals, tangents):
+    return channel_sums(axes, *primals), tuple(jnp.sum(t, axes, keepdims=True) for t in tangents)
 
 
 class SReLU(df.DifferentiableFunction):
@@ -40,14 +64,15 @@ class SReLU(df.DifferentiableFunction):
         left, right = x <= tl, x >= tr
         dx = dy * jnp.where(left, al, jnp.where(right, ar, 1.0)) if compute_gradients[0] else None
         dy_left, dy_right = jnp.where(left, dy, 0.0), jnp.where(right, dy, 0.0)
-
-        def channel_sum(v):  # the parameters broadcast over batch and space
-            return jnp.sum(v, axis=(0, 1, 2), keepdims=True)
-
-        dtl = channel_sum(dy_left) * (1 - al) if compute_gradients[1] else None
-        dal = channel_sum(dy_left * (x - tl)) if compute_gradients[2] else None
-        dtr = channel_sum(dy_right) * (1 - ar) if compute_gradients[3] else None
-        dar = channel_sum(dy_right * (x - tr)) if compute_gradients[4] else None
+        # the parameters broadcast over batch and space: sum over those axes, in one pass;
+        # sum(dyl * (x - tl)) = sum(dyl * x) - tl * sum(dyl), so no summand needs a threshold
+        s_left, s_right, s_left_x, s_right_x = channel_sums(
+            (0, 1, 2), dy_left, dy_right, dy_left * x, dy_right * x
+        )
+        dtl = s_left * (1 - al) if compute_gradients[1] else None
+        dal = s_left_x - tl * s_left if compute_gradients[2] else None
+        dtr = s_right * (1 - ar) if compute_gradients[3] else None
+        dar = s_right_x - tr * s_right if compute_gradients[4] else None
         return dx, dtl, dal, dtr, dar
 
 

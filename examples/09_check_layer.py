@@ -26,12 +26,36 @@ Run: ``python examples/09_check_layer.py [--small]``.
 from __future__ import annotations
 
 import argparse
+import functools
 import time
 
 import jax
 import jax.numpy as jnp
 
 import difffn as df
+
+
+@functools.partial(jax.custom_jvp, nondiff_argnums=(0,))
+def channel_sums(axes, *terms):
+    """``jnp.sum(t, axes, keepdims=True)`` for every term, in one pass over the terms.
+
+    Why not four ``jnp.sum``: XLA's CPU backend runs each sum as a pass of its own over its
+    inputs, and writes a ``jnp.where`` in a summand out to memory first. One ``lax.reduce`` of
+    all the terms over one axis is a single XLA loop that reads x and dL/dY once and evaluates
+    the masks on the fly; what is left to sum is that axis' size times smaller. This about halves
+    SReLU's gradient step (docs/performance.md, "Custom backwards"). JAX cannot differentiate
+    a ``lax.reduce`` of several arrays, so the derivative is given: sums are linear, and the
+    tangents' sums are plain ``jnp.sum``, which keeps the backward differentiable again.
+    """
+    zeros = tuple(jnp.zeros((), t.dtype) for t in terms)
+    rows = jax.lax.reduce(terms, zeros, lambda a, b: tuple(map(jnp.add, a, b)), axes[-1:])
+    rest = tuple(a for a in axes if a < axes[-1])  # axes before the reduced one keep their index
+    return tuple(jnp.expand_dims(jnp.sum(r, rest, keepdims=True), axes[-1]) for r in rows)
+
+
+@channel_sums.defjvp
+def _channel_sums_jvp(axes, primals, tangents):
+    return channel_sums(axes, *primals), tuple(jnp.sum(t, axes, keepdims=True) for t in tangents)
 
 
 class SReLULayer(df.Layer):
@@ -69,15 +93,18 @@ class SReLULayer(df.Layer):
         tr, ar = self.right_threshold, self.right_slope
         left, right = x <= tl, x >= tr
 
-        def channel_sum(v):  # the parameters are broadcast over every axis but C
-            axes = tuple(i for i, n in enumerate(tl.shape) if n == 1)
-            return jnp.sum(v, axis=axes, keepdims=True)
-
+        axes = tuple(i for i, n in enumerate(tl.shape) if n == 1)  # all but C
         dx = dy * jnp.where(left, al, jnp.where(right, ar, 1.0))
-        dtl = channel_sum(jnp.where(left, dy * (1 - al), 0.0))
-        dal = channel_sum(jnp.where(left, dy * (x - tl), 0.0))
-        dtr = channel_sum(jnp.where(right, dy * (1 - ar), 0.0))
-        dar = channel_sum(jnp.where(right, dy * (x - tr), 0.0))
+        # sums of masked dy and of the same times x, in one pass; the (1 - a) and (x - t)
+        # factors come after summing
+        dy_left, dy_right = jnp.where(left, dy, 0.0), jnp.where(right, dy, 0.0)
+        s_left, s_right, s_left_x, s_right_x = channel_sums(
+            axes, dy_left, dy_right, dy_left * x, dy_right * x
+        )
+        dtl = s_left * (1 - al)
+        dal = s_left_x - tl * s_left
+        dtr = s_right * (1 - ar)
+        dar = s_right_x - tr * s_right
         return dx, dtl, dal, dtr, dar
 
     def backward(self, x, y, dy, memory):

@@ -97,7 +97,9 @@ class ChannelLeakyReLU(df.Layer):
     def backward(self, x, y, dLdY, memory):
         dLdX = dLdY * jnp.where(x > 0, 1.0, self.slope)
         axes = tuple(i for i, n in enumerate(self.slope.shape) if n == 1)
-        dLdSlope = jnp.sum(jnp.where(x > 0, 0.0, dLdY * x), axis=axes, keepdims=True)
+        # arithmetic, not jnp.where, so XLA:CPU fuses it into the sum; -0.0 keeps the zero
+        # unshared with `x > 0` (docs/performance.md, "Custom backwards")
+        dLdSlope = jnp.sum(dLdY * jnp.minimum(x, -0.0), axis=axes, keepdims=True)
         return dLdX, dLdSlope
 
 
