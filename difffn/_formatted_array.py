@@ -25,7 +25,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from ._arrays import as_numbers
+from ._arrays import as_numbers, to_device
 from ._errors import FormatError, type_name
 from ._labels import _validate_format
 
@@ -60,18 +60,13 @@ def _describe_index(k: object) -> str:
 def asarray(data: Any) -> jax.Array:
     """``data`` as a JAX array; strings, Python objects and ragged lists are a named FormatError.
 
-    A NumPy array is copied to the device with ``jax.device_put``, not ``jnp.asarray``:
-    ``jnp.asarray`` of a NumPy array runs a conversion compiled per shape, and JAX keeps each one
-    (measured on CPU, jax 0.10.2: 1.4 MiB per new shape, never released), so a service fed NumPy
-    arrays of many shapes would grow without bound. ``jax.device_put`` copies, with the same
-    dtype canonicalization, and compiles nothing.
+    A NumPy array is copied with ``jax.device_put`` (``_arrays.to_device``): a service fed NumPy
+    arrays of many shapes through ``jnp.asarray`` would keep one compiled conversion per shape.
     """
     if not isinstance(data, jax.Array):
         # Checked first: JAX would warn (NumPy's deprecated 'a' alias) or fail in its own words.
         data = as_numbers(data, what="dlarray: the data", error=FormatError, real=False)
-    if isinstance(data, np.ndarray):
-        return jax.device_put(data)
-    return jnp.asarray(data)
+    return to_device(data)
 
 
 def _binary(fn: Callable[[Any, Any], Any], symbol: str, *, reflected: bool = False):

@@ -96,7 +96,9 @@ def _unsqueeze_axes(ctx):
 def unsqueeze(a, x, axes=None):
     raw = ints(a.get("axes") if a.opset < 13 else axes)
     rank = x.ndim + len(raw)
-    return jnp.expand_dims(x, tuple(sorted(axis_of(i, rank) for i in raw)))
+    # a constant folded at import stays NumPy: jnp would compile a program per weight shape
+    xp = np if isinstance(x, np.ndarray) else jnp
+    return xp.expand_dims(x, tuple(sorted(axis_of(i, rank) for i in raw)))
 
 
 # -- joining and splitting ------------------------------------------------------------------------

@@ -14,7 +14,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from .._arrays import as_numbers
+from .._arrays import as_numbers, to_device
 from .._describe import who
 from .._errors import FormatError, LayerError
 from .._format import FormattedArray, Layout, dlarray
@@ -121,14 +121,14 @@ def as_float_array(layer, argument: str, value: Any) -> jax.Array:
     if isinstance(value, (jax.Array, np.ndarray, np.generic)) and jnp.issubdtype(
         value.dtype, jnp.floating
     ):
-        return jnp.asarray(value)
+        return to_device(value)
     try:
         value = as_numbers(value, what=argument, error=LayerError)
     except LayerError:  # the layer's own wording: its name, the argument, the Fix
         raise bad_argument(
             layer, argument, "a real array (or a number)", value, "pass numbers, e.g. an array."
         ) from None
-    return jnp.asarray(value, jnp.float32)
+    return to_device(value, jnp.float32)
 
 
 def array_or_none(layer, argument: str, value: Any, shape: tuple | None, what: str):
