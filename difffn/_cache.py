@@ -93,9 +93,9 @@ def clear_caches() -> None:
     structure). JAX's caches are not, for functions that stay alive: the caller's ``jax.jit``
     functions, jnp's own (``jnp.ones((n, 3))`` of a new ``n`` compiles and keeps about
     1.3 MiB on CPU), and the jaxprs of jnp's jitted functions traced inside each new trace of a
-    network (17 to 65 KiB per new input shape for a small network, kept for ever). A long-running service that sees
-    many new shapes calls this every so many of them; the next call of each network compiles
-    again. Statistics (``cache_info``'s hits and misses) are kept.
+    network (17 to 65 KiB per new input shape for a small network, kept for ever). A
+    long-running service that sees many new shapes calls this every so many of them; the next
+    call of each network compiles again. Statistics (``cache_info``'s hits and misses) are kept.
 
     It runs ``jax.clear_caches()``, which also drops the compiled code of the caller's own
     ``jax.jit`` functions; then empties the one per-shape record of JAX's that
