@@ -4,8 +4,10 @@ Each case runs in a fresh Python process with ``DIFFFN_CACHE_SIZE=8``: a tiny ne
 ReLU) predicts on NumPy inputs of batch sizes it has not seen, after a warm-up, and the resident
 set size (``/proc/self/statm``, after ``gc.collect()``) is read at the end. Cases: a bare
 ``jax.jit`` of the same function (the baseline: JAX keeps every shape), ``net.predict``,
+``net.predict`` with ``df.clear_caches()`` every 25 new shapes (it empties JAX's tracing caches,
+which keep jaxprs of jnp's own jitted functions per shape: the residue in docs/networks.md),
 ``net.predict`` on inputs the caller makes with ``jnp.ones`` (jnp keeps a program per shape), and
-that with ``df.clear_caches()`` every 25 new shapes. Linux only (``/proc``).
+that with ``df.clear_caches()`` every 25. Linux only (``/proc``).
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ from ._timing import table
 CASES = {
     "jax.jit (baseline)": "bare",
     "net.predict": "net",
+    "net.predict, df.clear_caches() every 25": "net-clear",
     "net.predict, jnp.ones inputs": "net-jnp",
     "net.predict, jnp.ones inputs, df.clear_caches() every 25": "net-jnp-clear",
 }
