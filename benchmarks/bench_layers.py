@@ -53,7 +53,10 @@ def _nnx_step(module, x, upstream, call=lambda m, x: m(x), argnums=(0, 1)):
     @jax.jit
     def step(params, rest, x, upstream):
         def loss(p, x):
-            return jnp.sum(call(nnx.merge(graphdef, p, rest), x) * upstream)
+            # rest rebuilt in this trace: BatchNorm writes its batch statistics into it, and
+            # flax.nnx refuses to write a variable made in the enclosing jit's trace
+            here = jax.tree.map(lambda v: v, rest)
+            return jnp.sum(call(nnx.merge(graphdef, p, here), x) * upstream)
 
         return jax.grad(loss, argnums=argnums)(params, x)
 
