@@ -12,6 +12,8 @@ EXAMPLES = Path(__file__).resolve().parents[1] / "examples"
 def load(stem: str):
     """``load("01_srelu_function")`` returns that script's module (not run as __main__)."""
     name = f"difffn_example_{stem}"
+    if str(EXAMPLES) not in sys.path:  # as when run as a script: the examples' shared modules
+        sys.path.append(str(EXAMPLES))
     if name not in sys.modules:
         spec = importlib.util.spec_from_file_location(name, EXAMPLES / f"{stem}.py")
         module = importlib.util.module_from_spec(spec)
