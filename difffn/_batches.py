@@ -120,15 +120,12 @@ def real_rows(y, keep: Keep, axis: int | None = None):
     return dlarray(real, y.format) if isinstance(y, FormattedArray) else real
 
 
-def pad_host(x, size: int, axis: int) -> np.ndarray:
-    """``x`` (a host array) with copies of its first observation appended up to ``size``."""
-    first = np.take(x, np.zeros(size - x.shape[axis], np.intp), axis=axis)
-    return np.concatenate([x, first], axis=axis)
-
-
 def pad_with_first(x, size: int, axis: int):
-    """``x`` with copies of its first observation appended up to ``size`` observations."""
-    data = x.data if isinstance(x, FormattedArray) else jnp.asarray(x)
-    first = jnp.take(data, jnp.zeros(size - data.shape[axis], jnp.int32), axis=axis)
-    padded = jnp.concatenate([data, first], axis=axis)
+    """``x`` with copies of its first observation appended up to ``size`` observations (a host
+    array is padded on the host, in NumPy: jnp would compile a program per shape)."""
+    data = x.data if isinstance(x, FormattedArray) else x
+    data = data if hasattr(data, "shape") else np.asarray(data)
+    xp = np if isinstance(data, np.ndarray) else jnp
+    first = xp.take(data, xp.zeros(size - data.shape[axis], xp.int32), axis=axis)
+    padded = xp.concatenate([data, first], axis=axis)
     return dlarray(padded, x.format) if isinstance(x, FormattedArray) else padded

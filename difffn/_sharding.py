@@ -42,7 +42,7 @@ from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
 from . import _distributed
-from ._batches import as_device_array, batch_axis, count, pad_host
+from ._batches import as_device_array, batch_axis, count, pad_with_first
 from ._errors import OptionsError
 from ._fields import STATE
 from ._format import FormattedArray, dlarray, stripdims
@@ -310,7 +310,7 @@ class Placement:
     def _local(self, x, axis: int, rows: int | None):
         host = np.asarray(stripdims(x))
         if rows is not None:
-            host = pad_host(host, rows, axis)
+            host = pad_with_first(host, rows, axis)
         shape = list(host.shape)
         shape[axis] *= self.processes
         sharding = self.sharding(P(*([None] * axis), DATA))

@@ -7,7 +7,7 @@ import jax.numpy as jnp
 import numpy as np
 
 import difffn as df
-from difffn._batches import Keep, pad_host, real_rows
+from difffn._batches import Keep, pad_with_first, real_rows
 
 
 def test_real_rows_keep_each_shares_first_rows_under_jit():
@@ -15,7 +15,7 @@ def test_real_rows_keep_each_shares_first_rows_under_jit():
     # pads its own share); the batch axis is the second ("CB")
     rng = np.random.default_rng(0)
     shares = [rng.normal(size=(5, 3)).astype(np.float32) for _ in range(2)]
-    padded = np.concatenate([pad_host(s, 4, 1) for s in shares], axis=1)
+    padded = np.concatenate([pad_with_first(s, 4, 1) for s in shares], axis=1)
     assert padded.shape == (5, 8)
     np.testing.assert_array_equal(padded[:, 3], shares[0][:, 0])  # a copy of the first row
     keep = Keep(shares=2, rows=3, padded=4)
@@ -32,7 +32,7 @@ def test_the_padding_gets_no_gradient(x64):
     rng = np.random.default_rng(1)
     real = rng.normal(size=(6, 2))
     keep = Keep(shares=2, rows=3, padded=5)
-    padded = np.concatenate([pad_host(real[:3], 5, 0), pad_host(real[3:], 5, 0)])
+    padded = np.concatenate([pad_with_first(real[:3], 5, 0), pad_with_first(real[3:], 5, 0)])
 
     def loss(y):
         return jnp.mean(jnp.sin(real_rows(y, keep)) ** 2)
