@@ -11,16 +11,15 @@ inside the compiled step), with SGD with momentum 0.9, learn rate 0.01 and no L2
 MATLAB L2 factors, 0 for biases, would otherwise have to be copied into every framework).
 
 Each framework runs in its own subprocess, one after another, so its peak resident memory
-(``ru_maxrss``) is its own and its time to the first step (building the model and optimizer,
-compiling, one step; imports excluded) is cold. Steady state is timed in one more subprocess
-that holds all four loops: in each of ``ROUNDS`` rounds every loop runs ``EPOCHS`` = (short,
-long) epochs in turn; per loop, the difference of the fastest runs of each length over the
+(``VmHWM``, see :func:`peak_rss_mib`) is its own and its time to the first step (building the model
+and optimizer, compiling, one step; imports excluded) is cold. Steady state is timed in one more
+subprocess that holds all four loops: in each of ``ROUNDS`` rounds every loop runs ``EPOCHS`` =
+(short, long) epochs in turn; per loop, the difference of the fastest runs of each length over the
 difference in steps is the time per step (the median-based figure is printed too; the rounds'
 interquartile range over the median is the noise). CPU/step is the process's CPU time per step
-(medians, both cores counted), which load from other processes disturbs less than wall time.
-The step-0 and
-step-1 losses of every framework are printed: they agree when the four programs compute the
-same thing.
+(medians, both cores counted), which load from other processes disturbs less than wall time. The
+step-0 and step-1 losses of every framework are printed: they agree when the four programs compute
+the same thing.
 
 Then two more subprocesses train the difffn model with ``TrainingOptions(compilation_cache=...)``
 on one new folder: the second finds the first's compiled programs there, and its time to the
@@ -213,6 +212,25 @@ def trainer(model_name: str, framework: str, *, quick: bool, batches: int, cache
 # -- one framework in its own process --------------------------------------------------------------
 
 
+def peak_rss_mib() -> float:
+    """This process's peak resident memory in MiB, its own only.
+
+    Linux's ``ru_maxrss`` keeps the parent's high-water mark across ``fork`` and ``execve``: a
+    worker started by a parent holding 1.7 GiB reported 1.7 GiB whatever it used. ``VmHWM`` in
+    ``/proc/self/status`` belongs to the process's own address space, new at ``execve``.
+    """
+    try:
+        with open("/proc/self/status") as status:
+            for line in status:
+                if line.startswith("VmHWM:"):
+                    return int(line.split()[1]) / 1024  # kB
+    except OSError:
+        pass
+    # elsewhere: ru_maxrss (KiB on Linux, bytes on macOS)
+    scale = 2**20 if sys.platform == "darwin" else 2**10
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / scale
+
+
 def _worker(model_name, framework, quick, cache):
     """One framework cold in a fresh process: time to the first step, losses, peak memory."""
     jax.block_until_ready(jax.jit(lambda x: x + 1)(jnp.zeros(1)))  # start the backend first
@@ -227,8 +245,7 @@ def _worker(model_name, framework, quick, cache):
     result = {"first_step_s": time.perf_counter() - start, "first_loss": float(losses[0])}
     _, losses = jax.block_until_ready(TRAINERS[framework](model, sizes, X, T, net, cache)(1))
     result["losses"] = [float(v) for v in losses[:2]]
-    # Linux reports ru_maxrss in KiB.
-    result["maxrss_mib"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+    result["maxrss_mib"] = peak_rss_mib()
     print(json.dumps(result))
 
 

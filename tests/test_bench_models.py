@@ -49,3 +49,23 @@ def test_every_framework_computes_the_same_losses(model, framework, hand_written
     assert expected.shape == (2,) and np.all(np.isfinite(expected))
     assert expected[1] != expected[0]  # the second step sees updated parameters
     np.testing.assert_allclose(_losses(model, framework), expected, rtol=1e-5)
+
+
+def test_worker_memory_is_its_own_not_its_parents():
+    """A worker reports its own peak memory, not the high-water mark of the process that
+    started it (Linux's ru_maxrss carries the parent's across fork and exec)."""
+    import subprocess
+    import sys
+
+    held = np.ones(2**27)  # 1 GiB, touched: this process's peak is at least that
+    child = subprocess.run(
+        [sys.executable, "-c", "from benchmarks import bench_models as b; print(b.peak_rss_mib())"],
+        capture_output=True,
+        text=True,
+        check=True,
+        timeout=120,
+    )
+    own = float(child.stdout.split()[-1])
+    assert held.nbytes / 2**20 >= 1024
+    assert 10 < own < 900, f"the worker reported {own:.0f} MiB, its parent holds over 1 GiB"
+    assert bench_models.peak_rss_mib() > 1024
