@@ -99,6 +99,12 @@ class Keep(NamedTuple):
     targets: bool = False
 
 
+def keep_first(size: int, padded: int) -> Keep | None:
+    """The :class:`Keep` of one batch of ``size`` real rows padded to ``padded``; None when
+    nothing was padded."""
+    return Keep(1, size, padded) if padded > size else None
+
+
 def real_rows(y, keep: Keep, axis: int | None = None):
     """The real observations of a padded batch ``y`` (along ``axis``; default: its ``B`` label,
     else axis 0): each block's first ``keep.rows``, by a reshape and a slice (inside jit, so

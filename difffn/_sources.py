@@ -209,7 +209,7 @@ class ArraySource:
     def _host_feeds(self, order, start, placement, batch_size):
         """Each mini-batch as global arrays, every process copying its own rows from the host."""
         padded = placement.padded(batch_size)
-        keep = _batches.Keep(1, batch_size, padded) if padded > batch_size else None
+        keep = _batches.keep_first(batch_size, padded)
         spec = ("direct", self.input_axes, self.target_axes, keep)
         inputs, targets = self.host
         split_x, split_t = placement.divides(padded), placement.divides(batch_size)
@@ -416,7 +416,7 @@ class IterableSource:
                 keep, xs, ts = self._shares(xs, ts, size, placement)
             else:
                 padded = placement.padded(size)
-                keep = _batches.Keep(1, size, padded) if padded > size else None
+                keep = _batches.keep_first(size, padded)
                 if padded > size:  # copies of the first observation, cut from the outputs
                     xs = [
                         _batches.pad_with_first(x, padded, a)

@@ -266,7 +266,7 @@ class Steps:
         placement = self.placement
         if spec[0] == "gather":
             _, batch_size, in_axes, t_axes, padded = spec
-            keep = _batches.Keep(1, batch_size, padded) if padded > batch_size else None
+            keep = _batches.keep_first(batch_size, padded)
 
             def batch(data):
                 X, T, order, b = data
