@@ -34,17 +34,8 @@ def srelu_backward(x, tl, al, tr, ar, dy):
     """The example's backward math for every input, as a hand-written rule would have it."""
     left, right = x <= tl, x >= tr
     dx = dy * jnp.where(left, al, jnp.where(right, ar, 1.0))
-    dy_left, dy_right = jnp.where(left, dy, 0.0), jnp.where(right, dy, 0.0)
-    s_left, s_right, s_left_x, s_right_x = load("01_srelu_function").channel_sums(
-        (0, 1, 2), dy_left, dy_right, dy_left * x, dy_right * x
-    )
-    return (
-        dx,
-        s_left * (1 - al),
-        s_left_x - tl * s_left,
-        s_right * (1 - ar),
-        s_right_x - tr * s_right,
-    )
+    sums = load("srelu_sums").srelu_parameter_gradients
+    return (dx, *sums((0, 1, 2), x, dy, left, right, tl, al, tr, ar))
 
 
 def srelu_forward(x, tl, al, tr, ar):

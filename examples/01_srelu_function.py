@@ -27,7 +27,7 @@ import argparse
 import jax
 import jax.numpy as jnp
 import numpy as np
-from srelu_sums import channel_sums  # this folder's one-pass sums
+from srelu_sums import srelu_parameter_gradients  # this folder's one-pass sums
 
 import difffn as df
 
@@ -51,19 +51,11 @@ class SReLUFunction(df.DifferentiableFunction):
             return dx, None, None, None, None
 
         # The parameters are broadcast over every axis but C, so their gradients are sums over
-        # those axes: four of them, of masked dL/dY (left and right) and of the same times x,
-        # taken in one pass (channel_sums). The (x - t) terms follow algebraically,
-        # sum(dyl * (x - tl)) = sum(dyl * x) - tl * sum(dyl), so no summand needs a threshold.
+        # those axes, taken in one pass (srelu_sums.py says how).
         axes = tuple(i for i, label in enumerate(self.fmt) if label != "C")
-        dy_left, dy_right = jnp.where(left, dy, 0.0), jnp.where(right, dy, 0.0)
-        s_left, s_right, s_left_x, s_right_x = channel_sums(
-            axes, dy_left, dy_right, dy_left * x, dy_right * x
-        )
-        dtl = s_left * (1 - al) if grad_tl else None
-        dal = s_left_x - tl * s_left if grad_al else None
-        dtr = s_right * (1 - ar) if grad_tr else None
-        dar = s_right_x - tr * s_right if grad_ar else None
-        return dx, dtl, dal, dtr, dar
+        grads = srelu_parameter_gradients(axes, x, dy, left, right, tl, al, tr, ar)
+        wanted = (grad_tl, grad_al, grad_tr, grad_ar)
+        return dx, *(g if w else None for g, w in zip(grads, wanted))
 
 
 def srelu(x, tl, al, tr, ar):

@@ -37,7 +37,7 @@ import time
 import jax
 import jax.numpy as jnp
 import numpy as np
-from srelu_sums import channel_sums  # this folder's one-pass sums
+from srelu_sums import srelu_parameter_gradients  # this folder's one-pass sums
 
 import difffn as df
 
@@ -90,18 +90,8 @@ class SReLULayer(df.Layer):
 
         axes = tuple(i for i, n in enumerate(tl.shape) if n == 1)  # all but the channel axis
 
-        # Four sums over those axes, of masked dL/dY and of the same times x, in one pass
-        # (channel_sums); the (x - t) and (1 - a) factors come after summing:
-        # sum(dyl * (x - tl)) = sum(dyl * x) - tl * sum(dyl).
-        dy_left, dy_right = jnp.where(left, dLdY, 0.0), jnp.where(right, dLdY, 0.0)
-        s_left, s_right, s_left_x, s_right_x = channel_sums(
-            axes, dy_left, dy_right, dy_left * x, dy_right * x
-        )
-        dLdtl = s_left * (1 - al)
-        dLdal = s_left_x - tl * s_left
-        dLdtr = s_right * (1 - ar)
-        dLdar = s_right_x - tr * s_right
-        return dLdX, dLdtl, dLdal, dLdtr, dLdar
+        # sums over those axes, in one pass (srelu_sums.py says how)
+        return dLdX, *srelu_parameter_gradients(axes, x, dLdY, left, right, tl, al, tr, ar)
 
 
 def compare_with_autodiff(seed: int = 0) -> float:

@@ -24,7 +24,7 @@ import time
 import jax
 import jax.numpy as jnp
 import numpy as np
-from srelu_sums import channel_sums  # this folder's one-pass sums
+from srelu_sums import srelu_parameter_gradients  # this folder's one-pass sums
 
 import difffn as df
 
@@ -40,17 +40,9 @@ class SReLU(df.DifferentiableFunction):
     def backward(self, dy, compute_gradients, x, tl, al, tr, ar):
         left, right = x <= tl, x >= tr
         dx = dy * jnp.where(left, al, jnp.where(right, ar, 1.0)) if compute_gradients[0] else None
-        dy_left, dy_right = jnp.where(left, dy, 0.0), jnp.where(right, dy, 0.0)
-        # the parameters broadcast over batch and space: sum over those axes, in one pass;
-        # sum(dyl * (x - tl)) = sum(dyl * x) - tl * sum(dyl), so no summand needs a threshold
-        s_left, s_right, s_left_x, s_right_x = channel_sums(
-            (0, 1, 2), dy_left, dy_right, dy_left * x, dy_right * x
-        )
-        dtl = s_left * (1 - al) if compute_gradients[1] else None
-        dal = s_left_x - tl * s_left if compute_gradients[2] else None
-        dtr = s_right * (1 - ar) if compute_gradients[3] else None
-        dar = s_right_x - tr * s_right if compute_gradients[4] else None
-        return dx, dtl, dal, dtr, dar
+        # the parameters broadcast over batch and space: sums over those axes, in one pass
+        grads = srelu_parameter_gradients((0, 1, 2), x, dy, left, right, tl, al, tr, ar)
+        return dx, *(g if w else None for g, w in zip(grads, compute_gradients[1:]))
 
 
 srelu = SReLU()

@@ -30,7 +30,7 @@ import time
 
 import jax
 import jax.numpy as jnp
-from srelu_sums import channel_sums  # this folder's one-pass sums
+from srelu_sums import srelu_parameter_gradients  # this folder's one-pass sums
 
 import difffn as df
 
@@ -72,17 +72,8 @@ class SReLULayer(df.Layer):
 
         axes = tuple(i for i, n in enumerate(tl.shape) if n == 1)  # all but C
         dx = dy * jnp.where(left, al, jnp.where(right, ar, 1.0))
-        # sums of masked dy and of the same times x, in one pass; the (1 - a) and (x - t)
-        # factors come after summing
-        dy_left, dy_right = jnp.where(left, dy, 0.0), jnp.where(right, dy, 0.0)
-        s_left, s_right, s_left_x, s_right_x = channel_sums(
-            axes, dy_left, dy_right, dy_left * x, dy_right * x
-        )
-        dtl = s_left * (1 - al)
-        dal = s_left_x - tl * s_left
-        dtr = s_right * (1 - ar)
-        dar = s_right_x - tr * s_right
-        return dx, dtl, dal, dtr, dar
+        # sums of masked dy and of the same times x, in one pass (srelu_sums.py)
+        return dx, *srelu_parameter_gradients(axes, x, dy, left, right, tl, al, tr, ar)
 
     def backward(self, x, y, dy, memory):
         # input gradient, then the learnables in declaration order

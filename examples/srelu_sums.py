@@ -1,7 +1,7 @@
-"""One-pass per-channel sums for the SReLU examples' hand-written backwards (01, 02, 08, 09).
+"""The SReLU examples' parameter gradients (01, 02, 08, 09), as per-channel sums in one pass.
 
-The four SReLU examples import it from here (each is run as a script, so this folder is on the
-import path) rather than keep four copies of it.
+The four SReLU examples import them from here (each is run as a script, so this folder is on the
+import path) rather than keep four copies.
 """
 
 from __future__ import annotations
@@ -33,3 +33,18 @@ def channel_sums(axes, *terms):
 @channel_sums.defjvp
 def _channel_sums_jvp(axes, primals, tangents):
     return channel_sums(axes, *primals), tuple(jnp.sum(t, axes, keepdims=True) for t in tangents)
+
+
+def srelu_parameter_gradients(axes, x, dy, left, right, tl, al, tr, ar):
+    """dL/dtl, dL/dal, dL/dtr, dL/dar of SReLU, given its regions ``left`` and ``right``.
+
+    The parameters are broadcast over ``axes`` (every axis but C), so their gradients are sums
+    over those axes: four of them, of masked dL/dY and of the same times x, taken in one pass
+    (:func:`channel_sums`). The ``(x - t)`` and ``(1 - a)`` factors come after summing,
+    ``sum(dyl * (x - tl)) = sum(dyl * x) - tl * sum(dyl)``, so no summand needs a threshold.
+    """
+    dy_left, dy_right = jnp.where(left, dy, 0.0), jnp.where(right, dy, 0.0)
+    s_left, s_right, s_left_x, s_right_x = channel_sums(
+        axes, dy_left, dy_right, dy_left * x, dy_right * x
+    )
+    return s_left * (1 - al), s_left_x - tl * s_left, s_right * (1 - ar), s_right_x - tr * s_right
