@@ -49,6 +49,13 @@ def _assert_close(a: dict, b: dict):
         np.testing.assert_allclose(a[k], b[k], atol=TOL, rtol=TOL, err_msg=k)
 
 
+def _assert_same_group(out: Path, prefix: str):
+    """The arrays saved under ``prefix`` agree between the two-process run and the single one."""
+    single, _ = _load(out, "single")
+    multi, _ = _load(out, "multihost")
+    _assert_close(_group(multi, prefix), _group(single, prefix))
+
+
 @pytest.mark.multihost
 @pytest.mark.slow
 def test_two_processes_train_as_four_devices_and_as_one(runs):
@@ -68,9 +75,7 @@ def test_two_processes_train_as_four_devices_and_as_one(runs):
 @pytest.mark.slow
 def test_each_process_feeding_its_own_shards(runs):
     out, _ = runs
-    single, _ = _load(out, "single")
-    multi, _ = _load(out, "multihost")
-    _assert_close(_group(multi, "iterable"), _group(single, "iterable"))
+    _assert_same_group(out, "iterable")
 
 
 @pytest.mark.multihost
@@ -79,9 +84,7 @@ def test_an_uneven_mini_batch_is_padded_across_processes(runs):
     # 30 observations over 2 processes x 2 devices: padded to 32, the padding weightless, so
     # the learnables are those of one device on the unpadded batches
     out, _ = runs
-    single, _ = _load(out, "single")
-    multi, _ = _load(out, "multihost")
-    _assert_close(_group(multi, "uneven"), _group(single, "uneven"))
+    _assert_same_group(out, "uneven")
 
 
 @pytest.mark.multihost
@@ -92,12 +95,10 @@ def test_iterable_shares_whose_global_batch_does_not_split_are_padded_per_proces
     # the learnables and losses are one device's on the 6-row batches; with batch norm the
     # shares are gathered and run replicated, the same numbers again
     out, results = runs
-    single, single_facts = _load(out, "single")
-    multi, multi_facts = _load(out, "multihost")
-    multi_group = _group(multi, "iterable_uneven")
-    single_group = _group(single, "iterable_uneven")
     for part in ("padded", "replicated", "replicated_state"):
-        _assert_close(_group(multi_group, part), _group(single_group, part))
+        _assert_same_group(out, f"iterable_uneven/{part}")
+    _, single_facts = _load(out, "single")
+    _, multi_facts = _load(out, "multihost")
     facts, expected = multi_facts["iterable_uneven"], single_facts["iterable_uneven"]
     for loss in ("padded_loss", "replicated_loss"):
         assert len(facts[loss]) == 4
