@@ -77,6 +77,19 @@ def run(
     return result
 
 
+_CONCRETE: dict[type, bool] = {}
+
+
+def _concrete(kind: type) -> bool:
+    """Whether values of this type are concrete JAX arrays (not tracers), memoized per type."""
+    found = _CONCRETE.get(kind)
+    if found is None:
+        found = _CONCRETE[kind] = issubclass(kind, jax.Array) and not issubclass(
+            kind, jax.core.Tracer
+        )
+    return found
+
+
 def dispatch_key(inputs, key, *, training: bool, outputs):
     """A cheap key of raw, concrete inputs (format, shape, dtype), or None when there is none.
 
@@ -88,27 +101,36 @@ def dispatch_key(inputs, key, *, training: bool, outputs):
     parts = []
     for x in inputs:
         fmt = None
-        if isinstance(x, FormattedArray):
+        if type(x) is FormattedArray:
             fmt, x = x.format, x.data
-        if not isinstance(x, jax.Array) or isinstance(x, jax.core.Tracer):
+        if not _concrete(type(x)):
             return None
         parts.append((fmt, x.shape, x.dtype, x.weak_type))
     if key is not None:
-        if isinstance(key, jax.core.Tracer):
+        if not _concrete(type(key)):
             return None
         key = (key.shape, key.dtype)
     return training, outputs, tuple(parts), key
 
 
-def run_seen(net, inputs, key, seen):
-    """The compiled run of inputs whose ``dispatch_key`` this network object has run, or None."""
+def run_seen(net, inputs, key, *, training: bool, outputs):
+    """The compiled run of raw inputs like ones this network object has run before, or None.
+
+    "Like" is ``dispatch_key``: the same formats, shapes and dtypes, key and options. The
+    inputs were checked and prepared then, so the cache entry they reached runs them again at
+    the cost of a compiled call. None sends the caller down the full path (which records the
+    key): inputs never seen, tracers, or an entry evicted since.
+    """
     memo = net.__dict__.get("_seen")
-    if memo is None or (cache_key := memo.get(seen)) is None:
+    if memo is None:
+        return None
+    seen = dispatch_key(inputs, key, training=training, outputs=outputs)
+    if seen is None or (cache_key := memo.get(seen)) is None:
         return None
     compiled = net.compile_cache.lookup(cache_key)
-    if compiled is None:  # evicted since: the caller takes the full path
+    if compiled is None:
         return None
-    datas = [x.data if isinstance(x, FormattedArray) else x for x in inputs]
+    datas = [x.data if type(x) is FormattedArray else x for x in inputs]
     return compiled(flat_parameters(net), datas, key, None)
 
 

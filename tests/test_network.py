@@ -490,6 +490,33 @@ def test_repeated_predict_reuses_one_compilation_with_the_same_numbers(key, x):
     assert Counted.traces == 1 and updated.cache_info().hits == 5
 
 
+def test_a_cache_hit_keeps_every_option_of_predict(key, x):
+    """After a first call, predict takes the cached entry; the options still act as documented."""
+    n = counted_mlp().initialize(key=key)
+    expected = reference(n, x)
+    n.predict(x)  # records the entry for these inputs
+    out, state = n.predict(x, return_state=True)
+    np.testing.assert_allclose(out.data, expected, rtol=1e-5, atol=1e-6)
+    assert out.format == "BC" and len(state) == 0
+    np.testing.assert_allclose(n.predict(np.asarray(x)).data, expected, rtol=1e-5, atol=1e-6)
+    traced = jax.jit(lambda v: n.predict(v).data)(x)
+    np.testing.assert_allclose(traced, expected, rtol=1e-5, atol=1e-6)
+    hidden, last = n.predict(x, outputs=["c", "fc2"])
+    np.testing.assert_allclose(
+        hidden.data,
+        jnp.sin(x @ n.learnables["fc1/w"] + n.learnables["fc1/b"][None, :]),
+        rtol=1e-5,
+        atol=1e-6,
+    )
+    np.testing.assert_allclose(last.data, expected, rtol=1e-5, atol=1e-6)
+    eager = n.predict(x, acceleration="none")
+    np.testing.assert_allclose(eager.data, expected, rtol=1e-5, atol=1e-6)
+    with pytest.raises(df.NetworkError, match=r"takes the inputs positionally.*\['x'\]"):
+        n.predict(x, x=x)
+    with pytest.raises(df.NetworkError, match=r"acceleration='fast'; expected one of"):
+        n.predict(x, acceleration="fast")
+
+
 def test_a_network_whose_entry_was_evicted_compiles_it_again(key, monkeypatch):
     monkeypatch.setenv("DIFFFN_CACHE_SIZE", "2")
     n = df.Network([Features(size=6, name="in"), Counted(name="c")]).initialize(key=key)
