@@ -169,7 +169,11 @@ def _image_rows(key, quick: bool):
             if isinstance(target, nnx.Module)
             else _fn_step(target, xs, up)
         )
-        yield name, _describe(formatted[0]), baseline, _difffn_step(layer, formatted, up), theirs
+        # A layer without learnables has no gradient to return, as the baseline function has
+        # none: only the input's gradient is taken (the layer is still an argument).
+        argnums = (0, 1) if jax.tree.leaves(layer) else 1
+        ours = _difffn_step(layer, formatted, up, argnums)
+        yield name, _describe(formatted[0]), baseline, ours, theirs
 
 
 def _lstm_cell(w, r, b):
