@@ -21,14 +21,13 @@ import optax
 from . import _schedules
 from ._errors import OptionsError
 from ._metrics import Metric, get_metric
+from ._sharding import MESH_ENVIRONMENTS
 
 SOLVERS = ("sgdm", "adam", "rmsprop")
 SHUFFLE = ("once", "every-epoch", "never")
 THRESHOLD_METHODS = ("l2norm", "global-l2norm", "absolute-value")
 OUTPUT_NETWORK = ("auto", "last-iteration", "best-validation")
 PLOTS = ("none", "training-progress")
-ENVIRONMENTS = ("auto", "cpu", "gpu", "multi-device", "multi-host")
-MESH_ENVIRONMENTS = ("multi-device", "multi-host")
 CHECKPOINT_UNITS = ("epoch", "iteration")
 PARAMETER_SHARDINGS = ("replicated", "fsdp")
 PRECISIONS = ("float32", "bfloat16", "float16")

@@ -26,11 +26,11 @@ from typing import Any
 
 from . import _option_checks as check
 from . import _sequences
+from ._data_description import describe_data
 from ._errors import OptionsError
-from ._fingerprint import describe, describe_data, describe_solver
+from ._fingerprint import describe, describe_solver
 from ._option_checks import (
     CHECKPOINT_UNITS,
-    ENVIRONMENTS,
     PLOTS,
     PRECISIONS,
     SHUFFLE,
@@ -39,6 +39,7 @@ from ._option_checks import (
     Check,
     solver_label,
 )
+from ._sharding import ENVIRONMENTS
 
 
 @dataclasses.dataclass(frozen=True)

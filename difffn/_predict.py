@@ -24,10 +24,9 @@ from ._losses import CLASS_LOSSES, LOSSES, canonical, check_class_targets
 from ._losses import _layout as _prediction_layout
 from ._metrics import FunctionMetric, get_metric
 from ._network import Network
-from ._option_checks import ENVIRONMENTS
 from ._sequence_source import has_sequences, metric_update
 from ._sequences import SequenceOptions
-from ._sharding import Placement
+from ._sharding import ENVIRONMENTS, Placement
 from ._sources import IterableSource, arrays_of, gather_batch
 
 

@@ -19,8 +19,8 @@ import jax.numpy as jnp
 import numpy as np
 
 from . import _batches, _mask
+from ._data_description import describe_array
 from ._errors import OptionsError
-from ._fingerprint import describe_array
 from ._format import FormattedArray, dlarray, stripdims
 from ._losses import LOSSES
 from ._metrics import takes_mask

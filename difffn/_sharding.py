@@ -49,6 +49,10 @@ from ._format import FormattedArray, dlarray, stripdims
 from ._parameters import walk
 from ._signatures import has_method
 
+# Where training and prediction run (the ExecutionEnvironment option); the last two use a mesh.
+ENVIRONMENTS = ("auto", "cpu", "gpu", "multi-device", "multi-host")
+MESH_ENVIRONMENTS = ("multi-device", "multi-host")
+
 AXES = ("data", "model")
 DATA = "data"
 

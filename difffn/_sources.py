@@ -31,9 +31,9 @@ import jax.numpy as jnp
 import numpy as np
 
 from . import _batches
+from ._data_description import describe_array, describe_data
 from ._distributed import gather_rows
 from ._errors import OptionsError
-from ._fingerprint import describe_array, describe_data
 from ._format import FormattedArray, dlarray, stripdims
 from ._losses import CLASS_LOSSES, check_labels
 from ._network import Network

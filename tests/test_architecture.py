@@ -7,9 +7,9 @@ from pathlib import Path
 import jax
 import jax.numpy as jnp
 import numpy as np
+from helpers import assert_tree_allclose
 
 import difffn as df
-from helpers import assert_tree_allclose
 
 BEFORE = Path(__file__).parent / "data" / "before_move"
 sys.path.insert(0, str(BEFORE))
