@@ -15,7 +15,7 @@ import jax
 import jax.numpy as jnp
 
 import difffn as df
-from difffn._layer import call_layer
+from difffn._layer._layer import call_layer
 
 from ._examples import load
 from ._timing import compare, fmt_time, table

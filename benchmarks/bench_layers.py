@@ -25,7 +25,7 @@ import jax.numpy as jnp
 from flax import nnx
 
 import difffn as df
-from difffn._layer import call_layer
+from difffn._layer._layer import call_layer
 
 from ._timing import compare, fmt_time, table
 

@@ -124,7 +124,7 @@ def run(*, quick: bool = False) -> None:
     rounds = 5 if quick else 15
     net = _difffn_mlp(key)
     x = jax.random.normal(key, (8, SIZES[0]))
-    from difffn._execute import execute
+    from difffn._network._execute import execute
 
     same_function = jax.jit(
         lambda n, x: execute(

@@ -16,7 +16,7 @@ from pathlib import Path
 CODE = r"""
 import json, sys, jax, numpy as np
 import difffn as df
-from difffn._partition import bytes_per_device
+from difffn._devices._partition import bytes_per_device
 
 width, epochs = int(sys.argv[1]), int(sys.argv[2])
 rng = np.random.default_rng(0)

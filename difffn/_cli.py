@@ -86,8 +86,7 @@ def _add_check(subparsers) -> None:
 
 def parse_layout(text: str):
     """``"128,24,24,20:BSSC"`` -> ``df.Layout((128, 24, 24, 20), "BSSC")``."""
-    from ._errors import FormatError
-    from ._format import Layout
+    from ._core import FormatError, Layout
 
     sizes_text, sep, fmt = text.rpartition(":")
     if not sep or not sizes_text:
@@ -131,9 +130,8 @@ def load_object(target: str):
 
 
 def _run_check(args) -> int:
-    from ._check_layer import check_layer
-    from ._check_report import describe_exception
-    from ._errors import CheckError
+    from ._checking import check_layer, describe_exception
+    from ._core import CheckError
     from ._layer import Layer
 
     obj = load_object(args.target)

@@ -1,22 +1,22 @@
 """Metrics for training and testing (``df.metrics.accuracy``, ..., and ``df.metrics.Metric``).
 
-See :mod:`difffn._metrics` for the definitions and the streaming ``Metric`` interface.
+See :mod:`difffn._scoring._metrics` for the definitions and the streaming ``Metric`` interface.
 """
 
-from ._metrics import AUC as AUC
-from ._metrics import RMSE as RMSE
-from ._metrics import Accuracy as Accuracy
-from ._metrics import FScore as FScore
-from ._metrics import FunctionMetric as FunctionMetric
-from ._metrics import Metric as Metric
-from ._metrics import Precision as Precision
-from ._metrics import Recall as Recall
-from ._metrics import accuracy as accuracy
-from ._metrics import auc as auc
-from ._metrics import fscore as fscore
-from ._metrics import precision as precision
-from ._metrics import recall as recall
-from ._metrics import rmse as rmse
+from ._scoring import AUC as AUC
+from ._scoring import RMSE as RMSE
+from ._scoring import Accuracy as Accuracy
+from ._scoring import FScore as FScore
+from ._scoring import FunctionMetric as FunctionMetric
+from ._scoring import Metric as Metric
+from ._scoring import Precision as Precision
+from ._scoring import Recall as Recall
+from ._scoring import accuracy as accuracy
+from ._scoring import auc as auc
+from ._scoring import fscore as fscore
+from ._scoring import precision as precision
+from ._scoring import recall as recall
+from ._scoring import rmse as rmse
 
 __all__ = [
     "AUC",

@@ -14,9 +14,7 @@ diagnostic of each failure (which gradient is wrong, by how much, and where).
 
 from __future__ import annotations
 
-from ._check_function import check_function
-from ._check_layer import check_layer
-from ._check_report import CheckReport
+from ._checking import CheckReport, check_function, check_layer
 
 __all__ = ["assert_function_valid", "assert_layer_valid"]
 

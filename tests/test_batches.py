@@ -7,7 +7,7 @@ import jax.numpy as jnp
 import numpy as np
 
 import difffn as df
-from difffn._batches import Keep, pad_with_first, real_rows
+from difffn._core._batches import Keep, pad_with_first, real_rows
 
 
 def test_real_rows_keep_each_shares_first_rows_under_jit():

@@ -13,10 +13,10 @@ import layers_for_checks as L
 import pytest
 
 import difffn as df
-from difffn import _check_layer_precision as precision_tests
-from difffn import _check_layer_structure as structure
-from difffn._check_layer_subject import LayerSubject
-from difffn._check_report import Recorder
+from difffn._checking import _check_layer_precision as precision_tests
+from difffn._checking import _check_layer_structure as structure
+from difffn._checking._check_layer_subject import LayerSubject
+from difffn._checking._check_report import Recorder
 
 TESTS = ("forward_agrees_at_precision", "gradients_agree_at_precision")
 

@@ -9,7 +9,7 @@ import layers_for_checks as L
 from helpers import ROOT
 
 import difffn as df
-from difffn import _check_list
+from difffn._checking import _check_list
 
 IMAGES = df.Layout((None, 6, 6, 3), "BSSC")
 

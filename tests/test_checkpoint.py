@@ -20,7 +20,8 @@ from helpers import ROOT, assert_tree_allclose, unwritable_folder
 from training_layers import classification_data, classifier_net
 
 import difffn as df
-from difffn import _checkpoint, _container
+from difffn._persistence import _container
+from difffn._training import _checkpoint
 
 
 @pytest.fixture(scope="module")

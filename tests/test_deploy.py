@@ -343,7 +343,7 @@ def test_vjp_order_two_gives_second_derivatives(tmp_path, key):
 
 
 def test_a_file_from_before_vjp_order_still_loads(cnn, tmp_path):
-    from difffn import _container
+    from difffn._persistence import _container
 
     _, path = cnn
     payload = _container.read(path, "exported")

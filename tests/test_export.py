@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 import difffn as df
-from difffn import _export
+from difffn._persistence import _export
 
 
 def test_unknown_sizes_become_shared_symbols():

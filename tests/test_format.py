@@ -14,7 +14,7 @@ from helpers import TraceCounter, assert_tree_allclose
 from hypothesis import given, settings
 
 import difffn as df
-from difffn._labels import _validate_format
+from difffn._core._labels import _validate_format
 
 
 def _x(shape=(2, 4, 3, 5), fmt="BSSC", *, key=None, low=0.5, high=2.0):

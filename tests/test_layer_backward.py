@@ -14,7 +14,7 @@ import pytest
 from helpers import ROOT, assert_tree_allclose, run_python
 
 import difffn as df
-from difffn._layer_call import call_layer
+from difffn._layer._layer_call import call_layer
 
 
 def prelu_reference(alpha, x):

@@ -9,7 +9,7 @@ import pytest
 from jax.test_util import check_grads
 
 import difffn as df
-from difffn._layer import call_layer
+from difffn._layer._layer import call_layer
 
 L = df.layers
 

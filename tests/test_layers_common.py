@@ -11,7 +11,7 @@ import pytest
 from helpers import assert_tree_allclose
 
 import difffn as df
-from difffn._layer import call_layer
+from difffn._layer._layer import call_layer
 
 L = df.layers
 

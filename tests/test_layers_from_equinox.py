@@ -18,7 +18,7 @@ import pytest
 from helpers import assert_tree_allclose, run_python
 
 import difffn as df
-from difffn._layer import call_layer
+from difffn._layer._layer import call_layer
 from difffn.layers._foreign import path_name
 
 L = df.layers

@@ -16,7 +16,7 @@ from flax import nnx
 from helpers import assert_tree_allclose
 
 import difffn as df
-from difffn._layer import call_layer
+from difffn._layer._layer import call_layer
 
 L = df.layers
 

@@ -10,7 +10,7 @@ from helpers import assert_tree_allclose
 from jax.test_util import check_grads
 
 import difffn as df
-from difffn._layer import call_layer
+from difffn._layer._layer import call_layer
 
 L = df.layers
 

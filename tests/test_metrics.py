@@ -80,7 +80,7 @@ def test_rmse():
 
 @pytest.mark.parametrize("name", ["accuracy", "precision", "recall", "fscore", "auc", "rmse"])
 def test_streaming_over_batches_equals_one_pass(name):
-    from difffn._metrics import get_metric
+    from difffn._scoring._metrics import get_metric
 
     metric = get_metric(name)
     targets = LABELS if name != "rmse" else jax.nn.one_hot(LABELS, 3)

@@ -89,7 +89,7 @@ one_i, _ = df.trainnet(odd, plain(), "crossentropy", df.TrainingOptions(max_epoc
 many_i, _ = df.trainnet(odd, plain(), "crossentropy", options)
 result["iterable_padded_diff"] = diff(one_i.learnables, many_i.learnables)
 # shares of a multi-process iterable are padded one by one, to one size that splits together
-from difffn._sharding import Placement
+from difffn._devices._sharding import Placement
 placement = Placement("multi-device")
 result["padded_shares"] = [placement.padded(6, 2), placement.padded(10, 2),
                            placement.padded(6, 3), placement.padded(30), placement.padded(8, 2)]

@@ -596,8 +596,8 @@ def test_networks_pass_through_jit_vmap_and_tree_map(net, x):
 
 
 def test_network_learnable_mask_and_factors(net):
-    from difffn._factors import leaf_factors
-    from difffn._parameters import learnable_mask
+    from difffn._layer._parameters import learnable_mask
+    from difffn._network._factors import leaf_factors
 
     assert jax.tree.leaves(learnable_mask(net)) == [True] * 4
     net = df.set_learn_rate_factor(net, "fc1/w", 0.0)

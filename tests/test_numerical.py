@@ -9,7 +9,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from difffn import _numerical as numerical
+from difffn._checking import _numerical as numerical
 
 
 @dataclasses.dataclass(frozen=True)

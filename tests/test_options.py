@@ -9,7 +9,7 @@ from helpers import ROOT
 from training_layers import regression_data, regression_net
 
 import difffn as df
-from difffn import _option_checks, _options
+from difffn._training import _option_checks, _options
 
 
 def test_sgdm_defaults_are_matlab_defaults():

@@ -7,8 +7,8 @@ import jax.numpy as jnp
 import pytest
 
 import difffn as df
-from difffn._factors import leaf_factors
-from difffn._parameters import count, leaf_kinds, learnable_mask, walk
+from difffn._layer._parameters import count, leaf_kinds, learnable_mask, walk
+from difffn._network._factors import leaf_factors
 
 
 class Holder(df.Layer):

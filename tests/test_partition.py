@@ -11,14 +11,14 @@ from helpers import run_python
 from jax.sharding import PartitionSpec as P
 
 import difffn as df
-from difffn._partition import bytes_sent_per_step, fsdp_spec
+from difffn._devices._partition import bytes_sent_per_step, fsdp_spec
 
 CODE = r"""
 import json, re, jax, jax.numpy as jnp, numpy as np
 from jax.sharding import PartitionSpec as P
 import difffn as df
-from difffn import _step
-from difffn._partition import bytes_per_device
+from difffn._training import _step
+from difffn._devices._partition import bytes_per_device
 
 # The compiled step's HLO of a run (its first step), to count the collectives' bytes.
 compiled, current = {}, [None]

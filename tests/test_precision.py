@@ -10,7 +10,7 @@ import pytest
 from sklearn.datasets import load_digits
 
 import difffn as df
-from difffn._precision import Policy
+from difffn._training._precision import Policy
 
 
 @pytest.fixture(scope="module")

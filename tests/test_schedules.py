@@ -7,7 +7,7 @@ import math
 import pytest
 
 import difffn as df
-from difffn._schedules import LearnRateSchedule
+from difffn._training._schedules import LearnRateSchedule
 
 
 def rates(options, iterations_per_epoch, n):

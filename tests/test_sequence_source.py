@@ -15,7 +15,8 @@ import pytest
 from helpers import assert_tree_allclose
 
 import difffn as df
-from difffn import _step
+from difffn._batching import _sequences
+from difffn._training import _step
 
 L = df.layers
 H, C, K = 3, 2, 2
@@ -208,7 +209,7 @@ def test_training_compiles_one_step_per_length_bucket(key):
                L.Softmax()]  # fmt: skip
         df.trainnet(X, T, net, "crossentropy", options, key=key)
         longest = lengths.reshape(8, 8).max(axis=1)
-        buckets = {df._sequences.bucket(int(n), bucketing) for n in longest}
+        buckets = {_sequences.bucket(int(n), bucketing) for n in longest}
         assert sorted({shape[0] for shape in traced}) == [8]
         assert len(traced) == len(buckets)
         steps = next(reversed(_step._CACHE.values()))

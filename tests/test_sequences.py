@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 import difffn as df
-from difffn._sequences import SequenceOptions, bucket, place, windows
+from difffn._batching._sequences import SequenceOptions, bucket, place, windows
 
 L = df.layers
 

@@ -15,7 +15,7 @@ from helpers import assert_tree_allclose, unwritable_folder
 from test_network import Dense, Features, RunningMean, Tanh, mlp
 
 import difffn as df
-from difffn import _container
+from difffn._persistence import _container
 
 
 @pytest.fixture

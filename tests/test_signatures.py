@@ -9,7 +9,7 @@ import jax.numpy as jnp
 import pytest
 
 import difffn as df
-from difffn._signatures import (
+from difffn._core._signatures import (
     accepts_key,
     backward_takes_state,
     has_backward,

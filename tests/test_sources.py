@@ -9,9 +9,9 @@ import pytest
 from training_layers import regression_data, regression_net
 
 import difffn as df
-from difffn import _sources as sources
-from difffn._sharding import Placement
-from difffn._sources import ArraySource, IterableSource, source
+from difffn._batching import _sources as sources
+from difffn._batching._sources import ArraySource, IterableSource, source
+from difffn._devices._sharding import Placement
 
 
 def batches_of(X, T, size):

@@ -10,10 +10,10 @@ from helpers import assert_tree_allclose
 from training_layers import regression_net
 
 import difffn as df
-from difffn import _rowlog
-from difffn._parameters import learnable_mask
-from difffn._sharding import Placement
-from difffn._state import Checkpoint, TrainingState, plain_row, same_key, split
+from difffn._devices._sharding import Placement
+from difffn._layer._parameters import learnable_mask
+from difffn._training import _rowlog
+from difffn._training._state import Checkpoint, TrainingState, plain_row, same_key, split
 
 
 def a_state(net, opt_state, key):

@@ -20,7 +20,7 @@ from training_layers import (
 )
 
 import difffn as df
-from difffn import _checkpoint
+from difffn._training import _checkpoint
 
 
 def quiet(**options):
@@ -753,7 +753,7 @@ def test_integer_one_hot_targets_train_like_float_one_hot(key):
 
 
 def test_an_endless_validation_generator_needs_validation_steps(monkeypatch):
-    from difffn import _sources
+    from difffn._batching import _sources
 
     X, T = classification_data(64)
     batches = [(X[i : i + 16], T[i : i + 16]) for i in range(0, 64, 16)]

@@ -9,3 +9,5 @@ imported only inside the functions that need it.
 
 from ._export import export_onnx as export_onnx
 from ._import import import_onnx as import_onnx
+
+__all__ = ["export_onnx", "import_onnx"]

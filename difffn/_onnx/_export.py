@@ -22,12 +22,9 @@ import jax.numpy as jnp
 import numpy as np
 from jax.extend.core import InconclusiveDimensionOperation
 
-from .._errors import ONNXExportError, type_name
-from .._execute import needed_layers
-from .._format import Layout, dims, dlarray, stripdims
-from .._layer_call import call_layer
-from .._network import Network
-from .._propagate import resolve_layouts
+from .._core import Layout, ONNXExportError, dims, dlarray, stripdims, type_name
+from .._layer import call_layer
+from .._network import Network, needed_layers, resolve_layouts
 from ._load import onnx_module
 from ._lower import OPSET, Const, Lowering
 

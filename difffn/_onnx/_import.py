@@ -27,7 +27,7 @@ import json
 import re
 from collections import defaultdict
 
-from .._errors import NetworkError, ONNXImportError
+from .._core import NetworkError, ONNXImportError
 from .._network import Network
 from ..layers import FunctionLayer, Placeholder
 from . import _labels, _mapping_attention

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from .._errors import ONNXImportError
+from .._core import ONNXImportError
 from ..layers import FeatureInput, ImageInput, SequenceInput
 from . import _labels
 from ._import_values import Runtime

@@ -23,11 +23,9 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from .._errors import FormatError, LayerError
-from .._fields import learnable
-from .._format import FormattedArray, Layout, dims
-from .._layer import Layer
-from ..layers._function_layer import FunctionLayer
+from .._core import FormatError, FormattedArray, LayerError, Layout, dims
+from .._layer import Layer, learnable
+from ..layers import FunctionLayer
 from . import _labels
 from ._ops import Attrs, FrozenArray, lookup, run
 

@@ -16,7 +16,7 @@ from typing import Any
 
 import numpy as np
 
-from .._errors import MissingDependencyError, ONNXImportError
+from .._core import MissingDependencyError, ONNXImportError
 from ._ops import FrozenArray, Unsupported, np_dtype
 
 MIN_OPSET = 9

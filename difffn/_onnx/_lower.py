@@ -23,7 +23,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax.extend.core import ClosedJaxpr, Jaxpr, Literal
 
-from .._errors import ONNXExportError
+from .._core import ONNXExportError
 
 OPSET = 18
 

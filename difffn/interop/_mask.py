@@ -15,8 +15,8 @@ import jax.numpy as jnp
 import numpy as np
 
 from .._layer import Layer
+from .._layer import learnable_mask as _difffn_mask
 from .._network import Network
-from .._parameters import learnable_mask as _difffn_mask
 
 
 def _is_difffn(x) -> bool:

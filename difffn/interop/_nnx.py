@@ -14,11 +14,9 @@ from __future__ import annotations
 import jax
 from flax import nnx
 
-from .._errors import NetworkError
-from .._fields import LEARNABLE, STATE
-from .._format import stripdims
+from .._core import NetworkError, stripdims
+from .._layer import LEARNABLE, STATE, leaf_kinds
 from .._network import Network
-from .._parameters import leaf_kinds
 
 
 def _is_variable(x) -> bool:

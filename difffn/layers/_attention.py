@@ -9,11 +9,8 @@ from typing import Any, ClassVar
 import jax
 import jax.numpy as jnp
 
-from .._errors import FormatError, LayerError, OpError
-from .._fields import learnable
-from .._format import Layout
-from .._layer import Layer
-from .._mask import as_mask
+from .._core import FormatError, LayerError, Layout, OpError, as_mask
+from .._layer import Layer, learnable
 from ..ops._attention import combined_mask, from_blc, is_attention_format, multi_head, to_blc
 from ..ops._format_args import float_dtype
 from . import _factor_options as factors

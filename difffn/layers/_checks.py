@@ -14,10 +14,16 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from .._arrays import as_numbers, to_device
-from .._describe import who
-from .._errors import FormatError, LayerError
-from .._format import FormattedArray, Layout, dlarray
+from .._core import (
+    FormatError,
+    FormattedArray,
+    LayerError,
+    Layout,
+    as_numbers,
+    dlarray,
+    to_device,
+    who,
+)
 
 
 def bad_argument(layer, argument: str, expected: str, got: Any, fix: str) -> LayerError:

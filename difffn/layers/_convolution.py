@@ -14,8 +14,8 @@ from typing import Any, ClassVar
 import jax
 
 from .. import ops
-from .._errors import FormatError, LayerError
-from .._fields import learnable
+from .._core import FormatError, LayerError
+from .._layer import learnable
 from ._checks import (
     bad_argument,
     data_and_format,

@@ -5,7 +5,7 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 
-from .._errors import LayerError
+from .._core import LayerError
 from .._layer import Layer
 from ._checks import real, who
 
@@ -23,7 +23,7 @@ class Dropout(Layer):
     Examples:
       >>> import jax, jax.numpy as jnp
       >>> import difffn as df
-      >>> from difffn._layer_call import call_layer
+      >>> from difffn._layer._layer_call import call_layer
       >>> layer = df.layers.Dropout(0.5)
       >>> layer(jnp.ones(4))
       Array([1., 1., 1., 1.], dtype=float32)

@@ -11,9 +11,8 @@ from typing import Any, ClassVar
 import jax
 import jax.numpy as jnp
 
-from .._errors import FormatError, LayerError, OpError
-from .._fields import learnable
-from .._layer import Layer
+from .._core import FormatError, LayerError, OpError
+from .._layer import Layer, learnable
 from ..ops._embedding import as_indices, embed
 from . import _factor_options as factors
 from . import _initializers as init

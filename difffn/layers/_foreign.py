@@ -16,10 +16,16 @@ from typing import Any
 
 import jax
 
-from .._errors import FormatError, LayerError
-from .._fields import BASE_FIELDS
-from .._format import FormattedArray, Layout, _validate_format, dlarray, permute
-from .._layer import Layer
+from .._core import (
+    FormatError,
+    FormattedArray,
+    LayerError,
+    Layout,
+    dlarray,
+    permute,
+)
+from .._core import validate_format as _validate_format
+from .._layer import BASE_FIELDS, Layer
 from ._checks import who
 
 

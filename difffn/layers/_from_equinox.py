@@ -21,9 +21,9 @@ from typing import Any
 import jax
 import numpy as np
 
-from .._errors import LayerError, MissingDependencyError
-from .._fields import learnable
-from .._fields import state as state_field
+from .._core import LayerError, MissingDependencyError
+from .._layer import learnable
+from .._layer import state as state_field
 from . import _foreign
 from ._checks import who
 

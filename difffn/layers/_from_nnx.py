@@ -17,8 +17,8 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 
-from .._errors import LayerError
-from .._fields import learnable, state
+from .._core import LayerError
+from .._layer import learnable, state
 from . import _foreign
 from ._checks import who
 

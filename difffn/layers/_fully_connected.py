@@ -9,16 +9,9 @@ from typing import Any, ClassVar
 import jax
 
 from .. import ops
-from .._errors import FormatError, LayerError
-from .._fields import learnable
-from ._checks import (
-    data_and_format,
-    layout_format,
-    positive_int,
-    relabel,
-    require,
-    who,
-)
+from .._core import FormatError, LayerError
+from .._layer import learnable
+from ._checks import data_and_format, layout_format, positive_int, relabel, require, who
 from ._weights_and_bias import WeightsAndBias
 
 

@@ -8,7 +8,7 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 
-from .._fields import learnable, state
+from .._layer import learnable, state
 from ..ops._recurrent import GATE_ACTIVATIONS, RESET_GATE_MODES, STATE_ACTIVATIONS, gru_scan
 from . import _initializers as init
 from ._checks import choice

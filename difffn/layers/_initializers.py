@@ -22,7 +22,7 @@ import math
 import jax
 import jax.numpy as jnp
 
-from .._errors import LayerError
+from .._core import LayerError
 from ._checks import bad_argument, who
 
 WEIGHTS = ("glorot", "he", "narrow-normal", "zeros", "ones")

@@ -24,9 +24,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from .._errors import FormatError, LayerError
-from .._format import Layout, dlarray
-from .._input_layer import InputLayer
+from .._core import FormatError, LayerError, Layout, dlarray
+from .._layer import InputLayer
 from ._checks import as_float_array, bad_argument, data_and_format, positive_int, who
 
 NORMALIZATIONS = ("zerocenter", "zscore", "rescale-symmetric", "rescale-zero-one", "none")

@@ -8,7 +8,7 @@ import operator
 
 import jax.numpy as jnp
 
-from .._errors import FormatError
+from .._core import FormatError
 from .._layer import Layer
 from ._checks import bad_argument, data_and_format, relabel, who
 

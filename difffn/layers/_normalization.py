@@ -15,9 +15,8 @@ import jax
 import jax.numpy as jnp
 
 from .. import ops
-from .._errors import FormatError, LayerError
-from .._fields import learnable, state
-from .._layer import Layer
+from .._core import FormatError, LayerError
+from .._layer import Layer, learnable, state
 from . import _factor_options as factor_options
 from . import _initializers as init
 from ._checks import (
@@ -148,7 +147,7 @@ class BatchNorm(_PerChannel):
     Examples:
       >>> import jax, jax.numpy as jnp
       >>> import difffn as df
-      >>> from difffn._layer_call import call_layer
+      >>> from difffn._layer._layer_call import call_layer
       >>> layer = df.layers.BatchNorm()
       >>> layer = layer.initialize(df.Layout((None, 2), "BC"), key=jax.random.key(0))
       >>> layer.trained_mean, layer.trained_variance

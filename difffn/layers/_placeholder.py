@@ -6,7 +6,7 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
-from .._errors import LayerError
+from .._core import LayerError
 from .._layer import Layer
 from ._checks import who
 
@@ -34,7 +34,7 @@ class Placeholder(Layer):
       >>> layer(jnp.ones(3))
       Traceback (most recent call last):
       ...
-      difffn._errors.LayerError: Placeholder (layer 'n1') stands for the operation 'Custom' ...
+      difffn._core._errors.LayerError: Placeholder (layer 'n1') stands for the operation ...
     """
 
     formattable = True

@@ -13,9 +13,8 @@ from typing import Any, ClassVar
 import jax
 import jax.numpy as jnp
 
-from .._errors import FormatError, LayerError, OpError
-from .._fields import learnable, state
-from .._layer import Layer
+from .._core import FormatError, LayerError, OpError
+from .._layer import Layer, learnable, state
 from ..ops._format_args import float_dtype, from_time_major, to_time_major
 from ..ops._recurrent import (
     GATE_ACTIVATIONS,

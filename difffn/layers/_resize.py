@@ -15,7 +15,7 @@ from typing import Any
 import jax.numpy as jnp
 import numpy as np
 
-from .._errors import LayerError
+from .._core import LayerError
 from .._layer import Layer
 from ._checks import bad_argument, choice, data_and_format, relabel, spatial_2d_format, who
 

@@ -8,8 +8,8 @@ from typing import Any, ClassVar
 import jax
 
 from .. import ops
-from .._errors import LayerError
-from .._fields import learnable
+from .._core import LayerError
+from .._layer import learnable
 from ._checks import (
     data_and_format,
     int_pair,

@@ -9,7 +9,7 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 
-from .._errors import OpError
+from .._core import OpError
 from ._common import floating, pack, real, require_label, unpack, who
 
 

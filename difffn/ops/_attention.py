@@ -19,7 +19,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from .._errors import OpError
+from .._core import OpError
 from ._format_args import float_dtype, label, read, read_like, require
 
 _FORMAT = (

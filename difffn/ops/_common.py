@@ -14,8 +14,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from .._errors import FormatError, OpError
-from .._format import FormattedArray, _validate_format, dlarray
+from .._core import FormatError, FormattedArray, OpError, dlarray
+from .._core import validate_format as _validate_format
 
 
 def who(op: str) -> str:

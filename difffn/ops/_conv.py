@@ -13,7 +13,7 @@ import math
 import jax
 import jax.numpy as jnp
 
-from .._errors import OpError
+from .._core import OpError
 from ._common import (
     ints,
     pack,

@@ -11,8 +11,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from .._errors import FormatError, OpError
-from .._format import FormattedArray
+from .._core import FormatError, FormattedArray, OpError
 from ._format_args import label, read, shape_error
 
 

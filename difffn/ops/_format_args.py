@@ -11,8 +11,8 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 
-from .._errors import FormatError, OpError
-from .._format import FormattedArray, _validate_format, dlarray
+from .._core import FormatError, FormattedArray, OpError, dlarray
+from .._core import validate_format as _validate_format
 
 
 def read(op: str, x, fmt, *, argument: str = "x") -> tuple[jax.Array, str, bool]:

@@ -6,7 +6,7 @@ import math
 
 import jax.numpy as jnp
 
-from .._errors import FormatError, OpError
+from .._core import FormatError, OpError
 from ._common import pack, plain, unpack, who
 
 

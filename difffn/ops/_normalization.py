@@ -13,7 +13,7 @@ import math
 import jax
 import jax.numpy as jnp
 
-from .._errors import FormatError, OpError
+from .._core import FormatError, OpError
 from ._common import floating, pack, per_channel, plain, real, require_label, unpack, who
 
 

@@ -9,17 +9,8 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 
-from .._errors import OpError
-from ._common import (
-    floating,
-    ints,
-    pack,
-    pairs,
-    same_padding,
-    unpack,
-    who,
-    window_axes,
-)
+from .._core import OpError
+from ._common import floating, ints, pack, pairs, same_padding, unpack, who, window_axes
 
 
 def _window(op, data, fmt, pool_size, stride, padding):

@@ -17,8 +17,7 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 
-from .._errors import OpError
-from .._format import FormattedArray
+from .._core import FormattedArray, OpError
 from ._format_args import (
     check_choice,
     float_dtype,

@@ -1,0 +1,603 @@
+"""``trainnet``: MATLAB's training loop, one compiled step per iteration.
+
+``trainnet`` checks its arguments and hands a :class:`_Run` the data source (``_sources``), the
+network, the loss and the options. The run sets up (input statistics, initialization, the resume
+checks of ``_checkpoint``, the compiled steps of ``_step``, a fresh ``TrainingState`` of
+``_state``) and then loops: epochs of mini-batches, each one step whose results stay on the
+device; the host waits for the device only to log (verbose rows, validation, ``output_fcn``,
+checkpoints) and at the end.
+
+Randomness comes only from the ``key`` argument: the shuffles, the per-iteration keys
+(``fold_in(key, iteration)``, e.g. for dropout) and the initialization of an uninitialized
+network.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+import warnings
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from .._batching import (
+    ArraySource,
+    IterableSource,
+    SequenceOptions,
+    gather_batch,
+    global_batch,
+    label_check,
+    validation_batches,
+)
+from .._batching import sequence_source as _seq
+from .._core import FormattedArray, Layout, OptionsError, check_key
+from .._core import batches as _batches
+from .._devices import Placement, agree, learnable_layout
+from .._layer import learnable_mask
+from .._network import L2, LEARN_RATE, Network, leaf_factors
+from .._scoring import Metric, get_loss, loss_name
+from . import _checkpoint, _compilation_cache, _fingerprint, _options, _progress
+from ._checkpoint_sharded import ShardedWriter
+from ._options import TrainingOptions
+from ._precision import Policy, restore_scaling
+from ._schedules import for_run
+from ._solvers import injected_learn_rate, training_transform
+from ._state import History, TrainingInfo, TrainingState, split
+from ._step import cached_steps
+from ._train_args import form_of, layer_arrays_as_networks
+
+
+def trainnet(*args, key=None, resume_from=None):
+    """Train a network (MATLAB ``trainnet``).
+
+    Two forms: ``trainnet(X, T, net, loss, options)`` with in-memory data, and
+    ``trainnet(data, net, loss, options)`` with an iterable of mini-batches
+    ``(inputs..., targets...)`` (re-iterated every epoch; its batch size is its own and a batch
+    smaller than the first is dropped).
+
+    Args:
+      X: inputs: an array (plain arrays take the format of the network's input layer; their
+        batch axis is its ``B``) or a tuple of arrays, one per network input. For an input with
+        ``B`` and ``T`` axes (``SequenceInput``), a list of sequences of different lengths, one
+        array per observation without ``B`` (``(T_i, C)``): each mini-batch is padded,
+        truncated or split by the ``sequence_*`` options, and the padding is masked out of the
+        loss, the metrics, recurrent states and attention (``docs/training.md``).
+      T: targets: an array or a tuple (one per loss target); integer labels or one-hot for
+        classification. For sequences, one row per sequence, or a list with one array per
+        sequence and time step (``(T_i,)`` labels or ``(T_i, K)``).
+      net: a ``df.Network`` (or a list of layers, built into one, as MATLAB takes a layer
+        array); it is initialized from the data if it is not, and input layers
+        whose normalization needs statistics get them from the training data first.
+      loss: a name (``"crossentropy"``, ``"index-crossentropy"``, ``"binary-crossentropy"``,
+        ``"mse"``, ``"l1loss"``/``"mae"``, ``"l2loss"``, ``"huber"``), any callable
+        ``loss(Y1.., T1..)`` returning a scalar, or a ``df.DifferentiableFunction``.
+      options: a ``df.TrainingOptions``.
+      key: a ``jax.random`` key for the shuffles, per-iteration randomness and initialization
+        (default ``jax.random.key(0)``: training is reproducible). When resuming, the
+        checkpoint's keys are used; a ``key`` other than the one the run started with is an
+        error.
+      resume_from: a checkpoint file, or a folder of checkpoints (the newest valid one is used;
+        a damaged newest one is reported with a ``df.CheckpointWarning`` and the previous one
+        used). Training continues exactly where the checkpoint stopped: the same epoch and
+        mini-batch, data order, keys, optimizer state, learn-rate schedule position,
+        validation and patience state and history, so the result equals an uninterrupted
+        run's. Pass the network, loss, data and options of the run that wrote it (the
+        options that change the numbers, the loss, the data and the factors are checked);
+        ``verbose``, ``plots``, ``output_fcn``, ``execution_environment`` and the checkpoint
+        options may differ. A run that was stopped by ``output_fcn`` continues; one that
+        ended (max epochs, patience, NaN loss) returns its result.
+
+    Returns:
+      ``(net, info)``: the trained network (per ``output_network``) and a
+      :class:`TrainingInfo`.
+
+    Raises:
+      OptionsError: bad arguments (the message says which and how to fix it).
+      SerializationError: ``resume_from`` has no valid checkpoint, or its checkpoint was
+        written by a run with another network, loss, data or options (the first difference
+        is named).
+
+    Examples:
+      >>> import jax, jax.numpy as jnp, numpy as np
+      >>> import difffn as df
+      >>> net = df.Network([
+      ...     df.layers.FeatureInput(2, name="in"),
+      ...     df.layers.FullyConnected(1, name="fc"),
+      ... ])
+      >>> X = np.random.default_rng(0).normal(size=(256, 2)).astype(np.float32)
+      >>> T = X @ np.array([[2.0], [-1.0]], np.float32)
+      >>> options = df.TrainingOptions("adam", initial_learn_rate=0.05, max_epochs=60,
+      ...                              mini_batch_size=64, verbose=False)
+      >>> net, info = df.trainnet(X, T, net, "mse", options)
+      >>> info.stop_reason, bool(info.training_history["loss"][-1] < 1e-3)
+      ('Max epochs completed', True)
+    """
+    who = "trainnet"
+    args = layer_arrays_as_networks(args)
+    form = form_of(who, args)
+    if form == "arrays":
+        X, T, net, loss, options = args
+    else:
+        data, net, loss, options = args
+    if not isinstance(options, TrainingOptions):
+        raise OptionsError(
+            f"{who}: options must be df.TrainingOptions(...); got {type(options).__name__}. "
+            "Fix: df.TrainingOptions('adam', max_epochs=10, ...)"
+            + (" (the keywords of the dict)." if isinstance(options, dict) else ".")
+        )
+    check_key(who, key, OptionsError, optional=True)
+    if options.compilation_cache is not None:
+        _compilation_cache.use(options.compilation_cache)
+    loss_fn = get_loss(loss, who=who)
+    checkpoint = None
+    if resume_from is not None:
+        checkpoint = _checkpoint.find(resume_from)
+        if key is None:
+            key = checkpoint.run_key
+    key = jax.random.key(0) if key is None else key
+    if form == "arrays" and _seq.has_sequences(X, net):
+        data_source = _seq.SequenceSource(who, X, T, net, SequenceOptions.of(options))
+    elif form == "arrays":
+        data_source = ArraySource(who, X, T, net)
+    else:
+        data_source = IterableSource(
+            who, data, net, max_epochs=options.max_epochs, steps_per_epoch=options.steps_per_epoch
+        )
+    run = _Run(who, net, loss_fn, loss, options, key, data_source, checkpoint)
+    return run.train()
+
+
+class _Run:
+    """One call of trainnet: setup, the loop, validation, logging, and the result."""
+
+    def __init__(self, who, net, loss_fn, loss, options, key, data, checkpoint):
+        self.who = who
+        self.options = options
+        self.metrics: tuple[Metric, ...] = options.metrics
+        self.placement = Placement(
+            options.execution_environment, mesh_shape=options.mesh_shape, who=who
+        )
+        self.policy = Policy(options.precision)
+        if isinstance(data, _seq.SequenceSource) and self.placement.mesh is not None:
+            raise OptionsError(
+                f"{who}: lists of sequences of different lengths train on one device; got "
+                f"execution_environment={options.execution_environment!r}. Fix: pad them to one "
+                "length (df.padsequences) and pass the padded array, or use 'auto'."
+            )
+        self.reporter = None
+        init_key, shuffle_key, step_key = jax.random.split(key, 3)
+        self.source = data
+        self.batch_size = None
+        if isinstance(data, ArraySource):
+            if options.steps_per_epoch is not None:
+                raise OptionsError(
+                    f"{who}: steps_per_epoch={options.steps_per_epoch} applies to an iterable of "
+                    "batches; with arrays an epoch is one pass over the observations "
+                    f"({data.count} // mini_batch_size iterations). Fix: leave steps_per_epoch "
+                    "out, or set max_epochs."
+                )
+            self.batch_size = options.mini_batch_size
+            if data.iterations(self.batch_size) == 0:
+                raise OptionsError(
+                    f"{who}: mini_batch_size={self.batch_size} is larger than the "
+                    f"{data.count} training observations, so an epoch has no full mini-batch "
+                    f"(the last partial one is dropped). Fix: mini_batch_size <= {data.count}."
+                )
+            data.place(self.placement)
+        self.iterations_per_epoch = data.iterations(self.batch_size)
+        self.messages: list[str] = []
+        uneven = self.placement.plan_uneven(
+            net, *global_batch(data, self.placement, self.batch_size)
+        )
+        if uneven:
+            self.messages.append(uneven)
+        net = self._prepare_network(net, init_key)
+        self.check_targets = label_check(who, net, loss_fn, self.metrics)
+        if self.check_targets is not None:
+            if isinstance(data, ArraySource):
+                self.check_targets(data.targets, "T")
+            else:
+                data.check_targets = self.check_targets
+        fingerprint = None
+        if checkpoint is not None or options.checkpoint_path is not None:
+            fingerprint = _fingerprint.run_fingerprint(
+                _options.fingerprint(options), loss=loss, data=data.fingerprint(), net=net
+            )
+        if checkpoint is not None:
+            self.messages = [
+                f"Resuming from {checkpoint.source} (iteration {checkpoint.iteration}, epoch "
+                f"{checkpoint.epoch})."
+            ]
+            net = _checkpoint.resume(
+                checkpoint,
+                net=net,
+                key=key,
+                fingerprint=fingerprint,
+                defaults=_options.fingerprint_defaults(options.solver),
+            )
+        # Several processes write one checkpoint together (orbax), one process a file of its own.
+        writer = ShardedWriter if self.placement.multi_host else _checkpoint.Writer
+        self.writer = (
+            writer(options, fingerprint=fingerprint, run_key=key, resumed=checkpoint)
+            if options.checkpoint_path is not None
+            else None
+        )
+        learnable_index = tuple(i for i, m in enumerate(jax.tree.leaves(learnable_mask(net))) if m)
+        lr_factors = tuple(leaf_factors(net, LEARN_RATE))
+        l2_factors = tuple(leaf_factors(net, L2))
+        self.steps = cached_steps(
+            net=net,
+            learnable_index=learnable_index,
+            loss=loss_fn,
+            loss_label=loss_name(loss),
+            metrics=self.metrics,
+            options=options,
+            make_tx=lambda: training_transform(
+                options,
+                tuple(lr_factors[i] for i in learnable_index),
+                tuple(l2_factors[i] for i in learnable_index),
+            ),
+            factors=(lr_factors, l2_factors),
+            placement=self.placement,
+            layout=learnable_layout(net, self.placement, options.parameter_sharding),
+        )
+        learnables, others = split(net, learnable_index)
+        # Copies: the step donates these buffers, and the caller's network must stay usable.
+        put = self.placement.put
+        learnables = put(learnables, self.steps.learnable_shardings, copy=True)
+        others = put(others, copy=True)
+        seed = np.asarray(jax.random.key_data(shuffle_key)).astype(np.uint64).ravel()
+        self.state = TrainingState(
+            treedef=jax.tree.structure(net),
+            learnable_index=learnable_index,
+            learnables=learnables,
+            others=others,
+            opt_state=self.steps.init_state(learnables),
+            key=step_key,
+            shuffle_seed=tuple(int(s) for s in seed),
+        )
+        # from the fresh optimizer state (a restored one holds a later learn rate)
+        self.schedule = for_run(
+            who, options, self.iterations_per_epoch, injected_learn_rate(self.state.opt_state)
+        )
+        if checkpoint is not None:
+            lost = self.state.restore(checkpoint, placement=self.placement)
+            if lost:
+                warnings.warn(
+                    f"trainnet(resume_from={checkpoint.source!r}): {lost}; the history returned "
+                    "lacks the rest. The training state is whole, so training goes on exactly. "
+                    "Fix: keep the history log next to the checkpoints.",
+                    _checkpoint.CheckpointWarning,
+                    stacklevel=3,
+                )
+            if isinstance(data, IterableSource):
+                data.data_batch_size = checkpoint.data_batch_size
+                data.position = checkpoint.data_position or 0
+        state = self.state
+        state.opt_state = put(state.opt_state, self.steps.opt_shardings)
+        state.key = put(state.key)
+        state.nan_at = put(jnp.zeros((), jnp.int32))
+        saved = checkpoint.payload.get("scaling") if checkpoint is not None else None
+        state.scaling = put(restore_scaling(self.policy, saved))
+        self.validation = None
+        if options.validation_data is not None:
+            sequences = isinstance(options.validation_data, (tuple, list)) and _seq.has_sequences(
+                options.validation_data[0], net
+            )
+            if sequences:
+                self.validation = _seq.validation_batches(
+                    who, options, net, self.placement, self.check_targets
+                )
+            else:
+                self.validation, note = validation_batches(
+                    who, options, net, self.placement, self.check_targets
+                )
+                if note:
+                    self.messages.append(note)
+
+    # -- setup -----------------------------------------------------------------------------------
+
+    def _prepare_network(self, net: Network, init_key) -> Network:
+        needs = [
+            (k, layer)
+            for k, layer in enumerate(net.input_layers)
+            if layer is not None and layer.needs_statistics()
+        ]
+        if needs:
+            self.messages.append("Initializing input data normalization.")
+            for k, layer in needs:
+                sample = self.source.statistics_sample(k)
+                if self.placement.multi_host and isinstance(self.source, IterableSource):
+                    # each process holds its own batches: the statistics are of all of them
+                    sample = gather_batch(sample, net.input_layouts[k].format)
+                net = net.replace_layer(layer.name, layer.with_statistics(sample))
+        if not net.initialized:
+            layouts = []
+            examples = self.source.first_inputs()
+            for k, (x, lo) in enumerate(zip(examples, net.input_layouts, strict=True)):
+                if lo is not None:
+                    layouts.append(lo)
+                elif isinstance(x, FormattedArray):
+                    shape = tuple(
+                        None if c == "B" else s for c, s in zip(x.format, x.shape, strict=True)
+                    )
+                    layouts.append(Layout(shape, x.format))
+                else:
+                    raise OptionsError(
+                        f"{self.who}: network input {net.input_names[k]!r} has no input layer, so"
+                        " initializing the network needs formatted data. Fix: pass "
+                        "df.dlarray(X, fmt), or initialize the network first."
+                    )
+            net = net.initialize(*layouts, key=init_key)
+        return net
+
+    def _save_checkpoint(self, unit):
+        """A checkpoint when one is due after an iteration or an epoch; unit "final": the end."""
+        if self.writer is None:
+            return
+        state = self.state
+        count = state.iteration if unit == "iteration" else state.epoch
+        if unit != "final" and not _checkpoint.due(self.options, unit, count):
+            return
+        if unit == "iteration" and getattr(self.source, "mid_batch", False):
+            return  # between chunks of split sequences: the next chunk needs their state
+        self._flush()
+        save = self.writer.save_final if unit == "final" else self.writer.save
+        save(
+            state,
+            elapsed=time.perf_counter() - self.start,
+            data_batch_size=self.source.data_batch_size,
+            data_position=self.source.position,
+        )
+
+    # -- the loop --------------------------------------------------------------------------------
+
+    def train(self):
+        options, state = self.options, self.state
+        total = (
+            options.max_epochs * self.iterations_per_epoch if self.iterations_per_epoch else None
+        )
+        self.final_iteration = total
+        self.reporter = _progress.Reporter(
+            verbose=options.verbose and self.placement.is_primary,
+            metric_titles=[m.title for m in self.metrics],
+            validation=self.validation is not None,
+            total_iterations=total,
+        )
+        for message in self.messages:
+            self.reporter.message(message)
+        self.start = time.perf_counter() - state.elapsed
+        self.reporter.header()
+        self.last_logged = -1
+        self._flushed = len(state.training_rows)  # rows from a checkpoint are host numbers
+        if state.iteration == 0 and self.validation is not None:
+            self._validate()
+            self._log(state.iteration, training=None)
+        if self._call_output_fcn("start", None):
+            state.stop_reason = "Stopped by output_fcn"
+        # batch > 0: inside an epoch (e.g. resumed from a checkpoint in it), which runs to its end
+        while state.stop_reason is None and (state.epoch < options.max_epochs or state.batch > 0):
+            if state.batch == 0:
+                state.epoch += 1
+                state.order = self.source.epoch_order(
+                    state.epoch, options.shuffle, state.shuffle_seed
+                )
+            self._run_epoch()
+            if self.source.exhausted and state.stop_reason is None:
+                state.stop_reason = "Training data exhausted"
+            if state.stop_reason is None:
+                state.batch = 0
+                self._save_checkpoint("epoch")
+        if state.stop_reason is None:
+            state.stop_reason = "Max epochs completed"
+        return self._finish()
+
+    def _run_epoch(self):
+        options, state = self.options, self.state
+        fresh = state.batch == 0
+        spec = step = None
+        feeds = self.source.epoch_feeds(state.order, state.batch, self.placement, self.batch_size)
+        for feed, data in feeds:
+            if feed != spec:
+                spec, step = feed, self.steps.step(feed)
+            iteration = state.iteration + 1
+            lr = self.schedule(iteration, state.epoch)
+            carry = (state.learnables, state.others, state.opt_state, state.nan_at, state.scaling)
+            carry, loss, values, *carried = step(
+                carry, data, state.key, np.int32(iteration), np.float32(lr)
+            )
+            if carried:  # split sequences: the next chunk starts from this recurrent state
+                self.source.carried = carried[0]
+            state.learnables, state.others, state.opt_state, state.nan_at, state.scaling = carry
+            state.iteration = iteration
+            state.batch += 1
+            row = {
+                "iteration": iteration,
+                "epoch": state.epoch,
+                "time_elapsed": time.perf_counter() - self.start,
+                "learn_rate": lr,
+                "loss": loss,
+            }
+            row.update({m.name: v for m, v in zip(self.metrics, values, strict=True)})
+            state.training_rows.append(row)
+            self.reporter.tick(iteration, state.epoch)
+            final = iteration == self.final_iteration
+            validate = self.validation is not None and (
+                iteration % options.validation_frequency == 0 or final
+            )
+            if validate or iteration == 1 or iteration % options.verbose_frequency == 0 or final:
+                self._flush()  # the host waits here anyway: a NaN loss is found here too
+                if validate and state.stop_reason is None:
+                    self._validate()
+                self._log(state.iteration, training=state.training_rows[-1])
+            if state.stop_reason is None and self._call_output_fcn("iteration", row):
+                state.stop_reason = "Stopped by output_fcn"
+            elif state.stop_reason is None and (
+                state.bad_validations >= options.validation_patience
+            ):
+                state.stop_reason = "Stopped by validation patience"
+            self._save_checkpoint("iteration")
+            if state.stop_reason is not None:
+                return
+        if fresh and state.batch == 0 and not self.source.exhausted:
+            raise OptionsError(
+                f"{self.who}: the training data yielded no batch in epoch {state.epoch}. Fix: "
+                "pass an iterable with at least one batch."
+            )
+
+    # -- validation, logging ---------------------------------------------------------------------
+
+    def _validate(self):
+        state = self.state
+        evaluate = self.steps.evaluate()
+        total, count, states = jnp.zeros((), jnp.float32), 0, None
+        for xs, ts, *sequences in self.validation:
+            # padded sequences: their masks, and the batch's weight (its real steps or sequences)
+            masks, n = sequences or (None, _batches.count(ts[0], _batches.batch_axis(ts[0])))
+            value, batch_states = evaluate(state.learnables, state.others, xs, ts, masks)
+            if states is None:
+                total, states = value * n, batch_states
+            else:
+                total, states = self.steps.accumulate(total, value, n, states, batch_states)
+            count += n
+        values = {
+            m.name: float(m.compute(s)) for m, s in zip(self.metrics, states or (), strict=True)
+        }
+        row = {
+            "iteration": state.iteration,
+            "epoch": state.epoch,
+            "time_elapsed": time.perf_counter() - self.start,
+            "loss": float(total) / count,
+            **values,
+        }
+        name = self.options.objective_metric_name
+        state.record_validation(
+            row,
+            objective=name,
+            maximize=name != "loss" and next(m for m in self.metrics if m.name == name).maximize,
+            keep=self.options.resolved_output_network == "best-validation",
+        )
+
+    def _flush(self) -> bool:
+        """Bring pending device scalars of the training history to the host, with the iteration
+        of the first NaN loss: training stops there (the steps after it changed nothing).
+
+        Returns whether this flush found the NaN loss.
+        """
+        state = self.state
+        pending = state.training_rows[self._flushed :]
+        if not pending:
+            return False
+        self._flushed = len(state.training_rows)
+        keys = ["loss"] + [m.name for m in self.metrics]
+        values, nan_at = jax.device_get(([[r[k] for k in keys] for r in pending], state.nan_at))
+        for row, vals in zip(pending, values, strict=True):
+            for k, v in zip(keys, vals, strict=True):
+                row[k] = float(v)
+        nan_at = int(nan_at)
+        if nan_at and state.stop_reason is None:
+            rows = [r for r in state.training_rows if r["iteration"] <= nan_at]
+            state.batch = max(0, state.batch - (state.iteration - nan_at))
+            state.training_rows, state.iteration = rows, nan_at
+            state.epoch = rows[-1]["epoch"]
+            self._flushed = len(rows)
+            state.stop_reason = "Training loss is NaN"
+            return True
+        return False
+
+    def _log(self, iteration, training):
+        if iteration == self.last_logged:
+            return
+        state = self.state
+        if not self.options.verbose:
+            return
+        self._flush()
+        validation = None
+        if state.validation_rows and state.validation_rows[-1]["iteration"] == iteration:
+            validation = _progress.by_title(state.validation_rows[-1], self.metrics)
+        self.reporter.row(
+            iteration=iteration,
+            epoch=state.epoch,
+            elapsed=time.perf_counter() - self.start,
+            learn_rate=(
+                training["learn_rate"]
+                if training
+                else self.schedule(max(iteration, 1), max(state.epoch, 1))
+            ),
+            training=_progress.by_title(training, self.metrics) if training else None,
+            validation=validation,
+        )
+        self.last_logged = iteration
+
+    def _call_output_fcn(self, stage, row) -> bool:
+        """Call ``output_fcn`` (in process 0 only; its wish to stop is then every process's)."""
+        if not self.options.output_fcn:
+            return False
+        if row is not None and self._flush():  # a NaN loss before this row: training stopped
+            return False
+        stop = False
+        if self.placement.is_primary:
+            info = _progress.output_fcn_info(
+                stage, self.state, row, self.metrics, time.perf_counter() - self.start
+            )
+            for fn in self.options.output_fcn:
+                stop = bool(fn(info)) or stop
+        return agree(stop) if self.placement.multi_host else stop
+
+    # -- the end ---------------------------------------------------------------------------------
+
+    def _finish(self):
+        state, options = self.state, self.options
+        last = state.training_rows[-1] if state.training_rows else None
+        if (
+            self.validation is not None
+            and state.iteration > 0
+            and (
+                not state.validation_rows
+                or state.validation_rows[-1]["iteration"] != state.iteration
+            )
+        ):
+            self._validate()
+            if last is not None:
+                self.last_logged = -1  # print the row again, now with the validation values
+                self._log(state.iteration, training=last)
+        if last is not None and self.last_logged != state.iteration:
+            self._log(state.iteration, training=last)
+        self._save_checkpoint("final")
+        self._flush()
+        elapsed = time.perf_counter() - self.start
+        self.reporter.finish(state.stop_reason)
+        self._call_output_fcn("done", last)
+        metric_names = [m.name for m in self.metrics]
+        training = History(
+            ["iteration", "epoch", "time_elapsed", "learn_rate", "loss", *metric_names],
+            state.training_rows,
+        )
+        validation = History(
+            ["iteration", "epoch", "time_elapsed", "loss", *metric_names], state.validation_rows
+        )
+        plot_path = None
+        if options.plots == "training-progress" and self.placement.is_primary:
+            path = options.plots_path or os.path.join(os.getcwd(), "training_progress.png")
+            plot_path = _progress.plot_progress(
+                path,
+                training,
+                validation if self.validation is not None else None,
+                metric_names,
+                [m.title for m in self.metrics],
+                state.stop_reason,
+            )
+            print(f"Training progress plot: {plot_path}")
+        if options.resolved_output_network == "best-validation" and state.best_network is not None:
+            net = state.best()
+            iteration = state.best_iteration
+        else:
+            net = state.network
+            iteration = state.iteration
+        skipped = int(jax.device_get(state.scaling.skipped))
+        info = TrainingInfo(
+            training, validation, state.stop_reason, iteration, plot_path, elapsed, skipped
+        )
+        return net, info
