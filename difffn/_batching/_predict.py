@@ -36,19 +36,33 @@ from ._sequences import SequenceOptions
 from ._sources import IterableSource, arrays_of, gather_batch
 
 
-def _check_net(who: str, net) -> None:
+def _opening(
+    who: str,
+    net,
+    mini_batch_size,
+    sequence_length,
+    sequence_padding_value,
+    sequence_padding_direction,
+    sequence_bucketing,
+) -> tuple[int, SequenceOptions]:
+    """What ``minibatchpredict`` and ``testnet`` check first, in one place: the network, the
+    mini-batch size and the sequence options; returns the size and the options."""
     if not isinstance(net, Network):
         raise OptionsError(f"{who}: net must be a df.Network; got {type(net).__name__}.")
-
-
-def _check_size(who: str, mini_batch_size) -> int:
     bad = isinstance(mini_batch_size, bool) or not isinstance(mini_batch_size, int)
     if bad or mini_batch_size < 1:
         raise OptionsError(
             f"{who}: mini_batch_size must be a positive int; got {mini_batch_size!r}. Fix: e.g. "
             "mini_batch_size=128."
         )
-    return mini_batch_size
+    options = SequenceOptions.checked(
+        who,
+        sequence_length,
+        sequence_padding_value,
+        sequence_padding_direction,
+        sequence_bucketing,
+    )
+    return mini_batch_size, options
 
 
 def minibatchpredict(
@@ -100,10 +114,10 @@ def minibatchpredict(
       ('BC', (300, 3))
     """
     who = "minibatchpredict"
-    _check_net(who, net)
-    size = _check_size(who, mini_batch_size)
-    sequence_options = SequenceOptions.checked(
+    size, sequence_options = _opening(
         who,
+        net,
+        mini_batch_size,
         sequence_length,
         sequence_padding_value,
         sequence_padding_direction,
@@ -250,10 +264,10 @@ def testnet(
       66.66...
     """
     who = "testnet"
-    _check_net(who, net)
-    size = _check_size(who, mini_batch_size)
-    sequence_options = SequenceOptions.checked(
+    size, sequence_options = _opening(
         who,
+        net,
+        mini_batch_size,
         sequence_length,
         sequence_padding_value,
         sequence_padding_direction,

@@ -208,6 +208,15 @@ class SequenceSource(ArraySource):
         # Split sequences make a number of chunks per mini-batch that depends on its lengths.
         return None if self.chunked and full else full
 
+    def setup(self, who: str, options, placement) -> int:
+        if placement.mesh is not None:
+            raise OptionsError(
+                f"{who}: lists of sequences of different lengths train on one device; got "
+                f"execution_environment={options.execution_environment!r}. Fix: pad them to one "
+                "length (df.padsequences) and pass the padded array, or use 'auto'."
+            )
+        return super().setup(who, options, placement)
+
     def place(self, placement) -> None:
         self.placement = placement
 

@@ -167,6 +167,39 @@ class ArraySource:
     def iterations(self, batch_size: int) -> int:
         return self.count // batch_size
 
+    def setup(self, who: str, options, placement: Placement) -> int:
+        """Check the options that apply to arrays and put the data on the device; returns the
+        mini-batch size (arrays are batched by trainnet's ``mini_batch_size``)."""
+        if options.steps_per_epoch is not None:
+            raise OptionsError(
+                f"{who}: steps_per_epoch={options.steps_per_epoch} applies to an iterable of "
+                "batches; with arrays an epoch is one pass over the observations "
+                f"({self.count} // mini_batch_size iterations). Fix: leave steps_per_epoch "
+                "out, or set max_epochs."
+            )
+        batch_size = options.mini_batch_size
+        if self.iterations(batch_size) == 0:
+            raise OptionsError(
+                f"{who}: mini_batch_size={batch_size} is larger than the "
+                f"{self.count} training observations, so an epoch has no full mini-batch "
+                f"(the last partial one is dropped). Fix: mini_batch_size <= {self.count}."
+            )
+        self.place(placement)
+        return batch_size
+
+    def use_target_check(self, check) -> None:
+        """Check the targets (class labels in range, ...) now: they are all in memory."""
+        check(self.targets, "T")
+
+    def resume_at(self, checkpoint) -> None:
+        """Arrays resume from the checkpoint's epoch order and iteration: nothing to skip here."""
+        del checkpoint
+
+    def statistics_of(self, k: int, fmt: str, placement: Placement):
+        """The data of input ``k`` that its normalization statistics are computed from."""
+        del fmt, placement
+        return self.statistics_sample(k)
+
     def place(self, placement: Placement) -> None:
         """Put the data on the device once (training gathers its mini-batches there); in a
         multi-host run, keep it on the host (each process sends only its share of a batch)."""
@@ -352,6 +385,25 @@ class IterableSource:
         parts = [self.split(item)[0][k] for item in self._peek(_STATISTICS_BATCHES)]
         axis = _batches.batch_axis(parts[0], self.formats[k])
         return _batches.concatenate([_batches.as_device_array(p) for p in parts], axis)
+
+    def setup(self, who: str, options, placement: Placement) -> None:
+        """An iterable brings its own batches: there is no mini-batch size to apply."""
+        del who, options, placement
+
+    def use_target_check(self, check) -> None:
+        """Check each batch's targets as it is read."""
+        self.check_targets = check
+
+    def resume_at(self, checkpoint) -> None:
+        """Continue the stream where the checkpoint left it, with the batch size it had."""
+        self.data_batch_size = checkpoint.data_batch_size
+        self.position = checkpoint.data_position or 0
+
+    def statistics_of(self, k: int, fmt: str, placement: Placement):
+        """As for arrays; in a multi-host run each process holds its own batches, so the
+        statistics are of all processes' samples."""
+        sample = self.statistics_sample(k)
+        return gather_batch(sample, fmt) if placement.multi_host else sample
 
     def iterations(self, batch_size=None) -> int | None:
         return self.steps if self.steps is not None else self.length

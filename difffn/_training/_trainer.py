@@ -26,7 +26,6 @@ from .._batching import (
     ArraySource,
     IterableSource,
     SequenceOptions,
-    gather_batch,
     global_batch,
     label_check,
     validation_batches,
@@ -160,32 +159,22 @@ class _Run:
             options.execution_environment, mesh_shape=options.mesh_shape, who=who
         )
         self.policy = Policy(options.precision)
-        if isinstance(data, _seq.SequenceSource) and self.placement.mesh is not None:
-            raise OptionsError(
-                f"{who}: lists of sequences of different lengths train on one device; got "
-                f"execution_environment={options.execution_environment!r}. Fix: pad them to one "
-                "length (df.padsequences) and pass the padded array, or use 'auto'."
-            )
         self.reporter = None
         init_key, shuffle_key, step_key = jax.random.split(key, 3)
+        net = self._setup_data(data, net, init_key, loss_fn)
+        net, fingerprint = self._resume_network(net, loss, key, checkpoint)
+        self._setup_writer(fingerprint, key, checkpoint)
+        self._compile_steps(net, loss_fn, loss)
+        self._initial_state(net, shuffle_key, step_key, checkpoint)
+        self._setup_validation(net)
+
+    # -- setup, in the order __init__ runs it ------------------------------------------------------
+
+    def _setup_data(self, data, net: Network, init_key, loss_fn) -> Network:
+        """The data source set up for this run (placed, its batch size), and the network
+        initialized from it (input statistics, layouts) with the targets' check installed."""
         self.source = data
-        self.batch_size = None
-        if isinstance(data, ArraySource):
-            if options.steps_per_epoch is not None:
-                raise OptionsError(
-                    f"{who}: steps_per_epoch={options.steps_per_epoch} applies to an iterable of "
-                    "batches; with arrays an epoch is one pass over the observations "
-                    f"({data.count} // mini_batch_size iterations). Fix: leave steps_per_epoch "
-                    "out, or set max_epochs."
-                )
-            self.batch_size = options.mini_batch_size
-            if data.iterations(self.batch_size) == 0:
-                raise OptionsError(
-                    f"{who}: mini_batch_size={self.batch_size} is larger than the "
-                    f"{data.count} training observations, so an epoch has no full mini-batch "
-                    f"(the last partial one is dropped). Fix: mini_batch_size <= {data.count}."
-                )
-            data.place(self.placement)
+        self.batch_size = data.setup(self.who, self.options, self.placement)
         self.iterations_per_epoch = data.iterations(self.batch_size)
         self.messages: list[str] = []
         uneven = self.placement.plan_uneven(
@@ -194,16 +183,19 @@ class _Run:
         if uneven:
             self.messages.append(uneven)
         net = self._prepare_network(net, init_key)
-        self.check_targets = label_check(who, net, loss_fn, self.metrics)
+        self.check_targets = label_check(self.who, net, loss_fn, self.metrics)
         if self.check_targets is not None:
-            if isinstance(data, ArraySource):
-                self.check_targets(data.targets, "T")
-            else:
-                data.check_targets = self.check_targets
+            data.use_target_check(self.check_targets)
+        return net
+
+    def _resume_network(self, net: Network, loss, key, checkpoint):
+        """The run's fingerprint (when it checkpoints or resumes), and the network restored
+        from ``checkpoint`` after checking that the fingerprints agree."""
+        options = self.options
         fingerprint = None
         if checkpoint is not None or options.checkpoint_path is not None:
             fingerprint = _fingerprint.run_fingerprint(
-                _options.fingerprint(options), loss=loss, data=data.fingerprint(), net=net
+                _options.fingerprint(options), loss=loss, data=self.source.fingerprint(), net=net
             )
         if checkpoint is not None:
             self.messages = [
@@ -217,16 +209,24 @@ class _Run:
                 fingerprint=fingerprint,
                 defaults=_options.fingerprint_defaults(options.solver),
             )
+        return net, fingerprint
+
+    def _setup_writer(self, fingerprint, key, checkpoint) -> None:
         # Several processes write one checkpoint together (orbax), one process a file of its own.
         writer = ShardedWriter if self.placement.multi_host else _checkpoint.Writer
         self.writer = (
-            writer(options, fingerprint=fingerprint, run_key=key, resumed=checkpoint)
-            if options.checkpoint_path is not None
+            writer(self.options, fingerprint=fingerprint, run_key=key, resumed=checkpoint)
+            if self.options.checkpoint_path is not None
             else None
         )
+
+    def _compile_steps(self, net: Network, loss_fn, loss) -> None:
+        """The jitted training and evaluation steps (cached across runs of the same setup)."""
+        options = self.options
         learnable_index = tuple(i for i, m in enumerate(jax.tree.leaves(learnable_mask(net))) if m)
         lr_factors = tuple(leaf_factors(net, LEARN_RATE))
         l2_factors = tuple(leaf_factors(net, L2))
+        self.learnable_index = learnable_index
         self.steps = cached_steps(
             net=net,
             learnable_index=learnable_index,
@@ -243,6 +243,10 @@ class _Run:
             placement=self.placement,
             layout=learnable_layout(net, self.placement, options.parameter_sharding),
         )
+
+    def _initial_state(self, net: Network, shuffle_key, step_key, checkpoint) -> None:
+        """The training state on the devices: fresh, or restored from ``checkpoint``."""
+        learnable_index = self.learnable_index
         learnables, others = split(net, learnable_index)
         # Copies: the step donates these buffers, and the caller's network must stay usable.
         put = self.placement.put
@@ -260,7 +264,10 @@ class _Run:
         )
         # from the fresh optimizer state (a restored one holds a later learn rate)
         self.schedule = for_run(
-            who, options, self.iterations_per_epoch, injected_learn_rate(self.state.opt_state)
+            self.who,
+            self.options,
+            self.iterations_per_epoch,
+            injected_learn_rate(self.state.opt_state),
         )
         if checkpoint is not None:
             lost = self.state.restore(checkpoint, placement=self.placement)
@@ -270,34 +277,34 @@ class _Run:
                     "lacks the rest. The training state is whole, so training goes on exactly. "
                     "Fix: keep the history log next to the checkpoints.",
                     _checkpoint.CheckpointWarning,
-                    stacklevel=3,
+                    stacklevel=4,
                 )
-            if isinstance(data, IterableSource):
-                data.data_batch_size = checkpoint.data_batch_size
-                data.position = checkpoint.data_position or 0
+            self.source.resume_at(checkpoint)
         state = self.state
         state.opt_state = put(state.opt_state, self.steps.opt_shardings)
         state.key = put(state.key)
         state.nan_at = put(jnp.zeros((), jnp.int32))
         saved = checkpoint.payload.get("scaling") if checkpoint is not None else None
         state.scaling = put(restore_scaling(self.policy, saved))
-        self.validation = None
-        if options.validation_data is not None:
-            sequences = isinstance(options.validation_data, (tuple, list)) and _seq.has_sequences(
-                options.validation_data[0], net
-            )
-            if sequences:
-                self.validation = _seq.validation_batches(
-                    who, options, net, self.placement, self.check_targets
-                )
-            else:
-                self.validation, note = validation_batches(
-                    who, options, net, self.placement, self.check_targets
-                )
-                if note:
-                    self.messages.append(note)
 
-    # -- setup -----------------------------------------------------------------------------------
+    def _setup_validation(self, net: Network) -> None:
+        options = self.options
+        self.validation = None
+        if options.validation_data is None:
+            return
+        sequences = isinstance(options.validation_data, (tuple, list)) and _seq.has_sequences(
+            options.validation_data[0], net
+        )
+        if sequences:
+            self.validation = _seq.validation_batches(
+                self.who, options, net, self.placement, self.check_targets
+            )
+        else:
+            self.validation, note = validation_batches(
+                self.who, options, net, self.placement, self.check_targets
+            )
+            if note:
+                self.messages.append(note)
 
     def _prepare_network(self, net: Network, init_key) -> Network:
         needs = [
@@ -308,10 +315,7 @@ class _Run:
         if needs:
             self.messages.append("Initializing input data normalization.")
             for k, layer in needs:
-                sample = self.source.statistics_sample(k)
-                if self.placement.multi_host and isinstance(self.source, IterableSource):
-                    # each process holds its own batches: the statistics are of all of them
-                    sample = gather_batch(sample, net.input_layouts[k].format)
+                sample = self.source.statistics_of(k, net.input_layouts[k].format, self.placement)
                 net = net.replace_layer(layer.name, layer.with_statistics(sample))
         if not net.initialized:
             layouts = []
