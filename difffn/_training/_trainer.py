@@ -365,6 +365,7 @@ class _Run:
             metric_titles=[m.title for m in self.metrics],
             validation=self.validation is not None,
             total_iterations=total,
+            max_epochs=options.max_epochs,
         )
         for message in self.messages:
             self.reporter.message(message)
@@ -422,7 +423,7 @@ class _Run:
             }
             row.update({m.name: v for m, v in zip(self.metrics, values, strict=True)})
             state.training_rows.append(row)
-            self.reporter.tick(iteration, state.epoch)
+            self.reporter.tick(iteration, state.epoch, lr)
             final = iteration == self.final_iteration
             validate = self.validation is not None and (
                 iteration % options.validation_frequency == 0 or final
