@@ -201,6 +201,7 @@ OPTIONS: tuple[Option, ...] = (
     Option("plots", "none", check.choice(PLOTS)),
     Option("plots_path", None, check.plots_path),
     Option("output_fcn", None, check.callables),
+    Option("log_dir", None, check.log_dir),
     Option(
         "execution_environment",
         "auto",
@@ -353,6 +354,10 @@ class TrainingOptions:
       plots_path: the PNG's path (default ``training_progress.png`` in the working directory).
       output_fcn: ``fn(info) -> bool`` or a sequence; called at start, every iteration and at
         the end with a dict of progress; returning True stops training.
+      log_dir: a folder for TensorBoard event files (None: none; created if missing): every
+        training row's loss, metrics and learn rate in ``log_dir/train``, every validation's
+        loss and metrics in ``log_dir/validation``, at their iteration (``tensorboard
+        --logdir``). Needs tensorboardX (``pip install difffn[tensorboard]``).
       execution_environment: ``"auto"``, ``"cpu"``, ``"gpu"``, ``"multi-device"`` (batches
         split over this process's ``jax.devices()``) or ``"multi-host"`` (every process of a
         ``jax.distributed`` job runs the same ``trainnet`` and feeds its share of every batch;

@@ -17,7 +17,6 @@ is ``_live_plot``'s.
 from __future__ import annotations
 
 import math
-import os
 import sys
 import time
 from collections.abc import Sequence
@@ -137,9 +136,7 @@ class Reporter:
             return
         self._last = (iteration, epoch, learn_rate)
         rate, left = self._clock.update(iteration, self.total)
-        status = progress_status(
-            epoch, self.max_epochs, rate, left, self._values, learn_rate
-        )
+        status = progress_status(epoch, self.max_epochs, rate, left, self._values, learn_rate)
         if self.mode == "plain":
             if iteration % self._plain_every == 0 or iteration == self.total:
                 done = f"{iteration}/{self.total}" if self.total else str(iteration)
@@ -249,50 +246,6 @@ class _Bar:
 
     def close(self) -> None:
         self.progress.stop()
-
-
-def _smooth(values: Sequence[float], weight: float = 0.6) -> list[float]:
-    out, last = [], None
-    for v in values:
-        last = v if last is None or not math.isfinite(last) else weight * last + (1 - weight) * v
-        out.append(last)
-    return out
-
-
-def plot_progress(path: str, training, validation, metric_names, metric_titles, stop_reason):
-    """Write the training-progress PNG to ``path`` and return its absolute path."""
-    from matplotlib.backends.backend_agg import FigureCanvasAgg
-    from matplotlib.figure import Figure
-
-    panels = [("loss", "Loss")] + list(zip(metric_names, metric_titles, strict=True))
-    figure = Figure(figsize=(8, 2.6 * len(panels)), layout="constrained")
-    FigureCanvasAgg(figure)
-    axes = figure.subplots(len(panels), 1, sharex=True, squeeze=False)[:, 0]
-    iterations = list(training["iteration"]) if len(training) else []
-    for ax, (name, title) in zip(axes, panels, strict=True):
-        if iterations:
-            values = [float(v) for v in training[name]]
-            ax.plot(iterations, values, color="tab:blue", alpha=0.3, lw=1, label="training")
-            ax.plot(iterations, _smooth(values), color="tab:blue", lw=1.5, label="smoothed")
-        if validation is not None and len(validation):
-            ax.plot(
-                list(validation["iteration"]),
-                [float(v) for v in validation[name]],
-                "--o",
-                color="black",
-                ms=3,
-                lw=1,
-                label="validation",
-            )
-        ax.set_ylabel(title)
-        ax.grid(alpha=0.3)
-    axes[0].legend(loc="upper right", fontsize="small")
-    axes[-1].set_xlabel("Iteration")
-    axes[0].set_title(f"Training progress ({stop_reason})")
-    folder = os.path.dirname(os.path.abspath(path))
-    os.makedirs(folder, exist_ok=True)
-    figure.savefig(path, dpi=100)
-    return os.path.abspath(path)
 
 
 def by_title(row: dict, metrics) -> dict:
