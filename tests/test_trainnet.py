@@ -445,8 +445,11 @@ def test_output_that_is_not_a_terminal_gets_plain_progress_lines(capsys):
     lines = [line for line in text.splitlines() if line.startswith("Progress: ")]
     done = [int(re.match(r"Progress: iteration (\d+)/20, ", line).group(1)) for line in lines]
     assert done == [2, 4, 6, 8, 10, 12, 14, 16, 18, 20]  # every tenth of the run
-    last = re.search(r"epoch 5/5, [\d.,]+ it/s, 00:00:00 left, loss (\S+), Accuracy (\S+), "
-                     r"learn rate 0\.01$", lines[-1])
+    last = re.search(
+        r"epoch 5/5, [\d.,]+ it/s, 00:00:00 left, loss (\S+), Accuracy (\S+), "
+        r"learn rate 0\.01$",
+        lines[-1],
+    )
     assert last is not None, lines[-1]
     # the row before the last tick is iteration 16's (verbose_frequency=4)
     assert float(last.group(1).rstrip(",")) == pytest.approx(

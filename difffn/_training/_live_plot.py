@@ -30,6 +30,7 @@ import tempfile
 from collections.abc import Sequence
 
 STOPPED_BY_USER = "Stopped by user"
+MIN_SECONDS = 1.0  # the least time between two redraws while training runs
 
 
 def smooth(values: Sequence[float], weight: float = 0.6) -> list[float]:
@@ -187,14 +188,14 @@ class LivePlot:
         metric_names: Sequence[str],
         metric_titles: Sequence[str],
         *,
-        min_seconds: float = 1.0,
+        min_seconds: float | None = None,
     ):
         self.path = os.path.abspath(path)
         self.html = self.path.lower().endswith((".html", ".htm"))
         self.stop_file = os.path.splitext(self.path)[0] + ".stop"
         self.metric_names = tuple(metric_names)
         self.metric_titles = tuple(metric_titles)
-        self.min_seconds = min_seconds
+        self.min_seconds = MIN_SECONDS if min_seconds is None else min_seconds
         self.drawn_at = -math.inf
         self.figure = None  # the newest figure (tests read its artists)
         self._notebook = _notebook_display()
