@@ -27,7 +27,7 @@ import numpy as np
 from .._core import SerializationError, __version__
 from .._network import Network
 from .._persistence import Each, Optional, check_schema, network_payload
-from . import _rowlog
+from . import _history_log, _rowlog
 from ._precision import scaling_payload
 
 FORMAT = "difffn.checkpoint"
@@ -400,7 +400,9 @@ class Checkpoint:
         if self.history is None:
             rows = self.payload["training_rows"], self.payload["validation_rows"]
             return [dict(r) for r in rows[0]], [dict(r) for r in rows[1]], None
-        return _rowlog.read(self.history_log, self.history["training"], self.history["validation"])
+        # JSON lines since issue 28; the binary *.difffnlog of earlier runs still reads
+        log = _history_log if self.history_log.suffix == _history_log.SUFFIX else _rowlog
+        return log.read(self.history_log, self.history["training"], self.history["validation"])
 
     @property
     def iteration(self) -> int:
