@@ -228,3 +228,15 @@ def test_an_html_plot_reloads_itself_while_training_runs(tmp_path):
     data = re.search(r"data:image/png;base64,([A-Za-z0-9+/=]+)", final).group(1)
     assert base64.b64decode(data)[:8] == b"\x89PNG\r\n\x1a\n"
     assert sorted(os.listdir(tmp_path)) == ["progress.html"]  # no temporary file left
+
+
+def test_the_plot_without_matplotlib_names_the_extra(monkeypatch, tmp_path):
+    X, T = classification_data(32)
+    monkeypatch.setitem(sys.modules, "matplotlib", None)
+    opts = options(plots="training-progress", plots_path=tmp_path / "p.png")
+    with pytest.raises(
+        df.MissingDependencyError,
+        match=r"TrainingOptions\(plots='training-progress'\) draws with matplotlib, which is not "
+        r"installed\. Fix: pip install 'difffn\[plot\]'",
+    ):
+        df.trainnet(X, T, classifier_net(), "crossentropy", opts)

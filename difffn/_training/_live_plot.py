@@ -29,6 +29,8 @@ import sys
 import tempfile
 from collections.abc import Sequence
 
+from .._core import MissingDependencyError
+
 STOPPED_BY_USER = "Stopped by user"
 MIN_SECONDS = 1.0  # the least time between two redraws while training runs
 
@@ -163,8 +165,8 @@ def _notebook_display():
     if shell is None:
         return None
     try:
-        from IPython import get_ipython
-        from IPython.display import Image, display
+        from IPython import get_ipython  # pyright: ignore[reportMissingImports]
+        from IPython.display import Image, display  # pyright: ignore[reportMissingImports]
     except ImportError:
         return None
     ip = get_ipython()
@@ -190,6 +192,14 @@ class LivePlot:
         *,
         min_seconds: float | None = None,
     ):
+        try:
+            import matplotlib  # noqa: F401
+        except ImportError:
+            raise MissingDependencyError(
+                "TrainingOptions(plots='training-progress') draws with matplotlib, which is not "
+                "installed. Fix: pip install 'difffn[plot]' (or pip install matplotlib), or "
+                "plots='none'."
+            ) from None
         self.path = os.path.abspath(path)
         self.html = self.path.lower().endswith((".html", ".htm"))
         self.stop_file = os.path.splitext(self.path)[0] + ".stop"

@@ -168,7 +168,8 @@ def front_end(stream) -> str:
 
         if Console(file=stream).is_jupyter:
             try:
-                import ipywidgets  # noqa: F401  (rich draws live output in notebooks with it)
+                # rich draws live output in notebooks with it
+                import ipywidgets  # noqa: F401  # pyright: ignore[reportMissingImports]
             except ImportError:
                 return "plain"
             return "notebook"

@@ -401,8 +401,9 @@ class Checkpoint:
             rows = self.payload["training_rows"], self.payload["validation_rows"]
             return [dict(r) for r in rows[0]], [dict(r) for r in rows[1]], None
         # JSON lines since issue 28; the binary *.difffnlog of earlier runs still reads
-        log = _history_log if self.history_log.suffix == _history_log.SUFFIX else _rowlog
-        return log.read(self.history_log, self.history["training"], self.history["validation"])
+        path = Path(self.source).parent / self.history["file"]
+        log = _history_log if path.suffix == _history_log.SUFFIX else _rowlog
+        return log.read(path, self.history["training"], self.history["validation"])
 
     @property
     def iteration(self) -> int:

@@ -50,10 +50,10 @@ class TensorBoardLog:
     def __init__(self, log_dir: str, metric_names: Sequence[str], resumed: bool = False):
         writer = summary_writer_class()
         self.names = ("loss", *metric_names)
-        purge = {"purge_step": 0} if resumed else {}
+        purge = 0 if resumed else None
         os.makedirs(log_dir, exist_ok=True)
-        self.train = writer(logdir=os.path.join(log_dir, "train"), **purge)
-        self.validation = writer(logdir=os.path.join(log_dir, "validation"), **purge)
+        self.train = writer(logdir=os.path.join(log_dir, "train"), purge_step=purge)
+        self.validation = writer(logdir=os.path.join(log_dir, "validation"), purge_step=purge)
 
     def write(self, training_rows: Sequence[dict], validation_rows: Sequence[dict]) -> None:
         """Write history rows (host numbers) at their iterations."""
