@@ -43,6 +43,7 @@ def figures(monkeypatch):
 
     monkeypatch.setattr(_live_plot, "draw", record)
     monkeypatch.setattr(_live_plot, "MIN_SECONDS", 0.0)
+    monkeypatch.setattr(_live_plot, "WAIT_PER_DRAW", 0.0)
     return drawn
 
 

@@ -6,10 +6,12 @@ markers), alternate epochs shaded, and an info panel (elapsed time, epoch x of y
 y, iterations per epoch, learn rate, hardware, and the status: running, or why training
 stopped). The loss axis turns logarithmic when the positive losses span more than two decades.
 
-The picture is redrawn every ``verbose_frequency`` iterations (at most every ``min_seconds``)
-and at the end, and written atomically (a temporary file renamed over the old one), so a viewer
-never reads half a file: a ``.png`` path gets the PNG; an ``.html`` path gets a page holding the
-PNG that reloads itself every few seconds while training runs (open it in a browser). In a
+The picture is redrawn every ``verbose_frequency`` iterations and at the end, but not sooner
+than a second, or nine times as long as the last redraw took, after the last one (drawing
+takes at most about a tenth of the run). It is written atomically (a new temporary file renamed
+over the old one), so a viewer never reads half a file: a ``.png`` path gets the PNG; an
+``.html`` path gets a page holding the PNG that reloads itself every few seconds while training
+runs (open it in a browser). In a
 Jupyter notebook (IPython's kernel), the same picture is shown in the cell's output and replaced
 at every redraw.
 
@@ -25,14 +27,18 @@ import base64
 import io
 import math
 import os
+import secrets
 import sys
-import tempfile
+import time
 from collections.abc import Sequence
 
 from .._core import MissingDependencyError
 
 STOPPED_BY_USER = "Stopped by user"
 MIN_SECONDS = 1.0  # the least time between two redraws while training runs
+# redraws wait at least this many times as long as the last one took: drawing costs about a
+# tenth of the training time at most (a redraw of a long run takes about half a second on CPU)
+WAIT_PER_DRAW = 9.0
 
 
 def smooth(values: Sequence[float], weight: float = 0.6) -> list[float]:
@@ -145,12 +151,13 @@ def _html(png: bytes, running: bool) -> bytes:
 
 
 def write_atomically(path: str, data: bytes) -> None:
-    """Write ``data`` to a temporary file in ``path``'s folder, then rename it over ``path``."""
+    """Write ``data`` to a new temporary file in ``path``'s folder, then rename it over ``path``
+    (the file's mode follows the umask, as for any file)."""
     folder = os.path.dirname(os.path.abspath(path))
     os.makedirs(folder, exist_ok=True)
-    handle, temporary = tempfile.mkstemp(dir=folder, prefix=".progress-", suffix=".tmp")
+    temporary = os.path.join(folder, f".{os.path.basename(path)}.{secrets.token_hex(6)}.tmp")
     try:
-        with os.fdopen(handle, "wb") as file:
+        with open(temporary, "xb") as file:
             file.write(data)
         os.replace(temporary, path)
     except BaseException:
@@ -207,6 +214,7 @@ class LivePlot:
         self.metric_titles = tuple(metric_titles)
         self.min_seconds = MIN_SECONDS if min_seconds is None else min_seconds
         self.drawn_at = -math.inf
+        self.draw_seconds = 0.0  # how long the last redraw took
         self.figure = None  # the newest figure (tests read its artists)
         self._notebook = _notebook_display()
         self._handle = None
@@ -223,9 +231,9 @@ class LivePlot:
     def update(self, training, validation, info: dict, *, now: float, final: bool = False):
         """Redraw (unless the last redraw was under ``min_seconds`` ago and this is not the
         end); return whether it drew."""
-        if not final and now - self.drawn_at < self.min_seconds:
+        wait = max(self.min_seconds, WAIT_PER_DRAW * self.draw_seconds)
+        if not final and now - self.drawn_at < wait:
             return False
-        self.drawn_at = now
         self.figure = draw(training, validation, self.metric_names, self.metric_titles, info)
         png = _png(self.figure)
         running = not final
@@ -238,4 +246,6 @@ class LivePlot:
                 self._handle.update(Image(data=png))
         if final:
             self._remove_stop_file()
+        self.drawn_at = time.perf_counter()
+        self.draw_seconds = self.drawn_at - now
         return True
