@@ -7,6 +7,7 @@ content is read from its matplotlib artists and its files from disk.
 from __future__ import annotations
 
 import base64
+import io
 import os
 import re
 import sys
@@ -241,3 +242,25 @@ def test_the_plot_without_matplotlib_names_the_extra(monkeypatch, tmp_path):
         r"installed\. Fix: pip install 'difffn\[plot\]'",
     ):
         df.trainnet(X, T, classifier_net(), "crossentropy", opts)
+
+
+# -- where the progress bar goes ------------------------------------------------------------------
+
+
+def test_a_notebook_without_ipywidgets_gets_plain_lines(monkeypatch):
+    """rich draws live output in a notebook only through ipywidgets; without it, plain lines."""
+    import rich.console
+
+    from difffn._training import _progress
+
+    monkeypatch.setattr(rich.console, "_is_jupyter", lambda: True)
+    monkeypatch.setitem(sys.modules, "ipywidgets", None)
+    assert _progress.front_end(sys.stdout) == "plain"
+    monkeypatch.setattr(rich.console, "_is_jupyter", lambda: False)
+
+    class Terminal:
+        def isatty(self):
+            return True
+
+    assert _progress.front_end(Terminal()) == "terminal"
+    assert _progress.front_end(io.StringIO()) == "plain"  # a file, a pipe: not a terminal
