@@ -18,7 +18,9 @@ at every redraw.
 Stopping: while training runs, creating the file :attr:`LivePlot.stop_file` (the plot's path
 with the suffix ``.stop``, e.g. ``touch training_progress.stop``) stops training after the
 current iteration, with the stop reason ``"Stopped by user"`` (MATLAB's stop button); the file
-is removed when training starts and when it stops.
+is removed when training starts and when it stops. A file, not a notebook button: while a cell
+runs ``trainnet``, the kernel handles no widget events, so a button's click would arrive only
+after training ended.
 """
 
 from __future__ import annotations

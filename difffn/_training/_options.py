@@ -349,9 +349,12 @@ class TrainingOptions:
         ``"rmse"``), callables ``fn(Y, T)`` or ``df.metrics.Metric`` objects.
       verbose: print the progress table (True).
       verbose_frequency: in iterations (50).
-      plots: ``"none"`` or ``"training-progress"`` (a matplotlib PNG written at the end; its
-        path is printed).
-      plots_path: the PNG's path (default ``training_progress.png`` in the working directory).
+      plots: ``"none"`` or ``"training-progress"``: MATLAB's training-progress plot as a
+        matplotlib PNG redrawn while training runs (curves, epoch shading, an info panel; shown
+        in a notebook's output too). Its path is printed when training starts, with the stop
+        file: creating it stops training (``"Stopped by user"``). See ``docs/training.md``.
+      plots_path: the plot's path (default ``training_progress.png`` in the working directory);
+        a ``.html`` path gets a page that reloads itself while training runs.
       output_fcn: ``fn(info) -> bool`` or a sequence; called at start, every iteration and at
         the end with a dict of progress; returning True stops training.
       log_dir: a folder for TensorBoard event files (None: none; created if missing): every
