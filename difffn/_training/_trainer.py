@@ -548,11 +548,15 @@ class _Run:
         self.last_logged = iteration
 
     def _stop_file(self) -> bool:
-        """Whether the user created the plot's stop file (process 0 looks; all agree)."""
+        """Whether the user created the plot's stop file (process 0 looks; all agree, every
+        ``verbose_frequency`` iterations, so that agreeing costs no collective per iteration)."""
         if self.options.plots != "training-progress":
             return False
-        stop = self.watch.stop_requested()
-        return agree(stop) if self.placement.multi_host else stop
+        if not self.placement.multi_host:
+            return self.watch.stop_requested()
+        if self.state.iteration % self.options.verbose_frequency:
+            return False
+        return agree(self.watch.stop_requested())
 
     def _call_output_fcn(self, stage, row) -> bool:
         """Call ``output_fcn`` (in process 0 only; its wish to stop is then every process's)."""
