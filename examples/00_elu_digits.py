@@ -14,16 +14,23 @@ This script
 4. trains it with ``df.trainnet`` and the default solver (SGDM, momentum 0.9, learn rate 0.01,
    L2 1e-4, 30 epochs) on scikit-learn's 8x8 handwritten digits, with mini-batches of 32 (the
    1347 training images make only 10 mini-batches of MATLAB's default 128) reshuffled every
-   epoch, printing MATLAB's progress table and writing the training-progress plot;
-5. reports the accuracy on the held-out test split.
+   epoch, printing MATLAB's progress table under a progress bar (rate, time left, loss) and
+   redrawing the training-progress plot while it trains (open the PNG in an image viewer that
+   reloads it; create the ``.stop`` file it names to stop training early). With tensorboardX
+   installed, every logged scalar also goes to TensorBoard event files
+   (``tensorboard --logdir $DIFFFN_OUTPUT_DIR/elu_digits_logs``);
+5. prints the trained network's summary (layouts, learnable and state values, bytes) and draws
+   its layer graph;
+6. reports the accuracy on the held-out test split.
 
-Run: ``python examples/00_elu_digits.py [--small]`` (``make demo`` runs it in full). The plot
-goes to ``$DIFFFN_OUTPUT_DIR`` (default: the working directory).
+Run: ``python examples/00_elu_digits.py [--small]`` (``make demo`` runs it in full). The
+pictures go to ``$DIFFFN_OUTPUT_DIR`` (default: the working directory).
 """
 
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import os
 import time
 
@@ -114,12 +121,24 @@ def main(small: bool) -> float:
         verbose_frequency=10 if small else VERBOSE_FREQUENCY,
         plots="training-progress",
         plots_path=os.path.join(out_dir, "elu_digits_training_progress.png"),
+        log_dir=(
+            os.path.join(out_dir, "elu_digits_logs")
+            if importlib.util.find_spec("tensorboardX") is not None
+            else None
+        ),
     )
     start = time.perf_counter()
     net, info = df.trainnet(
         X_train, T_train, build_network(filters), "crossentropy", options, key=jax.random.key(0)
     )
     seconds = time.perf_counter() - start
+    print("\n== the trained network")
+    print(net.summary())
+    picture = os.path.join(out_dir, "elu_digits_network.png")
+    net.plot(picture, title="ELU network for the 8x8 digits")
+    print(f"layer graph: {os.path.abspath(picture)}")
+    if options.log_dir is not None:
+        print(f"TensorBoard: tensorboard --logdir {options.log_dir}")
     accuracy = df.testnet(net, X_test, T_test, "accuracy")
     alpha = net.layer("elu").alpha.ravel()
     print(

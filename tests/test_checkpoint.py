@@ -465,7 +465,7 @@ def test_a_well_checksummed_malformed_checkpoint_is_a_named_error(
 
 
 def history_log(folder):
-    (log,) = folder.glob("net_history__*.difffnlog")
+    (log,) = folder.glob("net_history__*.jsonl")
     return log
 
 

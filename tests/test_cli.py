@@ -6,6 +6,8 @@ process; the usage errors run ``main`` in this one.
 
 from __future__ import annotations
 
+import re
+
 import pytest
 from helpers import run_python
 
@@ -91,3 +93,9 @@ def test_demo_subcommand_runs_the_main_example_with_small_settings(tmp_path):
     )
     assert result.returncode == 0, result.stderr[-3000:]
     assert "Test Summary:" in result.stdout and "test accuracy:" in result.stdout
+    # the example shows the summary, draws the network and the live plot, logs to TensorBoard
+    assert re.search(r"^5  fc +FullyConnected +\?,7,7,32:BSSC +\?,10:BC ", result.stdout, re.M)
+    assert re.search(r"^\d[\d,]* learnable parameters \([\d,]+ bytes", result.stdout, re.M)
+    for name in ("elu_digits_network.png", "elu_digits_training_progress.png"):
+        assert (tmp_path / name).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n", name
+    assert list((tmp_path / "elu_digits_logs" / "train").glob("events.out.tfevents.*"))

@@ -383,7 +383,8 @@ def test_verbose_table_has_matlab_columns_and_rows(capsys):
         metrics="accuracy",
     )
     df.trainnet(X, T, classifier_net(), "crossentropy", opts)
-    lines = capsys.readouterr().out.splitlines()
+    # not a terminal: the progress bar is plain "Progress: ..." lines between the table's rows
+    lines = [r for r in capsys.readouterr().out.splitlines() if not r.startswith("Progress: ")]
     header = lines.index(next(line for line in lines if line.lstrip().startswith("Iteration")))
     assert lines[header].split() == [
         "Iteration",
@@ -417,11 +418,43 @@ def test_a_terminal_gets_a_progress_bar(monkeypatch):
     terminal = Terminal()
     monkeypatch.setattr("sys.stdout", terminal)
     X, T = regression_data(64)
-    df.trainnet(X, T, regression_net(), "mse", df.TrainingOptions(max_epochs=2, mini_batch_size=16))
+    opts = df.TrainingOptions(max_epochs=2, mini_batch_size=16, verbose_frequency=4)
+    _, info = df.trainnet(X, T, regression_net(), "mse", opts)
     text = terminal.getvalue()
-    assert "\r[" in text and "8/8 iterations, epoch 2" in text
-    table = [line.split("\r")[-1] for line in text.splitlines()]
-    assert table[-1] == "Training stopped: Max epochs completed"  # the bar is cleared
+    assert "\r\x1b[2K" in text  # rich redraws the bar in place
+    plain = re.sub(r"\x1b\[[0-9;?]*[A-Za-z]", "", text)
+    last = float(info.training_history["loss"][-1])
+    bar = re.search(
+        r"8/8 epoch 2/2, ([\d.,]+) it/s, 00:00:\d\d left, loss ([\d.e+-]+), learn rate 0\.01",
+        plain,
+    )
+    assert bar is not None, plain
+    assert float(bar.group(2)) == pytest.approx(last, rel=1e-3)  # the last row's loss
+    table = [line.split("\r")[-1] for line in plain.splitlines()]
+    assert table[-1] == "Training stopped: Max epochs completed"
+
+
+def test_output_that_is_not_a_terminal_gets_plain_progress_lines(capsys):
+    X, T = classification_data(64)
+    opts = df.TrainingOptions(
+        max_epochs=5, mini_batch_size=16, metrics="accuracy", verbose_frequency=4
+    )
+    _, info = df.trainnet(X, T, classifier_net(), "crossentropy", opts)
+    text = capsys.readouterr().out
+    assert "\r" not in text and "\x1b" not in text
+    lines = [line for line in text.splitlines() if line.startswith("Progress: ")]
+    done = [int(re.match(r"Progress: iteration (\d+)/20, ", line).group(1)) for line in lines]
+    assert done == [2, 4, 6, 8, 10, 12, 14, 16, 18, 20]  # every tenth of the run
+    last = re.search(
+        r"epoch 5/5, [\d.,]+ it/s, 00:00:00 left, loss (\S+), Accuracy (\S+), "
+        r"learn rate 0\.01$",
+        lines[-1],
+    )
+    assert last is not None, lines[-1]
+    # the row before the last tick is iteration 16's (verbose_frequency=4)
+    assert float(last.group(1).rstrip(",")) == pytest.approx(
+        float(info.training_history["loss"][15]), rel=1e-3
+    )
 
 
 def test_verbose_false_prints_nothing(capsys):

@@ -25,7 +25,7 @@ from .._core import CONCRETIZATION_ERRORS, AccelerationError, Layout, NetworkErr
 from .._core import mask as _mask
 from .._layer import LEARNABLE, STATE, InputLayer, Layer, NetworkBase, ParameterTable
 from .._layer import parameters as _parameters
-from . import _cache, _execute, _graph_edit, _network_inputs
+from . import _cache, _execute, _graph_edit, _network_inputs, _plot, _summary
 from ._graph import Graph, build_graph, flatten_layers, name_layers
 from ._propagate import propagate, resolve_layouts
 
@@ -561,33 +561,31 @@ class Network(NetworkBase):
     # -- display ---------------------------------------------------------------------------------
 
     def summary(self) -> str:
-        """A table of the layers: name, type, input/output layouts, learnables, description."""
-        header = ("#", "name", "type", "inputs", "outputs", "learnables", "description")
-        rows = []
-        total = 0
-        for n, i in enumerate(self._graph.order):
-            layer = self._layers[i]
-            count = _parameters.count(layer, LEARNABLE)
-            total += count
-            ins = outs = "?"
-            if self._layouts is not None:
-                ins = ", ".join(_layout_text(lo) for lo in self._layouts[i][0])
-                outs = ", ".join(_layout_text(lo) for lo in self._layouts[i][1])
-            rows.append(
-                (str(n + 1), layer.name, layer.type, ins, outs, f"{count:,}", layer.description)
-            )
-        widths = [max(len(r[c]) for r in [header, *rows]) for c in range(len(header))]
+        """A table of the layers: name, type, input/output layouts, where each input comes from
+        (for graphs), learnable and state values, description; then the counts and bytes of the
+        learnable, state and all values (``_summary``)."""
+        return _summary.summary(self)
 
-        def line(r):
-            return "  ".join(v.ljust(w) for v, w in zip(r, widths)).rstrip()
+    def plot(self, path=None, *, title: str | None = None):
+        """A picture of the layer graph (MATLAB ``plot(net)``, Keras ``plot_model``).
 
-        lines = [line(header), line(["-" * w for w in widths]), *map(line, rows)]
-        lines.append(
-            f"{len(self._layers)} layers, {total:,} learnable parameters, inputs "
-            f"{list(self.input_names)}, outputs {list(self.output_names)}"
-            + ("" if self.initialized else " (not initialized)")
-        )
-        return "\n".join(lines)
+        Each layer is a box (its name and type), each connection an arrow labelled with the
+        layout of the value it carries; layers are placed in rows by their depth from the
+        inputs. Drawn with matplotlib (``pip install 'difffn[plot]'``).
+
+        Args:
+          path: where to save the picture (``.png``, ``.svg`` or ``.pdf``, by its suffix);
+            None: only return the figure.
+          title: the figure's title (default: none).
+
+        Returns:
+          the matplotlib ``Figure`` (a notebook shows it).
+
+        Raises:
+          MissingDependencyError: matplotlib is not installed.
+          NetworkError: ``path`` has a suffix matplotlib cannot write.
+        """
+        return _plot.plot(self, path, title=title)
 
     def __repr__(self):
         state = "initialized" if self.initialized else "not initialized"
@@ -596,8 +594,3 @@ class Network(NetworkBase):
             f"Network({len(self._layers)} layers, inputs={list(self.input_names)}, "
             f"outputs={list(self.output_names)}, {learnables:,} learnables, {state})"
         )
-
-
-def _layout_text(layout: Layout) -> str:
-    sizes = ",".join("?" if s is None else str(s) for s in layout.shape)
-    return f"{sizes}:{layout.format}"

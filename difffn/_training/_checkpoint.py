@@ -39,7 +39,7 @@ from .._core import SerializationError
 from .._network import Network
 from .._persistence import container as _container
 from .._persistence import restore_network
-from . import _fingerprint, _rowlog
+from . import _fingerprint, _history_log, _rowlog
 from ._checkpoint_sharded import ShardedCheckpoint
 from ._checkpoint_sharded import steps as sharded_steps
 from ._state import Checkpoint, CheckpointWarning, key_payload, plain_row, same_key
@@ -69,8 +69,9 @@ def file_name(iteration: int, when: float | None = None) -> str:
 class Writer:
     """Writes the checkpoints of one run: when due, atomically, then prunes the old ones.
 
-    The history rows go to the run's log (``_rowlog``): each checkpoint appends the rows since
-    the previous one, then the checkpoint (which records how many rows it covers) is written.
+    The history rows go to the run's log (``_history_log``, JSON lines): each checkpoint appends
+    the rows since the previous one, then the checkpoint (which records how many rows it covers)
+    is written.
 
     Args:
       options: the run's ``TrainingOptions``.
@@ -86,7 +87,7 @@ class Writer:
         self.fingerprint = fingerprint
         self.run_key = run_key
         self.iteration = None  # of the newest checkpoint written (or tried) for this run
-        log = _rowlog.file_name(_rowlog.run_id(key_payload(run_key), fingerprint))
+        log = _history_log.file_name(_rowlog.run_id(key_payload(run_key), fingerprint))
         self.log = Path(self.folder) / log
         self.logged = (0, 0)  # training and validation rows the log holds for this run
         self.repaired = False
@@ -121,9 +122,9 @@ class Writer:
         rows = (len(state.training_rows), len(state.validation_rows))
         try:
             if not self.repaired:
-                _rowlog.repair(self.log)
+                _history_log.repair(self.log)
                 self.repaired = True
-            _rowlog.append(
+            _history_log.append(
                 self.log,
                 (self.logged[0], [plain_row(r) for r in state.training_rows[self.logged[0] :]]),
                 (self.logged[1], [plain_row(r) for r in state.validation_rows[self.logged[1] :]]),

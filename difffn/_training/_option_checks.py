@@ -22,6 +22,7 @@ from .._core import OptionsError
 from .._devices import MESH_ENVIRONMENTS
 from .._scoring import Metric, get_metric
 from . import _schedules
+from ._tensorboard import summary_writer_class
 
 SOLVERS = ("sgdm", "adam", "rmsprop")
 SHUFFLE = ("once", "every-epoch", "never")
@@ -292,6 +293,25 @@ def _needs_mesh(name, value, needed: bool, checked) -> None:
             "execution_environment='multi-device' (this process's devices) or 'multi-host' "
             f"(every process's), or leave {name} out."
         )
+
+
+def log_dir(name, value, checked):
+    """A folder for TensorBoard event files (created when training starts); needs tensorboardX."""
+    if value is None:
+        return None
+    if not isinstance(value, (str, os.PathLike)):
+        raise OptionsError(
+            f"TrainingOptions: {name} must be a folder path or None; got {type(value).__name__}. "
+            "Fix: log_dir='runs/experiment1'."
+        )
+    path = os.path.abspath(os.path.expanduser(os.fspath(value)))
+    if os.path.exists(path) and not os.path.isdir(path):
+        raise OptionsError(
+            f"TrainingOptions: {name} must be a folder; {path!r} is a file. Fix: name a folder "
+            "(it is created if missing), e.g. log_dir='runs/experiment1'."
+        )
+    summary_writer_class()
+    return path
 
 
 def compilation_cache(name, value, checked):

@@ -201,6 +201,7 @@ OPTIONS: tuple[Option, ...] = (
     Option("plots", "none", check.choice(PLOTS)),
     Option("plots_path", None, check.plots_path),
     Option("output_fcn", None, check.callables),
+    Option("log_dir", None, check.log_dir),
     Option(
         "execution_environment",
         "auto",
@@ -348,11 +349,18 @@ class TrainingOptions:
         ``"rmse"``), callables ``fn(Y, T)`` or ``df.metrics.Metric`` objects.
       verbose: print the progress table (True).
       verbose_frequency: in iterations (50).
-      plots: ``"none"`` or ``"training-progress"`` (a matplotlib PNG written at the end; its
-        path is printed).
-      plots_path: the PNG's path (default ``training_progress.png`` in the working directory).
+      plots: ``"none"`` or ``"training-progress"``: MATLAB's training-progress plot as a
+        matplotlib PNG redrawn while training runs (curves, epoch shading, an info panel; shown
+        in a notebook's output too). Its path is printed when training starts, with the stop
+        file: creating it stops training (``"Stopped by user"``). See ``docs/training.md``.
+      plots_path: the plot's path (default ``training_progress.png`` in the working directory);
+        a ``.html`` path gets a page that reloads itself while training runs.
       output_fcn: ``fn(info) -> bool`` or a sequence; called at start, every iteration and at
         the end with a dict of progress; returning True stops training.
+      log_dir: a folder for TensorBoard event files (None: none; created if missing): every
+        training row's loss, metrics and learn rate in ``log_dir/train``, every validation's
+        loss and metrics in ``log_dir/validation``, at their iteration (``tensorboard
+        --logdir``). Needs tensorboardX (``pip install difffn[tensorboard]``).
       execution_environment: ``"auto"``, ``"cpu"``, ``"gpu"``, ``"multi-device"`` (batches
         split over this process's ``jax.devices()``) or ``"multi-host"`` (every process of a
         ``jax.distributed`` job runs the same ``trainnet`` and feeds its share of every batch;

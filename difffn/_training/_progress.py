@@ -2,17 +2,23 @@
 
 The table has MATLAB's columns: ``Iteration``, ``Epoch``, ``TimeElapsed`` (hh:mm:ss),
 ``LearnRate``, ``TrainingLoss``, ``ValidationLoss`` (with validation data), then
-``Training<Metric>`` / ``Validation<Metric>`` per metric, and ends with the stop reason. A
-progress bar is drawn on the same line, only when the stream is a terminal. The plot
-(``plots="training-progress"``) is a matplotlib PNG (Agg canvas, no display needed): the loss
-against iteration (training, smoothed training, validation), and one panel per metric.
+``Training<Metric>`` / ``Validation<Metric>`` per metric, and ends with the stop reason.
+
+The progress bar shows iterations done of all, epoch x/y, the rate (it/s), the time left, the
+loss and metrics of the last table row (the host reads them from the device only then) and the
+learn rate. It is drawn by rich, chosen over tqdm because flax already depends on it (no new
+dependency), and because one rich console prints the table's lines above a live bar on a
+terminal and in a notebook (with ipywidgets, as rich's own Jupyter support needs). Output that
+is not a terminal (a file, a pipe, a CI log) gets a plain ``Progress: ...`` line every tenth of
+the run instead: no carriage returns, no escape codes. The plot (``plots="training-progress"``)
+is ``_live_plot``'s.
 """
 
 from __future__ import annotations
 
 import math
-import os
 import sys
+import time
 from collections.abc import Sequence
 
 
@@ -31,7 +37,12 @@ def _number(value, digits: int = 5) -> str:
 
 
 class Reporter:
-    """Prints the verbose table and the progress bar for one training run."""
+    """Prints the verbose table and the progress bar for one training run.
+
+    The bar is rich's (:class:`_Bar`) on a terminal and in a notebook with ipywidgets; on any
+    other stream (a file, a pipe, a CI log, a notebook without ipywidgets) it is a plain line
+    every tenth of the run (:func:`progress_line`), with no control characters.
+    """
 
     def __init__(
         self,
@@ -40,12 +51,14 @@ class Reporter:
         metric_titles: Sequence[str],
         validation: bool,
         total_iterations: int | None,
+        max_epochs: int | None = None,
         stream=None,
     ):
         self.verbose = verbose
         self.stream = stream if stream is not None else sys.stdout
         self.validation = validation
         self.total = total_iterations
+        self.max_epochs = max_epochs
         self.metric_titles = tuple(metric_titles)
         columns = ["Iteration", "Epoch", "TimeElapsed", "LearnRate", "TrainingLoss"]
         if validation:
@@ -56,12 +69,18 @@ class Reporter:
                 columns.append(f"Validation{title}")
         self.columns = columns
         self.widths = [max(len(c), 9) for c in columns]
-        isatty = getattr(self.stream, "isatty", None)
-        self.bar = bool(verbose and isatty is not None and isatty())
-        self._bar_drawn = False
+        self.mode = front_end(self.stream) if verbose else "none"
+        self._bar: _Bar | None = None
+        self._values: dict[str, float | None] = {}
+        self._clock = Rate()
+        self._plain_every = max(1, math.ceil((self.total or 500) / 10))
+        self._last: tuple[int, int, float | None] | None = None  # the last tick's arguments
 
     def _write(self, text: str) -> None:
-        self.stream.write(text)
+        if self._bar is not None:
+            self._bar.print(text)
+            return
+        self.stream.write(text + "\n")
         self.stream.flush()
 
     def _line(self, cells) -> str:
@@ -69,15 +88,13 @@ class Reporter:
 
     def message(self, text: str) -> None:
         if self.verbose:
-            self._clear_bar()
-            self._write(text + "\n")
+            self._write(text)
 
     def header(self) -> None:
         if not self.verbose:
             return
-        self._clear_bar()
-        self._write(self._line(self.columns) + "\n")
-        self._write(self._line(["_" * len(c) for c in self.columns]) + "\n")
+        self._write(self._line(self.columns))
+        self._write(self._line(["_" * len(c) for c in self.columns]))
 
     def row(
         self,
@@ -94,6 +111,9 @@ class Reporter:
             return
         training = training or {}
         validation = validation or {}
+        if training:
+            self._values = {"loss": training.get("loss")}
+            self._values.update({t: training.get(t) for t in self.metric_titles})
         cells = [
             str(iteration),
             str(epoch),
@@ -107,76 +127,126 @@ class Reporter:
             cells.append(_number(training.get(title)))
             if self.validation:
                 cells.append(_number(validation.get(title)))
-        self._clear_bar()
-        self._write(self._line(cells) + "\n")
+        self._write(self._line(cells))
 
-    def tick(self, iteration: int, epoch: int) -> None:
-        """Redraw the progress bar (terminals only)."""
-        if not self.bar:
+    def tick(self, iteration: int, epoch: int, learn_rate: float | None = None) -> None:
+        """After each iteration: redraw the bar (a terminal, a notebook), or a plain line every
+        tenth of the run (any other stream)."""
+        if self.mode == "none":
             return
-        if self.total:
-            done = min(iteration / self.total, 1.0)
-            filled = int(30 * done)
-            text = f"[{'=' * filled}{' ' * (30 - filled)}] {iteration}/{self.total} iterations"
-        else:
-            text = f"iteration {iteration}"
-        self._write(f"\r{text}, epoch {epoch}")
-        self._bar_drawn = True
-
-    def _clear_bar(self) -> None:
-        if self._bar_drawn:
-            self._write("\r\033[2K")
-            self._bar_drawn = False
+        self._last = (iteration, epoch, learn_rate)
+        rate, left = self._clock.update(iteration, self.total)
+        status = progress_status(epoch, self.max_epochs, rate, left, self._values, learn_rate)
+        if self.mode == "plain":
+            if iteration % self._plain_every == 0 or iteration == self.total:
+                done = f"{iteration}/{self.total}" if self.total else str(iteration)
+                self.stream.write(f"Progress: iteration {done}, {status}\n")
+                self.stream.flush()
+            return
+        if self._bar is None:
+            self._bar = _Bar(self.stream, self.total, notebook=self.mode == "notebook")
+        self._bar.update(iteration, status)
 
     def finish(self, stop_reason: str) -> None:
         if not self.verbose:
             return
-        self._clear_bar()
-        self._write(f"Training stopped: {stop_reason}\n")
+        if self._bar is not None and self._last is not None:
+            iteration, epoch, learn_rate = self._last
+            rate, left = self._clock.update(iteration, self.total)
+            status = progress_status(epoch, self.max_epochs, rate, left, self._values, learn_rate)
+            self._bar.update(iteration, status, force=True)
+            self._bar.close()
+            self._bar = None
+        self._write(f"Training stopped: {stop_reason}")
 
 
-def _smooth(values: Sequence[float], weight: float = 0.6) -> list[float]:
-    out, last = [], None
-    for v in values:
-        last = v if last is None or not math.isfinite(last) else weight * last + (1 - weight) * v
-        out.append(last)
-    return out
+def front_end(stream) -> str:
+    """Where the progress goes: ``"terminal"`` and ``"notebook"`` get rich's live bar,
+    ``"plain"`` gets lines of text."""
+    if stream is sys.stdout or stream is getattr(sys, "__stdout__", None):
+        from rich.console import Console
+
+        if Console(file=stream).is_jupyter:
+            try:
+                # rich draws live output in notebooks with it
+                import ipywidgets  # noqa: F401  # pyright: ignore[reportMissingImports]
+            except ImportError:
+                return "plain"
+            return "notebook"
+    isatty = getattr(stream, "isatty", None)
+    return "terminal" if isatty is not None and isatty() else "plain"
 
 
-def plot_progress(path: str, training, validation, metric_names, metric_titles, stop_reason):
-    """Write the training-progress PNG to ``path`` and return its absolute path."""
-    from matplotlib.backends.backend_agg import FigureCanvasAgg
-    from matplotlib.figure import Figure
+class Rate:
+    """Iterations per second and time left, from the first tick this process saw (a resumed
+    run's rate is this process's, not the checkpointed one's)."""
 
-    panels = [("loss", "Loss")] + list(zip(metric_names, metric_titles, strict=True))
-    figure = Figure(figsize=(8, 2.6 * len(panels)), layout="constrained")
-    FigureCanvasAgg(figure)
-    axes = figure.subplots(len(panels), 1, sharex=True, squeeze=False)[:, 0]
-    iterations = list(training["iteration"]) if len(training) else []
-    for ax, (name, title) in zip(axes, panels, strict=True):
-        if iterations:
-            values = [float(v) for v in training[name]]
-            ax.plot(iterations, values, color="tab:blue", alpha=0.3, lw=1, label="training")
-            ax.plot(iterations, _smooth(values), color="tab:blue", lw=1.5, label="smoothed")
-        if validation is not None and len(validation):
-            ax.plot(
-                list(validation["iteration"]),
-                [float(v) for v in validation[name]],
-                "--o",
-                color="black",
-                ms=3,
-                lw=1,
-                label="validation",
-            )
-        ax.set_ylabel(title)
-        ax.grid(alpha=0.3)
-    axes[0].legend(loc="upper right", fontsize="small")
-    axes[-1].set_xlabel("Iteration")
-    axes[0].set_title(f"Training progress ({stop_reason})")
-    folder = os.path.dirname(os.path.abspath(path))
-    os.makedirs(folder, exist_ok=True)
-    figure.savefig(path, dpi=100)
-    return os.path.abspath(path)
+    def __init__(self):
+        self.first: tuple[int, float] | None = None
+
+    def update(self, iteration: int, total: int | None) -> tuple[float | None, float | None]:
+        now = time.perf_counter()
+        if self.first is None:
+            self.first = (iteration, now)
+            return None, None
+        done, seconds = iteration - self.first[0], now - self.first[1]
+        if done <= 0 or seconds <= 0:
+            return None, None
+        rate = done / seconds
+        left = (total - iteration) / rate if total else None
+        return rate, left
+
+
+def progress_status(epoch, max_epochs, rate, left, values, learn_rate) -> str:
+    """``epoch 2/5, 31.2 it/s, 00:00:04 left, loss 0.123, Accuracy 91.2, learn rate 0.01``."""
+    parts = [f"epoch {epoch}/{max_epochs}" if max_epochs else f"epoch {epoch}"]
+    if rate is None:
+        parts.append("-- it/s")
+    else:
+        parts.append(f"{rate:,.0f} it/s" if rate >= 100 else f"{rate:.3g} it/s")
+    if left is not None:
+        parts.append(f"{format_time(left)} left")
+    for name, value in values.items():
+        if value is not None:
+            parts.append(f"{name} {_number(value, 4)}")
+    if learn_rate is not None:
+        parts.append(f"learn rate {_number(learn_rate, 4)}")
+    return ", ".join(parts)
+
+
+class _Bar:
+    """rich's live progress bar; table lines are printed above it."""
+
+    def __init__(self, stream, total: int | None, *, notebook: bool):
+        from rich.console import Console
+        from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn
+
+        console = Console(file=stream, force_terminal=not notebook, force_jupyter=notebook)
+        self.progress = Progress(
+            BarColumn(bar_width=30),
+            MofNCompleteColumn(),
+            TextColumn("{task.fields[status]}", markup=False),
+            console=console,
+            auto_refresh=False,
+            redirect_stdout=False,
+            redirect_stderr=False,
+        )
+        self.task = self.progress.add_task("training", total=total, status="")
+        self.drawn = -math.inf
+        self.progress.start()
+
+    def update(self, iteration: int, status: str, force: bool = False) -> None:
+        self.progress.update(self.task, completed=iteration, status=status)
+        now = time.perf_counter()
+        if force or now - self.drawn >= 0.1:  # redraw at most ten times a second
+            self.progress.refresh()
+            self.drawn = now
+
+    def print(self, text: str) -> None:
+        self.progress.console.print(text, markup=False, highlight=False, soft_wrap=True)
+
+    def close(self) -> None:
+        self.progress.stop()
 
 
 def by_title(row: dict, metrics) -> dict:

@@ -27,7 +27,7 @@ import numpy as np
 from .._core import SerializationError, __version__
 from .._network import Network
 from .._persistence import Each, Optional, check_schema, network_payload
-from . import _rowlog
+from . import _history_log, _rowlog
 from ._precision import scaling_payload
 
 FORMAT = "difffn.checkpoint"
@@ -108,7 +108,8 @@ class TrainingInfo:
       validation_history: one row per validation: iteration, epoch, time_elapsed, loss and the
         validation metrics (empty without validation data).
       stop_reason: why training stopped (``"Max epochs completed"``, ``"Stopped by validation
-        patience"``, ``"Stopped by output_fcn"``, ``"Training loss is NaN"``, ``"Training
+        patience"``, ``"Stopped by output_fcn"``, ``"Stopped by user"`` (the training-progress
+        plot's stop file), ``"Training loss is NaN"``, ``"Training
         data exhausted"`` (a one-shot iterator ended, with ``steps_per_epoch``)).
       output_network_iteration: the iteration of the returned network.
       plot_path: the training-progress PNG, when ``plots="training-progress"``.
@@ -345,9 +346,11 @@ class TrainingState:
         self.bad_validations = int(saved["bad_validations"])
         self.training_rows, self.validation_rows, problem = checkpoint.history_rows()
         self.elapsed = float(saved["elapsed"])
-        # A stop asked for by output_fcn is a pause: resuming continues. Other stops are final.
+        # A stop asked for by output_fcn or the user (the plot's stop file) is a pause: resuming
+        # continues. Other stops are final.
         reason = saved["stop_reason"]
-        self.stop_reason = None if reason == "Stopped by output_fcn" else reason
+        paused = ("Stopped by output_fcn", "Stopped by user")
+        self.stop_reason = None if reason in paused else reason
         return problem
 
 
@@ -397,7 +400,10 @@ class Checkpoint:
         if self.history is None:
             rows = self.payload["training_rows"], self.payload["validation_rows"]
             return [dict(r) for r in rows[0]], [dict(r) for r in rows[1]], None
-        return _rowlog.read(self.history_log, self.history["training"], self.history["validation"])
+        # JSON lines since issue 28; the binary *.difffnlog of earlier runs still reads
+        path = Path(self.source).parent / self.history["file"]
+        log = _history_log if path.suffix == _history_log.SUFFIX else _rowlog
+        return log.read(path, self.history["training"], self.history["validation"])
 
     @property
     def iteration(self) -> int:

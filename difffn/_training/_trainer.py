@@ -14,7 +14,6 @@ network.
 
 from __future__ import annotations
 
-import os
 import time
 import warnings
 
@@ -46,6 +45,7 @@ from ._solvers import injected_learn_rate, training_transform
 from ._state import History, TrainingInfo, TrainingState, split
 from ._step import cached_steps
 from ._train_args import form_of, layer_arrays_as_networks
+from ._watch import STOPPED_BY_USER, Watch
 
 
 def trainnet(*args, key=None, resume_from=None):
@@ -369,7 +369,20 @@ class _Run:
             metric_titles=[m.title for m in self.metrics],
             validation=self.validation is not None,
             total_iterations=total,
+            max_epochs=options.max_epochs,
         )
+        self.watch = Watch(
+            options,
+            self.metrics,
+            iterations_per_epoch=self.iterations_per_epoch,
+            resumed_at=state.iteration,
+            primary=self.placement.is_primary,
+        )
+        if self.watch.plot is not None:
+            print(
+                f"Training progress plot: {self.watch.plot.path} (redrawn while training runs; "
+                f"to stop training, create the file {self.watch.plot.stop_file})"
+            )
         for message in self.messages:
             self.reporter.message(message)
         self.start = time.perf_counter() - state.elapsed
@@ -426,7 +439,7 @@ class _Run:
             }
             row.update({m.name: v for m, v in zip(self.metrics, values, strict=True)})
             state.training_rows.append(row)
-            self.reporter.tick(iteration, state.epoch)
+            self.reporter.tick(iteration, state.epoch, lr)
             final = iteration == self.final_iteration
             validate = self.validation is not None and (
                 iteration % options.validation_frequency == 0 or final
@@ -436,8 +449,11 @@ class _Run:
                 if validate and state.stop_reason is None:
                     self._validate()
                 self._log(state.iteration, training=state.training_rows[-1])
+                self.watch.update(state, self._flushed, elapsed=time.perf_counter() - self.start)
             if state.stop_reason is None and self._call_output_fcn("iteration", row):
                 state.stop_reason = "Stopped by output_fcn"
+            elif state.stop_reason is None and self._stop_file():
+                state.stop_reason = STOPPED_BY_USER
             elif state.stop_reason is None and (
                 state.bad_validations >= options.validation_patience
             ):
@@ -535,6 +551,17 @@ class _Run:
         )
         self.last_logged = iteration
 
+    def _stop_file(self) -> bool:
+        """Whether the user created the plot's stop file (process 0 looks; all agree, every
+        ``verbose_frequency`` iterations, so that agreeing costs no collective per iteration)."""
+        if self.options.plots != "training-progress":
+            return False
+        if not self.placement.multi_host:
+            return self.watch.stop_requested()
+        if self.state.iteration % self.options.verbose_frequency:
+            return False
+        return agree(self.watch.stop_requested())
+
     def _call_output_fcn(self, stage, row) -> bool:
         """Call ``output_fcn`` (in process 0 only; its wish to stop is then every process's)."""
         if not self.options.output_fcn:
@@ -582,18 +609,9 @@ class _Run:
         validation = History(
             ["iteration", "epoch", "time_elapsed", "loss", *metric_names], state.validation_rows
         )
-        plot_path = None
-        if options.plots == "training-progress" and self.placement.is_primary:
-            path = options.plots_path or os.path.join(os.getcwd(), "training_progress.png")
-            plot_path = _progress.plot_progress(
-                path,
-                training,
-                validation if self.validation is not None else None,
-                metric_names,
-                [m.title for m in self.metrics],
-                state.stop_reason,
-            )
-            print(f"Training progress plot: {plot_path}")
+        self.watch.update(state, len(state.training_rows), elapsed=elapsed, final=True)
+        self.watch.close()
+        plot_path = self.watch.plot.path if self.watch.plot is not None else None
         if options.resolved_output_network == "best-validation" and state.best_network is not None:
             net = state.best()
             iteration = state.best_iteration
