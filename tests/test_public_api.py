@@ -74,6 +74,10 @@ LAYERS = [
     "SelfAttention",
     "PositionEmbedding",
     "SinusoidalPositionEncoding",
+    "MaxPool1D",
+    "AveragePool1D",
+    "GlobalAveragePool1D",
+    "GlobalMaxPool1D",
 ]
 
 
