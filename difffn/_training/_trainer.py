@@ -40,6 +40,7 @@ from .._network import L2, LEARN_RATE, Network, leaf_factors
 from .._scoring import Metric, get_loss, loss_name
 from . import _checkpoint, _compilation_cache, _fingerprint, _options, _progress
 from ._checkpoint_sharded import ShardedWriter
+from ._logits_guard import check_first_batch
 from ._options import TrainingOptions
 from ._precision import Policy, restore_scaling
 from ._schedules import for_run
@@ -194,6 +195,7 @@ class _Run:
         if uneven:
             self.messages.append(uneven)
         net = self._prepare_network(net, init_key)
+        check_first_batch(who, net, loss, loss_fn, data)
         self.check_targets = label_check(who, net, loss_fn, self.metrics)
         if self.check_targets is not None:
             if isinstance(data, ArraySource):
