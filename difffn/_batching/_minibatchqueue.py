@@ -165,8 +165,9 @@ class MiniBatchQueue:
         )
 
     def __del__(self):
-        if getattr(self, "_executor", None) is not None:
-            self._executor.shutdown(wait=False, cancel_futures=True)
+        executor = getattr(self, "_executor", None)
+        if executor is not None:
+            executor.shutdown(wait=False, cancel_futures=True)
 
     # -- one mini-batch ---------------------------------------------------------------------------
 

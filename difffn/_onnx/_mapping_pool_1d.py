@@ -47,7 +47,8 @@ def _window(info, x):
 
 
 def _place(cls, imp, info, out_shapes, out_dtypes, out_labels, **options) -> bool:
-    if runtime(imp, info, 0).labels == "BCT":  # over time: the output is a sequence too
+    x = runtime(imp, info, 0)
+    if x is not None and x.labels == "BCT":  # over time: the output is a sequence too
         out_labels = ["BCT"]
     layer = cls(
         **options,
