@@ -159,3 +159,15 @@ def test_onnx_files_from_other_tools_import_as_the_layers(pool, layer, tmp_path)
     # difffn stores channels last: N x L x C
     got = net.predict(df.dlarray(np.transpose(x, (0, 2, 1)), "BSC"))
     np.testing.assert_allclose(np.transpose(got.data, (0, 2, 1)), want, rtol=1e-6, atol=1e-6)
+
+
+def test_the_functional_ops_pool_sequences_over_time_as_flax_nnx_does():
+    # df.ops.max_pool / avg_pool (MATLAB's maxpool, avgpool) are the 1-D layers' kernels
+    x = _randn((2, 9, 3), seed=3)
+    y = df.ops.max_pool(df.dlarray(x, "BTC"), 3, stride=2)
+    np.testing.assert_array_equal(y.data, nnx.max_pool(x, (3,), (2,)))
+    z = df.ops.avg_pool(x, 2, stride=2, fmt="BTC")
+    np.testing.assert_allclose(z, nnx.avg_pool(x, (2,), (2,)), rtol=1e-6)
+    g = df.ops.max_pool(df.dlarray(x, "BTC"), "global")  # MATLAB's maxpool(X, "global")
+    assert (g.format, g.shape) == ("BTC", (2, 1, 3))
+    np.testing.assert_array_equal(g.data[:, 0], jnp.max(x, axis=1))

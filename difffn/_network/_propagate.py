@@ -80,7 +80,7 @@ def _as_layout(value, known: Layout | None, name: str) -> Layout:
 
 
 _BATCH = 2  # the batch size that stands in for an unknown one
-_LONGEST = 1 << 14  # the longest stand-in length tried before giving up
+_LONGEST = 1 << 12  # the longest stand-in length tried before giving up
 
 
 def _concrete(layout: Layout, length: int) -> tuple[int, ...]:
@@ -172,12 +172,12 @@ def _shortest(net, input_layouts, key, abstract, previous, length) -> int | None
             return False
         return True
 
-    low, high = length, length * 2
-    while not runs(high):
-        low, high = high, high * 2
-        if high > _LONGEST:
-            return None
-    while high - low > 1:  # runs(high) and not runs(low)
+    # One try at the longest stand-in first: an error no length fixes (a format or channel
+    # mismatch) costs one more pass, not a search.
+    if length >= _LONGEST or not runs(_LONGEST):
+        return None
+    low, high = length, _LONGEST
+    while high - low > 1:  # runs(high) and not runs(low); longer runs as well as shorter
         middle = (low + high) // 2
         if runs(middle):
             high = middle
