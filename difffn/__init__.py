@@ -9,7 +9,9 @@ from . import layers as layers
 from . import losses as losses
 from . import metrics as metrics
 from . import ops as ops
+from ._batching import MiniBatchQueue as MiniBatchQueue
 from ._batching import minibatchpredict as minibatchpredict
+from ._batching import minibatchqueue as minibatchqueue
 from ._batching import padsequences as padsequences
 from ._batching import scores2label as scores2label
 from ._batching import testnet as testnet
@@ -65,6 +67,7 @@ from ._training import CheckpointWarning as CheckpointWarning
 from ._training import TrainingInfo as TrainingInfo
 from ._training import TrainingOptions as TrainingOptions
 from ._training import adamupdate as adamupdate
+from ._training import dlupdate as dlupdate
 from ._training import rmspropupdate as rmspropupdate
 from ._training import sgdmupdate as sgdmupdate
 from ._training import trainnet as trainnet

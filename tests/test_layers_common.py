@@ -68,6 +68,10 @@ LAYERS = [
     (L.Multiplication(), FEATURES, (2, 4)),
     (L.Resize2D(scale=2, method="bilinear"), IMAGE, (2, 6, 6, 3)),
     (L.Identity(), FEATURES, (2, 4)),
+    (L.MaxPool1D(2, stride=2), SEQUENCE, (2, 6, 3)),
+    (L.AveragePool1D(2, padding=1, padding_value="mean"), SEQUENCE, (2, 6, 3)),
+    (L.GlobalAveragePool1D(), SEQUENCE, (2, 6, 3)),
+    (L.GlobalMaxPool1D(), SEQUENCE, (2, 6, 3)),
 ]
 IDS = [type(layer).__name__ for layer, _, _ in LAYERS]
 

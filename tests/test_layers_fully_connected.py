@@ -123,7 +123,7 @@ def test_errors(key):
     with pytest.raises(df.LayerError, match=r"FullyConnected \(layer 'fc'\): output_size must be"):
         L.FullyConnected(0, name="fc")
     with pytest.raises(df.LayerError, match="weights_initializer must be one of"):
-        L.FullyConnected(2, weights_initializer="orthogonal")
+        L.FullyConnected(2, weights_initializer="xavier")  # "orthogonal" is MATLAB's: accepted
     with pytest.raises(df.LayerError, match=r"weights must be an array of shape \(any, 2\)"):
         L.FullyConnected(2, weights=jnp.ones((3, 3)))
     layer = L.FullyConnected(2, name="fc")

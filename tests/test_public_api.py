@@ -38,6 +38,9 @@ CONTRACT = [
     "load_exported",
     "losses",
     "minibatchpredict",
+    "minibatchqueue",
+    "MiniBatchQueue",
+    "dlupdate",
     "permute",
     "rmspropupdate",
     "save",
@@ -74,6 +77,10 @@ LAYERS = [
     "SelfAttention",
     "PositionEmbedding",
     "SinusoidalPositionEncoding",
+    "MaxPool1D",
+    "AveragePool1D",
+    "GlobalAveragePool1D",
+    "GlobalMaxPool1D",
 ]
 
 

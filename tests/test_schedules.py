@@ -52,6 +52,15 @@ def test_warmup_then_constant():
     assert rates(o, 10, 6) == pytest.approx([0.0, 0.0025, 0.005, 0.0075, 0.01, 0.01])
 
 
+def test_warmup_defaults_ramp_over_five_iterations_as_matlab_documents():
+    # MathWorks' warmupLearnRate: "ramps up the learning for a specified number of
+    # iterations"; InitialFactor 0.1, FinalFactor 1, NumSteps 5, FrequencyUnit "iteration".
+    # Reference: a straight line from 0.1 to 1 over 5 steps, in plain Python.
+    o = df.TrainingOptions(learn_rate_schedule="warmup")
+    want = [0.01 * (0.1 + 0.9 * min(k, 5) / 5) for k in range(8)]
+    assert rates(o, 3, 8) == pytest.approx(want)  # 3 iterations per epoch: not per epoch
+
+
 def test_polynomial_decays_to_the_final_factor_over_training():
     o = df.TrainingOptions(max_epochs=4, learn_rate_schedule="polynomial")
     # one iteration per epoch; k = 0..3 of num_steps = 4: 1, 0.75, 0.5, 0.25
@@ -100,7 +109,7 @@ def test_a_sequence_runs_each_schedule_for_its_steps():
     o = df.TrainingOptions(
         learn_rate_schedule=("warmup", "piecewise"),
         learn_rate_schedule_settings={
-            "warmup": {"initial_factor": 0.5, "num_steps": 2},
+            "warmup": {"initial_factor": 0.5, "num_steps": 2, "frequency_unit": "epoch"},
             "piecewise": {"period": 1, "drop_factor": 0.5},
         },
     )

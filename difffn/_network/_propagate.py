@@ -79,12 +79,14 @@ def _as_layout(value, known: Layout | None, name: str) -> Layout:
     return layout
 
 
-_PLACEHOLDER = {"B": 2, "T": 3}
+_BATCH = 2  # the batch size that stands in for an unknown one
+_LONGEST = 1 << 12  # the longest stand-in length tried before giving up
 
 
-def _concrete(layout: Layout) -> tuple[int, ...]:
+def _concrete(layout: Layout, length: int) -> tuple[int, ...]:
+    stand_in = {"B": _BATCH, "T": length}
     return tuple(
-        size if size is not None else _PLACEHOLDER.get(label, 4)
+        size if size is not None else stand_in.get(label, 4)
         for size, label in zip(layout.shape, layout.format)
     )
 
@@ -97,17 +99,102 @@ def _output_layout(value, unknown_labels: set[str]) -> Layout:
     return Layout(shape, fmt)
 
 
+class _Failed(Exception):
+    """A layer failed at one stand-in length: its index and the error to raise."""
+
+    def __init__(self, index: int, error: BaseException):
+        super().__init__(index)
+        self.index, self.error = index, error
+
+
 def propagate(net, input_layouts, key, *, abstract: bool, previous=None):
     """Initialize layers in topological order and record their input/output layouts.
 
     ``previous``: ``{layer name: (layer, (input layouts, output layouts))}`` recorded before an
     edit; ``abstract`` propagation then returns the network with the layouts recorded.
+
+    An unknown time length is stood in by the input layers' ``min_length`` (their promise: any
+    length from it on). A layer that cannot run on it is a ``NetworkError`` that names the layer
+    and the shortest length it needs. Without an input layer that promises a length (a bare
+    layout), the stand-in is the shortest length every layer accepts.
     """
+    promised = [
+        getattr(layer, "min_length", None)
+        for layer, lo in zip(net.input_layers, input_layouts)
+        if layer is not None and "T" in lo.format and lo.shape[lo.format.index("T")] is None
+    ]
+    promised = [n for n in promised if isinstance(n, int)]
+    length = max(promised, default=1)
+    try:
+        return _propagate_at(net, input_layouts, key, abstract, previous, length)
+    except _Failed as caught:
+        failed = caught
+    # Raised outside the ``except`` so that the layer's error keeps its own cause and context.
+    needed = None
+    if _unknown_length(input_layouts):
+        needed = _shortest(net, input_layouts, key, abstract, previous, length)
+    if needed is None:
+        raise failed.error
+    if not promised:
+        try:
+            return _propagate_at(net, input_layouts, key, abstract, previous, needed)
+        except _Failed as caught:  # not expected: it ran at this length while searching
+            failed = caught
+        raise failed.error
+    layer = net.layers[failed.index]
+    inputs = [
+        f"{lyr.name!r} (min_length={lyr.min_length})"
+        for lyr in net.input_layers
+        if lyr is not None and isinstance(getattr(lyr, "min_length", None), int)
+    ]
+    raise NetworkError(
+        f"layer {layer.name!r} ({type(layer).__name__}) cannot run on sequences of length "
+        f"{length}, the min_length of input layer {', '.join(inputs)}; every layer of the "
+        f"network runs on sequences of at least {needed} steps. Fix: SequenceInput(..., "
+        f"min_length={needed}) (then shorter sequences are refused), or pad inside the "
+        "network (e.g. padding='same') so that shorter sequences fit."
+    ) from None
+
+
+def _unknown_length(input_layouts) -> bool:
+    return any(
+        s is None and lab == "T" for lo in input_layouts for s, lab in zip(lo.shape, lo.format)
+    )
+
+
+def _shortest(net, input_layouts, key, abstract, previous, length) -> int | None:
+    """The shortest stand-in length above ``length`` at which every layer runs, or None."""
+
+    def runs(n: int) -> bool:
+        try:
+            _propagate_at(net, input_layouts, key, abstract, previous, n)
+        except _Failed:
+            return False
+        return True
+
+    # One try at the longest stand-in first: an error no length fixes (a format or channel
+    # mismatch) costs one more pass, not a search.
+    if length >= _LONGEST or not runs(_LONGEST):
+        return None
+    low, high = length, _LONGEST
+    while high - low > 1:  # runs(high) and not runs(low); longer runs as well as shorter
+        middle = (low + high) // 2
+        if runs(middle):
+            high = middle
+        else:
+            low = middle
+    return high
+
+
+def _propagate_at(net, input_layouts, key, abstract, previous, length):
     g = net.graph
     layers = list(net.layers)
     dtype = jnp.float32
     unknown = {lab for lo in input_layouts for s, lab in zip(lo.shape, lo.format) if s is None}
     out_layouts: dict[tuple[int, int], Layout] = {}
+    # The stand-in sizes each value has (unknown sizes are None in its layout), so that a layer
+    # sees the length its predecessors really give it.
+    out_sizes: dict[tuple[int, int], tuple[int, ...]] = {}
     recorded: list[Any] = [None] * len(layers)
     for i in g.order:
         layer = layers[i]
@@ -115,11 +202,18 @@ def propagate(net, input_layouts, key, *, abstract: bool, previous=None):
             input_layouts[s.index] if s.kind == "input" else out_layouts[(s.index, s.port)]
             for s in g.sources[i]
         )
+        sizes = tuple(
+            _concrete(input_layouts[s.index], length)
+            if s.kind == "input"
+            else out_sizes[(s.index, s.port)]
+            for s in g.sources[i]
+        )
         before = previous.get(layer.name) if previous else None
         if before is not None and before[0] is layer and before[1][0] == ins:
             recorded[i] = before[1]
             for o, lo in enumerate(before[1][1]):
                 out_layouts[(i, o)] = lo
+                out_sizes[(i, o)] = _concrete(lo, length)
             continue
         layer_key = jax.random.fold_in(key, i) if key is not None else jax.random.key(0)
         try:
@@ -137,16 +231,16 @@ def propagate(net, input_layouts, key, *, abstract: bool, previous=None):
                     + "."
                 )
             if isinstance(layer, InputLayer):
-                outs = (ins[0],)
+                outs, out_shapes = (ins[0],), (sizes[0],)
             elif not layer.acceleratable:
                 # It cannot be traced: run it on placeholder data to learn its output sizes.
                 xs = tuple(
-                    dlarray(jnp.zeros(_concrete(lo), dtype), lo.format)
-                    if lo.format
-                    else jnp.zeros(_concrete(lo), dtype)
-                    for lo in ins
+                    dlarray(jnp.zeros(n, dtype), lo.format) if lo.format else jnp.zeros(n, dtype)
+                    for lo, n in zip(ins, sizes)
                 )
-                outs = tuple(_output_layout(v, unknown) for v in call_layer(layer, xs)[0])
+                values = call_layer(layer, xs)[0]
+                outs = tuple(_output_layout(v, unknown) for v in values)
+                out_shapes = tuple(tuple(int(n) for n in v.shape) for v in values)
             else:
                 fmts = tuple(lo.format for lo in ins)
                 values = jax.eval_shape(
@@ -154,9 +248,10 @@ def propagate(net, input_layouts, key, *, abstract: bool, previous=None):
                         lyr, tuple(dlarray(x, f) if f else x for x, f in zip(xs, fmts))
                     )[0],
                     layer,
-                    *(jax.ShapeDtypeStruct(_concrete(lo), dtype) for lo in ins),
+                    *(jax.ShapeDtypeStruct(n, dtype) for n in sizes),
                 )
                 outs = tuple(_output_layout(v, unknown) for v in values)
+                out_shapes = tuple(tuple(int(n) for n in v.shape) for v in values)
         except Error as error:
             # The layer's own error keeps its type (``except df.LayerError`` catches it); the
             # network adds where it happened.
@@ -164,16 +259,20 @@ def propagate(net, input_layouts, key, *, abstract: bool, previous=None):
                 f"(while the network initialized layer {layers[i].name!r} "
                 f"({type(layers[i]).__name__}) on inputs {[str(lo) for lo in ins]})"
             )
-            raise
+            raise _Failed(i, error) from None
         except (TypeError, ValueError) as error:
             where = raised_at(error)
-            raise NetworkError(
-                f"layer {layers[i].name!r} ({type(layers[i]).__name__}) failed on inputs "
-                f"{[str(lo) for lo in ins]} (a size mismatch?): {type(error).__name__}: "
-                f"{str(error).splitlines()[0]}" + (f" (at {where})" if where else "")
+            raise _Failed(
+                i,
+                NetworkError(
+                    f"layer {layers[i].name!r} ({type(layers[i]).__name__}) failed on inputs "
+                    f"{[str(lo) for lo in ins]} (a size mismatch?): {type(error).__name__}: "
+                    f"{str(error).splitlines()[0]}" + (f" (at {where})" if where else "")
+                ),
             ) from None
         for o, lo in enumerate(outs):
             out_layouts[(i, o)] = lo
+            out_sizes[(i, o)] = out_shapes[o]
         recorded[i] = (ins, outs)
         if not abstract:
             layers[i] = layer

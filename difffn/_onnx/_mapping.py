@@ -27,7 +27,7 @@ from ..layers import (
     ReLU,
     Softmax,
 )
-from . import _labels, _mapping_attention, _mapping_cnn, _mapping_rnn
+from . import _labels, _mapping_attention, _mapping_cnn, _mapping_pool_1d, _mapping_rnn
 from ._mapping_base import (
     absent,
     add,
@@ -423,8 +423,6 @@ def _embedding(imp, info, out_shapes, out_dtypes, out_labels):
 
 _RULES = {
     "Conv": lambda *args: _conv(*args) or _mapping_cnn.conv(*args),
-    "MaxPool": _max_pool,
-    "GlobalAveragePool": _global_average_pool,
     "BatchNormalization": _batch_norm,
     "Gemm": _gemm,
     "MatMul": _matmul,
@@ -442,4 +440,15 @@ _RULES = {
     "SelfAttention": _mapping_attention.map_self_attention,
     **_mapping_rnn.RULES,
     **_mapping_cnn.RULES,
+    # 1-D pooling, where the 2-D rules do not apply
+    "MaxPool": lambda *args: _max_pool(*args) or _mapping_pool_1d.max_pool(*args),
+    "AveragePool": lambda *args: (
+        _mapping_cnn.average_pool(*args) or _mapping_pool_1d.average_pool(*args)
+    ),
+    "GlobalAveragePool": lambda *args: (
+        _global_average_pool(*args) or _mapping_pool_1d.global_average_pool(*args)
+    ),
+    "GlobalMaxPool": lambda *args: (
+        _mapping_cnn.global_max_pool(*args) or _mapping_pool_1d.global_max_pool(*args)
+    ),
 }

@@ -15,6 +15,7 @@ from ._losses import canonical as canonical
 from ._losses import check_class_targets as check_class_targets
 from ._losses import check_labels as check_labels
 from ._losses import crossentropy as crossentropy
+from ._losses import crossentropy_logits as crossentropy_logits
 from ._losses import get_loss as get_loss
 from ._losses import huber as huber
 from ._losses import index_crossentropy as index_crossentropy
@@ -38,6 +39,8 @@ from ._metrics import precision as precision
 from ._metrics import recall as recall
 from ._metrics import rmse as rmse
 from ._metrics import takes_mask as takes_mask
+from ._probabilities import check_probabilities as check_probabilities
+from ._probabilities import needs_probabilities as needs_probabilities
 
 __all__ = [
     "AUC",
@@ -50,14 +53,15 @@ __all__ = [
     "Precision",
     "RMSE",
     "Recall",
-    "prediction_layout",
     "accuracy",
     "auc",
     "binary_crossentropy",
     "canonical",
     "check_class_targets",
     "check_labels",
+    "check_probabilities",
     "crossentropy",
+    "crossentropy_logits",
     "fscore",
     "get_loss",
     "get_metric",
@@ -67,7 +71,9 @@ __all__ = [
     "l2loss",
     "loss_name",
     "mse",
+    "needs_probabilities",
     "precision",
+    "prediction_layout",
     "recall",
     "rmse",
     "takes_mask",

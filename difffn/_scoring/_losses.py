@@ -23,9 +23,9 @@ the real steps' elements. Note the two squared-error losses:
 * ``l2loss`` has no half, :math:`\frac{1}{N}\sum (Y - T)^2`.
 
 ``trainnet`` and ``testnet`` accept these functions, their names (``"crossentropy"``,
-``"index-crossentropy"``, ``"binary-crossentropy"``, ``"mse"``, ``"l1loss"``/``"mae"``,
-``"l2loss"``, ``"huber"``; ``_`` and ``-`` are interchangeable), any callable
-``loss(Y1, ..., Yn, T1, ..., Tm)``, or a ``df.DifferentiableFunction``.
+``"crossentropy-logits"``, ``"index-crossentropy"``, ``"binary-crossentropy"``, ``"mse"``,
+``"l1loss"``/``"mae"``, ``"l2loss"``, ``"huber"``; ``_`` and ``-`` are interchangeable), any
+callable ``loss(Y1, ..., Yn, T1, ..., Tm)``, or a ``df.DifferentiableFunction``.
 """
 
 from __future__ import annotations
@@ -183,7 +183,21 @@ def check_class_targets(who: str, Y, T, *, what: str = "T") -> None:
         check_labels(who, t, classes, what=what)
 
 
-def _pick_class_log_probability(who: str, y, labels):
+def _log_probabilities(who: str, y, from_logits: bool):
+    """``log Y`` (bounded below, as MATLAB's), or for logits the log-softmax over ``C``."""
+    data = _float(y)
+    if not from_logits:
+        return _safe_log(data)
+    _, _, c = _layout(y)
+    if c is None:
+        raise OptionsError(
+            f"{who}: from_logits=True needs predictions with a channel (class) axis to take the "
+            f"softmax over; got shape {data.shape}. Fix: label the class axis 'C'."
+        )
+    return jax.nn.log_softmax(data, axis=c)
+
+
+def _pick_class_log_probability(who: str, y, labels, from_logits: bool = False):
     """``log Y`` at the integer label of each observation, shaped like ``labels``."""
     _, _, c = _layout(y)
     data = _float(y)
@@ -201,10 +215,10 @@ def _pick_class_log_probability(who: str, y, labels):
         )
     check_labels(who, labels, data.shape[c])
     index = jnp.expand_dims(labels.astype(jnp.int32), c)
-    return jnp.take_along_axis(_safe_log(data), index, axis=c)
+    return jnp.take_along_axis(_log_probabilities(who, y, from_logits), index, axis=c)
 
 
-def crossentropy(Y, T, *, normalization: str = "batch-size", mask=None):
+def crossentropy(Y, T, *, normalization: str = "batch-size", mask=None, from_logits=False):
     r"""Categorical cross-entropy :math:`-\frac{1}{N}\sum T \log Y` (MATLAB ``crossentropy``).
 
     ``Y`` holds probabilities (e.g. a softmax output); ``T`` is one-hot (``Y``'s shape) or
@@ -216,6 +230,9 @@ def crossentropy(Y, T, *, normalization: str = "batch-size", mask=None):
       T: targets: one-hot or integer labels.
       normalization: ``"batch-size"`` (MATLAB's default: divide by ``N`` only), or ``"none"``.
       mask: padded sequences' mask (see the module notes): the mean over the real steps.
+      from_logits: ``True``: ``Y`` holds logits (a network without a final ``Softmax``); the
+        loss takes the softmax over ``C`` itself, in one numerically stable log-softmax. As a
+        ``trainnet`` loss name: ``"crossentropy-logits"``.
 
     Examples:
       >>> import jax.numpy as jnp
@@ -235,15 +252,32 @@ def crossentropy(Y, T, *, normalization: str = "batch-size", mask=None):
     t = _targets(who, Y, T)
     m = _mask_of(who, Y, mask)
     if jnp.issubdtype(t.dtype, jnp.integer) and t.shape != jnp.shape(stripdims(Y)):
-        total = -_sum(_pick_class_log_probability(who, Y, t), m)
+        total = -_sum(_pick_class_log_probability(who, Y, t, from_logits), m)
     else:  # one-hot (integer one-hot too: it has the predictions' shape)
         y = _float(Y)
         _same_shape(who, y, t)
-        total = -_sum(t.astype(y.dtype) * _safe_log(y), m)
+        total = -_sum(t.astype(y.dtype) * _log_probabilities(who, Y, from_logits), m)
     return _normalize(who, total, Y, normalization, m)
 
 
-def index_crossentropy(Y, T, *, normalization: str = "batch-size", mask=None):
+def crossentropy_logits(Y, T, *, normalization: str = "batch-size", mask=None):
+    r"""Cross-entropy of logits, ``crossentropy(Y, T, from_logits=True)`` (trainnet's
+    ``"crossentropy-logits"``).
+
+    For a network that ends without ``Softmax``: the softmax over ``C`` is part of the loss,
+    :math:`-\frac{1}{N}\sum T \log \mathrm{softmax}(Y)`, computed as one log-softmax.
+
+    Examples:
+      >>> import jax.numpy as jnp
+      >>> import difffn as df
+      >>> logits = df.dlarray(jnp.array([[0.0, 0.0], [0.0, 1.0986123]]), "BC")  # log 3
+      >>> float(df.losses.crossentropy_logits(logits, jnp.array([0, 1])))  # -(log .5 + log .75)/2
+      0.4904...
+    """
+    return crossentropy(Y, T, normalization=normalization, mask=mask, from_logits=True)
+
+
+def index_crossentropy(Y, T, *, normalization: str = "batch-size", mask=None, from_logits=False):
     r"""Cross-entropy with integer class labels (MATLAB ``indexcrossentropy``; labels from 0).
 
     Args:
@@ -251,6 +285,7 @@ def index_crossentropy(Y, T, *, normalization: str = "batch-size", mask=None):
       T: integer labels, shaped like ``Y`` without its ``C`` axis.
       normalization: ``"batch-size"`` (default) or ``"none"``.
       mask: padded sequences' mask (see the module notes).
+      from_logits: ``True``: ``Y`` holds logits (see :func:`crossentropy`).
 
     Examples:
       >>> import jax.numpy as jnp
@@ -272,7 +307,7 @@ def index_crossentropy(Y, T, *, normalization: str = "batch-size", mask=None):
             "class indices (which have the predictions' shape without the class axis). Fix: "
             "use crossentropy for one-hot targets, or pass T.argmax(axis=class_axis)."
         )
-    return crossentropy(Y, t, normalization=normalization, mask=mask)
+    return crossentropy(Y, t, normalization=normalization, mask=mask, from_logits=from_logits)
 
 
 def binary_crossentropy(Y, T, *, normalization: str = "batch-size", mask=None):
@@ -374,6 +409,7 @@ def huber(Y, T, *, transition_point: float = 1.0, normalization: str = "batch-si
 
 LOSSES = {
     "crossentropy": crossentropy,
+    "crossentropy-logits": crossentropy_logits,
     "index-crossentropy": index_crossentropy,
     "binary-crossentropy": binary_crossentropy,
     "mse": mse,
@@ -386,7 +422,11 @@ LOSSES = {
 }
 
 
-CLASS_LOSSES = (crossentropy, index_crossentropy)  # losses whose integer targets are labels
+CLASS_LOSSES = (
+    crossentropy,
+    index_crossentropy,
+    crossentropy_logits,
+)  # losses whose integer targets are labels
 
 
 def canonical(name: str) -> str:

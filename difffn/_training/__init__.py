@@ -1,15 +1,16 @@
 """Training: options, solvers and schedules on optax, the compiled step, checkpoints, the loop.
 
 `TrainingOptions` as one table with its validators, `trainnet` and its argument forms, the
-custom-loop updates (`sgdmupdate`, `adamupdate`, `rmspropupdate`), the compute precision, the run's
-fingerprint, the jitted step, the checkpointed state, checkpoints and the training history, progress
-output.
+custom-loop updates (`sgdmupdate`, `adamupdate`, `rmspropupdate`, `dlupdate`), the compute
+precision, the run's fingerprint, the jitted step, the checkpointed state, checkpoints and the
+training history, progress output.
 
 This file is the package's internal API: the floors above import these names from here, and
 nothing else from the package's modules (tests/test_architecture.py holds it).
 """
 
 from ._checkpoint import CheckpointWarning as CheckpointWarning
+from ._dlupdate import dlupdate as dlupdate
 from ._options import TrainingOptions as TrainingOptions
 from ._precision import DTYPES as DTYPES
 from ._solvers import adamupdate as adamupdate
@@ -24,6 +25,7 @@ __all__ = [
     "TrainingInfo",
     "TrainingOptions",
     "adamupdate",
+    "dlupdate",
     "rmspropupdate",
     "sgdmupdate",
     "trainnet",

@@ -11,7 +11,8 @@ iterations, per its ``frequency_unit``), from 0.
   the option ``learn_rate_drop_factor``, 0.1), ``period`` (default: ``learn_rate_drop_period``,
   10); unit epoch.
 * ``"warmup"``: linear from ``initial_factor`` (0.1) to ``final_factor`` (1) over
-  ``num_steps`` (5) epochs, then ``final_factor``.
+  ``num_steps`` (5) iterations (MATLAB's ``warmupLearnRate`` counts iterations), then
+  ``final_factor``.
 * ``"polynomial"``: ``final + (initial - final) * (1 - k / num_steps) ** power``, then
   ``final``. Settings: ``initial_factor`` 1, ``final_factor`` 0, ``power`` 1, ``num_steps``
   (default: the whole training, ``max_epochs``); unit epoch.
@@ -30,8 +31,9 @@ warmup, ``polynomial_schedule``, ``cosine_decay_schedule`` within each cosine pe
 evaluated in float64 over chunks of steps, so the values are MATLAB's; ``"cyclical"`` (optax has
 no repeating triangle) and the restarts of ``"cosine"`` are worked out here.
 
-Every named schedule also takes ``frequency_unit`` (``"epoch"`` or ``"iteration"``) and
-``num_steps`` (how long it runs inside a sequence; default: to the end, except ``warmup``).
+Every named schedule also takes ``frequency_unit`` (``"epoch"`` or ``"iteration"``; default
+``"epoch"``, ``"iteration"`` for ``warmup``) and ``num_steps`` (how long it runs inside a
+sequence; default: to the end, except ``warmup``). ``docs/training.md`` tables every setting.
 Settings go in ``learn_rate_schedule_settings``: a dict of settings when one schedule is named,
 or a dict from schedule name to its settings.
 
@@ -64,7 +66,13 @@ _INF = math.inf
 DEFAULTS: dict[str, dict[str, Any]] = {
     "none": {},
     "piecewise": {"drop_factor": None, "period": None},
-    "warmup": {"initial_factor": 0.1, "final_factor": 1.0, "num_steps": 5},
+    # MATLAB's warmupLearnRate ramps up over iterations (its FrequencyUnit default)
+    "warmup": {
+        "initial_factor": 0.1,
+        "final_factor": 1.0,
+        "num_steps": 5,
+        "frequency_unit": "iteration",
+    },
     "polynomial": {"initial_factor": 1.0, "final_factor": 0.0, "power": 1.0, "num_steps": None},
     "exponential": {"initial_factor": 1.0, "drop_factor": 0.9, "period": 1.0},
     "cosine": {"max_factor": 1.0, "min_factor": 0.0, "period": None, "period_growth": 1.0},

@@ -38,6 +38,7 @@ from .._network import L2, LEARN_RATE, Network, leaf_factors
 from .._scoring import Metric, get_loss, loss_name
 from . import _checkpoint, _compilation_cache, _fingerprint, _options, _progress
 from ._checkpoint_sharded import ShardedWriter
+from ._logits_guard import check_first_batch
 from ._options import TrainingOptions
 from ._precision import Policy, restore_scaling
 from ._schedules import for_run
@@ -161,7 +162,7 @@ class _Run:
         self.policy = Policy(options.precision)
         self.reporter = None
         init_key, shuffle_key, step_key = jax.random.split(key, 3)
-        net = self._setup_data(data, net, init_key, loss_fn)
+        net = self._setup_data(data, net, init_key, loss_fn, loss)
         net, fingerprint = self._resume_network(net, loss, key, checkpoint)
         self._setup_writer(fingerprint, key, checkpoint)
         self._compile_steps(net, loss_fn, loss)
@@ -170,7 +171,7 @@ class _Run:
 
     # -- setup, in the order __init__ runs it ------------------------------------------------------
 
-    def _setup_data(self, data, net: Network, init_key, loss_fn) -> Network:
+    def _setup_data(self, data, net: Network, init_key, loss_fn, loss) -> Network:
         """The data source set up for this run (placed, its batch size), and the network
         initialized from it (input statistics, layouts) with the targets' check installed."""
         self.source = data
@@ -183,6 +184,7 @@ class _Run:
         if uneven:
             self.messages.append(uneven)
         net = self._prepare_network(net, init_key)
+        check_first_batch(self.who, net, loss, loss_fn, data)
         self.check_targets = label_check(self.who, net, loss_fn, self.metrics)
         if self.check_targets is not None:
             data.use_target_check(self.check_targets)

@@ -42,6 +42,10 @@ from ._pooling import AveragePool2D as AveragePool2D
 from ._pooling import GlobalAveragePool2D as GlobalAveragePool2D
 from ._pooling import GlobalMaxPool2D as GlobalMaxPool2D
 from ._pooling import MaxPool2D as MaxPool2D
+from ._pooling_1d import AveragePool1D as AveragePool1D
+from ._pooling_1d import GlobalAveragePool1D as GlobalAveragePool1D
+from ._pooling_1d import GlobalMaxPool1D as GlobalMaxPool1D
+from ._pooling_1d import MaxPool1D as MaxPool1D
 from ._recurrent import LSTM as LSTM
 from ._recurrent import BiLSTM as BiLSTM
 from ._resize import Resize2D as Resize2D
@@ -49,6 +53,7 @@ from ._transposed_convolution import TransposedConv2D as TransposedConv2D
 
 __all__ = [
     "Addition",
+    "AveragePool1D",
     "AveragePool2D",
     "BatchNorm",
     "BiLSTM",
@@ -68,7 +73,9 @@ __all__ = [
     "FunctionLayer",
     "GELU",
     "GRU",
+    "GlobalAveragePool1D",
     "GlobalAveragePool2D",
+    "GlobalMaxPool1D",
     "GlobalMaxPool2D",
     "GroupNorm",
     "Identity",
@@ -77,6 +84,7 @@ __all__ = [
     "LSTM",
     "LayerNorm",
     "LeakyReLU",
+    "MaxPool1D",
     "MaxPool2D",
     "Multiplication",
     "Placeholder",

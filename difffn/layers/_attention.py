@@ -80,7 +80,8 @@ class SelfAttention(Layer):
         ``output_weights``, ``query_bias``, ``key_bias``, ``value_bias``, ``output_bias``);
         ``None`` until ``initialize``.
       query_weights_initializer: ``"glorot"`` (default), ``"he"``, ``"orthogonal"``,
-        ``"narrow-normal"``, ``"zeros"``, ``"ones"`` or ``fn(key, shape, dtype)``; likewise
+        ``"narrow-normal"``, ``"zeros"``, ``"ones"``, ``fn(key, shape, dtype)`` or
+        ``fn(sz)``; likewise
         ``key_weights_initializer``, ``value_weights_initializer``,
         ``output_weights_initializer``.
       query_bias_initializer: ``"zeros"`` (default), ``"ones"``, ``"narrow-normal"`` or a

@@ -35,7 +35,8 @@ _PAD_WORDS = ("symmetric-include-edge", "symmetric-exclude-edge", "replicate")
 _OPTIONS_DOC = """
       weights, bias: the learnables; ``None`` until ``initialize``.
       weights_initializer: ``"glorot"`` (default), ``"he"``, ``"narrow-normal"``, ``"zeros"``,
-        ``"ones"``, or ``fn(key, shape, dtype)``. Fans: ``prod(filter_size) * in_channels``
+        ``"ones"``, or a function: ``fn(key, shape, dtype)`` (JAX's form) or ``fn(sz)``
+        (MATLAB's ``@(sz)``), with the weights' shape. Fans: ``prod(filter_size) * in_channels``
         in and ``prod(filter_size) * num_filters`` out (per group).
       bias_initializer: ``"zeros"`` (default), ``"ones"``, ``"narrow-normal"`` or a function.
       weight_learn_rate_factor, weight_l2_factor, bias_learn_rate_factor, bias_l2_factor:

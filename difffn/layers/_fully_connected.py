@@ -11,6 +11,7 @@ import jax
 from .. import ops
 from .._core import FormatError, LayerError
 from .._layer import learnable
+from . import _initializers as init
 from ._checks import data_and_format, layout_format, positive_int, relabel, require, who
 from ._weights_and_bias import WeightsAndBias
 
@@ -45,8 +46,10 @@ class FullyConnected(WeightsAndBias):
     Args:
       output_size: the number of output features.
       weights, bias: the learnables; ``None`` until ``initialize``.
-      weights_initializer: ``"glorot"`` (default), ``"he"``, ``"narrow-normal"``, ``"zeros"``,
-        ``"ones"`` or ``fn(key, shape, dtype)``.
+      weights_initializer: ``"glorot"`` (default), ``"he"``, ``"orthogonal"``,
+        ``"narrow-normal"``, ``"zeros"``, ``"ones"``, or a function: ``fn(key, shape, dtype)``
+        (JAX's form) or ``fn(sz)`` (MATLAB's ``@(sz)``), ``shape``/``sz`` being
+        ``(input_size, output_size)``.
       bias_initializer: ``"zeros"`` (default), ``"ones"``, ``"narrow-normal"`` or a function.
       weight_learn_rate_factor, weight_l2_factor, bias_learn_rate_factor, bias_l2_factor:
         multiply the global learn rate and L2 regularization for ``weights`` and ``bias``
@@ -65,6 +68,7 @@ class FullyConnected(WeightsAndBias):
     """
 
     _outputs: ClassVar[str] = "output_size"
+    _weights_initializers: ClassVar[tuple[str, ...]] = init.DENSE
 
     output_size: int
     _: dataclasses.KW_ONLY

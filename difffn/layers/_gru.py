@@ -50,7 +50,7 @@ class GRU(_Recurrent):
         ``initialize`` (zeros).
       input_weights_initializer: ``"glorot"`` (default; fans ``input_size`` and ``3H``),
         ``"he"``, ``"narrow-normal"``, ``"orthogonal"``, ``"zeros"``, ``"ones"`` or a function
-        ``fn(key, shape, dtype)``.
+        ``fn(key, shape, dtype)`` or ``fn(sz)``.
       recurrent_weights_initializer: ``"orthogonal"`` (default), ``"glorot"``, ``"he"``,
         ``"narrow-normal"``, ``"zeros"``, ``"ones"`` or a function.
       bias_initializer: ``"zeros"`` (default), ``"ones"``, ``"narrow-normal"`` or a function.

@@ -316,7 +316,10 @@ class SequenceInput(_NormalizingInput):
 
     Args:
       input_size: the number of channels (``C``) per time step.
-      min_length: the shortest sequence accepted (MATLAB's ``MinLength``, default 1).
+      min_length: the shortest sequence accepted (MATLAB's ``MinLength``, default 1). A network
+        initializes its layers on sequences of this length, so every layer must run on it (a
+        ``Conv1D(5, ...)`` needs 5 steps): otherwise building the network is a
+        ``df.NetworkError`` naming the layer and the shortest length the network runs on.
       normalization: ``"none"`` (MATLAB's default for sequences), ``"zerocenter"``, ``"zscore"``,
         ``"rescale-symmetric"``, ``"rescale-zero-one"``, or ``fn(x) -> x``.
       normalization_dimension: ``"auto"``/``"channel"``/``"element"`` (per channel) or ``"all"``.

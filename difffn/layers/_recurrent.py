@@ -214,7 +214,7 @@ class _Recurrent(Layer):
 _OPTIONS_DOC = """
       input_weights_initializer: ``"glorot"`` (default; fans ``input_size`` and the number of
         weight columns), ``"he"``, ``"narrow-normal"``, ``"orthogonal"``, ``"zeros"``,
-        ``"ones"`` or a function ``fn(key, shape, dtype)``.
+        ``"ones"`` or a function, ``fn(key, shape, dtype)`` or ``fn(sz)``.
       recurrent_weights_initializer: ``"orthogonal"`` (default), ``"glorot"``, ``"he"``,
         ``"narrow-normal"``, ``"zeros"``, ``"ones"`` or a function.
       input_weights_learn_rate_factor: multiplies the global learn rate (default 1); so do

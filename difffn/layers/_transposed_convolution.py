@@ -46,7 +46,7 @@ class TransposedConv2D(WeightsAndBias):
         top/left, as MATLAB does).
       weights, bias: the learnables; ``None`` until ``initialize``.
       weights_initializer: ``"glorot"`` (default), ``"he"``, ``"narrow-normal"``, ``"zeros"``,
-        ``"ones"``, or ``fn(key, shape, dtype)``. Fans: ``fh * fw * in_channels`` in and
+        ``"ones"``, ``fn(key, shape, dtype)`` or ``fn(sz)``. Fans: ``fh * fw * in_channels`` in and
         ``fh * fw * num_filters`` out.
       bias_initializer: ``"zeros"`` (default), ``"ones"``, ``"narrow-normal"`` or a function.
       weight_learn_rate_factor, weight_l2_factor, bias_learn_rate_factor, bias_l2_factor:

@@ -31,6 +31,9 @@ class WeightsAndBias(Layer):
     formattable = True
     _factor_options: ClassVar = factor_options.conv_like()
     _outputs: ClassVar[str]
+    # the weights initializer names MATLAB lists for the layer (fullyConnectedLayer adds
+    # "orthogonal" to the convolutions' list)
+    _weights_initializers: ClassVar[tuple[str, ...]] = init.WEIGHTS
 
     def _check_weights_and_bias(self, weights_shape: tuple, weights_what: str) -> None:
         """Check the initializers, given values and factor options (call in ``__post_init__``).
@@ -39,7 +42,7 @@ class WeightsAndBias(Layer):
           weights_shape: the shape ``weights`` must have (``None``: any size).
           weights_what: what its axes are, for the error message.
         """
-        init.check_options(self, {"weights": init.WEIGHTS, "bias": init.BIAS})
+        init.check_options(self, {"weights": self._weights_initializers, "bias": init.BIAS})
         self.weights = array_or_none(self, "weights", self.weights, weights_shape, weights_what)
         outputs = getattr(self, self._outputs)
         self.bias = array_or_none(self, "bias", self.bias, (outputs,), self._outputs)
