@@ -48,6 +48,21 @@ def agree(flag: bool) -> bool:
     return bool(multihost_utils.broadcast_one_to_all(np.asarray(flag, dtype=np.bool_)))
 
 
+def broadcast_int(value: int) -> int:
+    """Process 0's ``value`` (a non-negative int below 2**62), in every process (a collective)."""
+    if jax.process_count() == 1:
+        return int(value)
+    parts = np.asarray([value >> 31, value & 0x7FFFFFFF], dtype=np.int32)
+    hi, lo = np.asarray(multihost_utils.broadcast_one_to_all(parts)).tolist()
+    return (int(hi) << 31) | int(lo)
+
+
+def sync(name: str) -> None:
+    """Wait until every process reaches the barrier ``name`` (a collective)."""
+    if jax.process_count() > 1:
+        multihost_utils.sync_global_devices(name)
+
+
 def gather_rows(x, axis: int):
     """Every process's ``x`` (a host array), concatenated along ``axis`` in process order.
 

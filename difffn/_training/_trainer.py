@@ -34,12 +34,11 @@ from .._batching import (
 from .._batching import sequence_source as _seq
 from .._core import FormattedArray, Layout, OptionsError, check_key
 from .._core import batches as _batches
-from .._devices import Placement, agree, learnable_layout
+from .._devices import Placement, agree, learnable_layout, watching
 from .._layer import learnable_mask
 from .._network import L2, LEARN_RATE, Network, leaf_factors
 from .._scoring import Metric, get_loss, loss_name
 from . import _checkpoint, _compilation_cache, _fingerprint, _options, _progress
-from ._checkpoint_sharded import ShardedWriter
 from ._options import TrainingOptions
 from ._precision import Policy, restore_scaling
 from ._schedules import for_run
@@ -131,9 +130,22 @@ def trainnet(*args, key=None, resume_from=None):
     if options.compilation_cache is not None:
         _compilation_cache.use(options.compilation_cache)
     loss_fn = get_loss(loss, who=who)
+    multi_host = options.execution_environment == "multi-host" and jax.process_count() > 1
+    if not multi_host:
+        return _train(who, form, args, loss, loss_fn, options, key, resume_from, None)
+    holder: list = []  # the run, once made: the watchdog names its newest checkpoint
+    with watching(options.process_timeout, lambda: _next_steps(options, holder, resume_from)):
+        return _train(who, form, args, loss, loss_fn, options, key, resume_from, holder)
+
+
+def _train(who, form, args, loss, loss_fn, options, key, resume_from, holder):
+    if form == "arrays":
+        X, T, net, _, _ = args
+    else:
+        data, net, _, _ = args
     checkpoint = None
     if resume_from is not None:
-        checkpoint = _checkpoint.find(resume_from)
+        checkpoint = _checkpoint.find(resume_from, collective=holder is not None)
         if key is None:
             key = checkpoint.run_key
     key = jax.random.key(0) if key is None else key
@@ -146,7 +158,34 @@ def trainnet(*args, key=None, resume_from=None):
             who, data, net, max_epochs=options.max_epochs, steps_per_epoch=options.steps_per_epoch
         )
     run = _Run(who, net, loss_fn, loss, options, key, data_source, checkpoint)
+    if holder is not None:
+        holder.append(run)
     return run.train()
+
+
+def _next_steps(options, holder, resume_from) -> str:
+    """What a process that stops because another was lost says: the checkpoint to resume."""
+    folder = options.checkpoint_path
+    writer = holder[0].writer if holder else None
+    newest = writer.written if writer is not None else None
+    if newest is None and folder is not None:
+        found = _checkpoint.checkpoints(folder) if os.path.isdir(folder) else []
+        newest = found[0] if found else None
+    if newest is None and resume_from is not None:
+        newest = resume_from
+    if newest is None:
+        return (
+            "No checkpoint was written (checkpoint_path is not set, or none was due yet): a new "
+            "job starts the training again. Fix: set TrainingOptions(checkpoint_path=...) on a "
+            "folder every process sees."
+        )
+    target = folder if folder is not None else newest
+    return (
+        f"The last complete checkpoint: {str(newest)}\n"
+        f"To continue, start the job again (every process) with "
+        f"trainnet(..., resume_from={str(target)!r}); the newest complete, undamaged checkpoint "
+        "there is used, on any number of processes and devices."
+    )
 
 
 class _Run:
@@ -217,10 +256,15 @@ class _Run:
                 fingerprint=fingerprint,
                 defaults=_options.fingerprint_defaults(options.solver),
             )
-        # Several processes write one checkpoint together (orbax), one process a file of its own.
-        writer = ShardedWriter if self.placement.multi_host else _checkpoint.Writer
+        # one format for every run: orbax folders, written by every process together
         self.writer = (
-            writer(options, fingerprint=fingerprint, run_key=key, resumed=checkpoint)
+            _checkpoint.Writer(
+                options,
+                fingerprint=fingerprint,
+                run_key=key,
+                resumed=checkpoint,
+                prune=_checkpoint.prune,
+            )
             if options.checkpoint_path is not None
             else None
         )
