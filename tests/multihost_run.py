@@ -14,9 +14,16 @@ process) writes what the test compares into the folder OUT:
   process yields shares of 3 (global batches of 6 over 4 devices: padded share by share, or
   replicated with batch norm) and then shares of 3 and 4 (a named error); ``minibatchpredict``
   and ``testnet`` on the mesh (``multihost.npz``, ``multihost.json``);
-* ``killed``: the run with checkpoints in ``OUT/ckpt-killed``, until process 0 kills the whole
-  process group (SIGKILL, both processes) at iteration ``KILL_AT``;
-* ``resumed``: ``resume_from=OUT/ckpt-killed`` (``resumed.npz``, ``resumed.json``).
+* ``killed``: the run with checkpoints in ``OUT/ckpt-killed`` and ``process_timeout=5``; process 1
+  SIGKILLs itself once the checkpoint of iteration ``KILL_AT`` is committed (writing the time to
+  ``OUT/killed_at.txt``), while process 0 sleeps 0.5 s per later iteration in ``output_fcn``
+  (so the run cannot end first); process 0 is then stopped by difffn's watchdog;
+* ``resumed``: ``resume_from=OUT/ckpt-killed`` (``resumed.npz``, ``resumed.json``);
+* ``resumed_from_one``: a 2 x 2 job with ``parameter_sharding="fsdp"`` resumes ``OUT/ckpt-one``,
+  the checkpoints of a one-process, one-device run paused at iteration ``PAUSE_AT`` (written by
+  ``single``);
+* ``resume_one`` (one process, 4 devices): ``OUT/ckpt-killed`` resumed on one device (``"auto"``)
+  and on 1 x 4 devices with ``parameter_sharding="fsdp"`` (``resume_one.npz``).
 
 The run is ``checkpoint_run``'s (input statistics, batch norm, dropout keys, a shuffle every
 epoch, a learn-rate schedule, validation with the best-validation network), with a validation
@@ -31,6 +38,8 @@ import json
 import os
 import signal
 import sys
+import threading
+import time
 from pathlib import Path
 
 import jax
@@ -48,7 +57,8 @@ import numpy as np  # noqa: E402
 
 import difffn as df  # noqa: E402
 
-KILL_AT = 14
+KILL_AT = 12
+PAUSE_AT = 10
 X, T, X_VAL, T_VAL = run.data()
 X_VAL, T_VAL = X_VAL[:46], T_VAL[:46]
 
@@ -144,6 +154,14 @@ def save(out: Path, name: str, arrays: dict, facts: dict) -> None:
     (out / f"{name}.json").write_text(json.dumps(facts))
 
 
+def die_after_checkpoint(folder: Path, out: Path) -> None:
+    """SIGKILL this process once the checkpoint of iteration KILL_AT is committed."""
+    while not list(folder.glob(f"net_checkpoint__{KILL_AT}__*")):
+        time.sleep(0.01)
+    (out / "killed_at.txt").write_text(repr(time.time()))
+    os.kill(os.getpid(), signal.SIGKILL)
+
+
 def main():
     mode, out = sys.argv[1], Path(sys.argv[2])
     multi = len(sys.argv) > 3
@@ -169,6 +187,21 @@ def main():
             "iterable_uneven": group_facts,
         }
         save(out, "single", arrays, facts)
+        (out / "ckpt-one").mkdir(exist_ok=True)  # 1 x 1, paused: the 2 x 2 job resumes it
+        train("auto", out / "ckpt-one", output_fcn=lambda info: info["iteration"] >= PAUSE_AT)
+        return
+    if mode == "resume_one":
+        arrays = {}
+        for name, environment, sharding in (
+            ("one", "auto", "replicated"),
+            ("fsdp", "multi-device", "fsdp"),
+        ):
+            net, info = train(
+                environment, resume_from=str(out / "ckpt-killed"), parameter_sharding=sharding
+            )
+            arrays |= {f"{name}/{k}": v for k, v in learnables(net).items()}
+            arrays[f"{name}_loss"] = info.training_history["loss"]
+        save(out, "resume_one", arrays, {})
         return
     if mode in ("multihost", "killed"):
         folder = out / ("ckpt" if mode == "multihost" else "ckpt-killed")
@@ -178,10 +211,12 @@ def main():
         def output_fcn(info):
             with open(calls, "a") as f:
                 f.write(f"{info['state']} {info['iteration']}\n")
-            if mode == "killed" and info["iteration"] == KILL_AT:
-                os.killpg(os.getpgrp(), signal.SIGKILL)  # every process of the job, at once
+            if mode == "killed" and info["iteration"] > KILL_AT:
+                time.sleep(0.5)  # process 1 dies meanwhile
             return False
 
+        if mode == "killed" and process == 1:
+            threading.Thread(target=die_after_checkpoint, args=(folder, out), daemon=True).start()
         plots = out / f"plot_{process}.png"
         net, info = train(
             "multi-host",
@@ -190,7 +225,11 @@ def main():
             verbose=True,
             plots="training-progress",
             plots_path=str(plots),
+            process_timeout=5 if mode == "killed" else 60,
         )
+        if mode == "killed":
+            print("process", process, "was not stopped", flush=True)
+            return
         if not multi:
             return
         options = df.TrainingOptions(
@@ -231,15 +270,19 @@ def main():
             save(out, "multihost", arrays, facts)
         print("done", process, flush=True)
         return
-    if mode == "resumed":
-        net, info = train("multi-host", resume_from=str(out / "ckpt-killed"))
+    if mode in ("resumed", "resumed_from_one"):
+        source, sharding = {
+            "resumed": ("ckpt-killed", "replicated"),
+            "resumed_from_one": ("ckpt-one", "fsdp"),
+        }[mode]
+        net, info = train("multi-host", resume_from=str(out / source), parameter_sharding=sharding)
         if process == 0:
             facts = {
                 "loss": info.training_history["loss"].tolist(),
                 "stop_reason": info.stop_reason,
                 "iterations": info.training_history["iteration"].tolist(),
             }
-            save(out, "resumed", {f"run/{k}": v for k, v in learnables(net).items()}, facts)
+            save(out, mode, {f"run/{k}": v for k, v in learnables(net).items()}, facts)
         return
     raise SystemExit(f"unknown mode {mode!r}")
 

@@ -85,8 +85,12 @@ class _Watch:
         while not self.stop.wait(self.interval):
             now = time.monotonic()
             if now - self.answered > self.timeout:
-                self.lost(0, now - self.answered, "the coordination service of jax.distributed "
-                          "(process 0 hosts it) does not answer")
+                self.lost(
+                    0,
+                    now - self.answered,
+                    "the coordination service of jax.distributed "
+                    "(process 0 hosts it) does not answer",
+                )
             for peer, (_, changed) in list(self.seen.items()):
                 if now - changed > self.timeout:
                     self.lost(peer, now - changed, "its heartbeat stopped")

@@ -213,6 +213,17 @@ def _fill_input_statistics(like: Network, payload: dict[str, Any]) -> Network:
     return like
 
 
+def network_structure(net: Network) -> dict[str, Any]:
+    """The layers (names, classes, ports) and connections of ``net``, without its arrays."""
+    return _describe(net)
+
+
+def check_network_structure(saved: dict[str, Any], net: Network, source: str) -> None:
+    """Raise a named error at the first layer or connection where ``net`` differs from
+    ``saved`` (a :func:`network_structure`)."""
+    _check_structure(saved, _describe(net), source)
+
+
 def _describe(net: Network) -> dict[str, Any]:
     return {
         "layers": [

@@ -38,7 +38,7 @@ from .._core import SerializationError
 from .._devices import broadcast_int
 from .._network import Network
 from .._persistence import container as _container
-from .._persistence import restore_network
+from .._persistence import check_network_structure, restore_network
 from . import _fingerprint
 from ._checkpoint_folder import FolderCheckpoint, Writer, folder_name
 from ._checkpoint_sharded import ShardedCheckpoint
@@ -233,7 +233,23 @@ def resume(
             "leave key out to use the checkpoint's."
         )
     if checkpoint.sharded:  # its arrays are read onto the run's devices with the state's
-        _fingerprint.check(checkpoint.fingerprint, fingerprint, source, defaults=defaults)
+        saved = checkpoint.payload.get("network")
+        if saved is not None:  # the layers and connections (earlier releases did not save them)
+            try:
+                check_network_structure(saved, net, source)
+            except SerializationError as error:
+                raise SerializationError(
+                    f"trainnet(resume_from={source!r}): {error} Fix: pass the network the run "
+                    "started from (the same layers, names and sizes)."
+                ) from None
+        _fingerprint.check(
+            checkpoint.fingerprint,
+            fingerprint,
+            source,
+            defaults=defaults,
+            load_network="orbax reads its arrays: orbax.checkpoint.PyTreeCheckpointer()"
+            ".restore(checkpoint / 'arrays')",
+        )
         return net
     try:
         restored = restore_network(checkpoint.network, net, source=source)

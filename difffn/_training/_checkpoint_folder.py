@@ -28,6 +28,7 @@ import numpy as np
 
 from .._core import SerializationError
 from .._devices import broadcast_int, sync
+from .._persistence import check_schema, network_structure
 from . import _manifest, _rowlog
 from ._checkpoint_sharded import ShardedCheckpoint, arrays_of, json_key, layout, ocp_module
 from ._checkpoint_sharded import FORMAT as PROGRESS_FORMAT
@@ -82,6 +83,7 @@ class Writer:
         self.logged = (0, 0)  # training and validation rows the log holds for this run
         self.repaired = False
         self.checkpointer = _checkpointer()
+        self.structure = None  # the network's layers and connections, once
         if resumed is not None:
             self.iteration = resumed.iteration
             if resumed.history_log is not None and resumed.history_log.resolve() == (
@@ -158,6 +160,8 @@ class Writer:
         )
 
     def _progress(self, state, arrays, rows, elapsed, data_batch_size, data_position) -> dict:
+        if self.structure is None:
+            self.structure = network_structure(state.network)
         progress = state.progress_payload(
             elapsed=elapsed,
             fingerprint=self.fingerprint,
@@ -172,6 +176,7 @@ class Writer:
             run_key=json_key(progress["run_key"]),
             history={"file": self.log.name, "training": rows[0], "validation": rows[1]},
             layout={name: layout(tree) for name, tree in arrays.items()},
+            network=self.structure,
         )
         return progress
 
@@ -197,8 +202,13 @@ class FolderCheckpoint(ShardedCheckpoint):
         progress = cls.progress(
             source, lambda args: checkpointer.restore(path.absolute(), args=args)
         )
-        if not isinstance(progress.get("history"), dict):
-            raise SerializationError(f"{source!r} is malformed: its progress lacks 'history'.")
+        history = {"file": str, "training": int, "validation": int}
+        check_schema(progress, {"history": history}, source=source, where="the progress")
+        if Path(progress["history"]["file"]).name != progress["history"]["file"]:
+            raise SerializationError(
+                f"{source!r} is malformed: its history log {progress['history']['file']!r} is "
+                "not a file name in the checkpoint folder. Fix: use another copy."
+            )
         return cls(source, progress, folder=str(path.parent))
 
     def restore(self, args):

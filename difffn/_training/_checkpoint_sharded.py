@@ -26,10 +26,30 @@ import jax
 import numpy as np
 
 from .._core import SerializationError
+from .._persistence import Each, Optional, check_schema
 from ._state import FORMAT_VERSION, Checkpoint
 
 FORMAT = "difffn.sharded-checkpoint"
 ITEMS = ("arrays", "progress")
+_NUMBER = (int, float)
+_KEY = {"data": list, "impl": Optional(str)}
+_LAYOUT = Optional([list])  # [path, shape, dtype] per leaf
+SCHEMA = {  # the progress item, checked before anything reads it
+    "iteration": int,
+    "epoch": int,
+    "batch": int,
+    "order": Optional([int]),
+    "key": _KEY,
+    "run_key": _KEY,
+    "shuffle_seed": [int],
+    "best": Optional({"objective": _NUMBER, "iteration": int, "network": bool}),
+    "bad_validations": int,
+    "elapsed": _NUMBER,
+    "stop_reason": Optional(str),
+    "data_batch_size": Optional(int),
+    "fingerprint": Each(str),
+    "layout": Each(_LAYOUT),
+}
 
 
 def ocp_module():
@@ -110,6 +130,7 @@ class ShardedCheckpoint(Checkpoint):
                 f"{source!r} holds a checkpoint in format version {progress['format_version']}, "
                 f"newer than this difffn reads ({FORMAT_VERSION}). Fix: upgrade difffn."
             )
+        check_schema(progress, SCHEMA, source=source, where="the progress")
         for name in ("key", "run_key"):
             progress[name] = {
                 "data": np.asarray(progress[name]["data"], dtype=np.uint32),
