@@ -17,8 +17,8 @@ from pathlib import Path
 
 import checkpoint_run as run
 import jax
-import orbax.checkpoint as ocp
 import numpy as np
+import orbax.checkpoint as ocp
 import pytest
 from helpers import ROOT, assert_tree_allclose, unwritable_folder
 from training_layers import classification_data, classifier_net

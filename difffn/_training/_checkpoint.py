@@ -37,10 +37,11 @@ from typing import Any
 from .._core import SerializationError
 from .._devices import broadcast_int
 from .._network import Network
-from .._persistence import container as _container
 from .._persistence import check_network_structure, restore_network
+from .._persistence import container as _container
 from . import _fingerprint
-from ._checkpoint_folder import FolderCheckpoint, Writer, folder_name
+from ._checkpoint_folder import FolderCheckpoint
+from ._checkpoint_folder import Writer as Writer  # trainnet makes its writer through here
 from ._checkpoint_sharded import ShardedCheckpoint
 from ._checkpoint_sharded import steps as sharded_steps
 from ._state import Checkpoint, CheckpointWarning, same_key

@@ -30,8 +30,8 @@ from .._core import SerializationError
 from .._devices import broadcast_int, sync
 from .._persistence import check_schema, network_structure
 from . import _manifest, _rowlog
-from ._checkpoint_sharded import ShardedCheckpoint, arrays_of, json_key, layout, ocp_module
 from ._checkpoint_sharded import FORMAT as PROGRESS_FORMAT
+from ._checkpoint_sharded import ShardedCheckpoint, arrays_of, json_key, layout, ocp_module
 from ._state import CheckpointWarning, key_payload, plain_row
 
 PREFIX = "net_checkpoint__"
