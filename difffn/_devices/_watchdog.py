@@ -11,7 +11,10 @@ every ``timeout / 5`` seconds) and reads the others'. A peer whose counter has n
 ``timeout`` seconds (``TrainingOptions(process_timeout=...)``), or a coordination service that
 does not answer for that long, is lost: this process writes on stderr which process was lost,
 the last complete checkpoint and the ``resume_from`` to use, and exits at once with status
-:data:`EXIT_STATUS` (its main thread may be blocked in a collective that would never return).
+:data:`EXIT_STATUS` (its main thread may be blocked in a collective that would never return;
+exiting normally would also wait for ``jax.distributed``'s shutdown barrier, which a lost
+process never reaches). A collective that fails instead of blocking (gloo reports the peer's
+closed connection) waits for that verdict, up to the timeout, before its error is raised.
 A peer not yet seen (it has not reached its first multi-host ``trainnet``) is not judged.
 """
 
@@ -137,5 +140,11 @@ def watching(timeout: float, describe: Callable[[], str]) -> Iterator[None]:
         thread.start()
     try:
         yield
+    except jax.errors.JaxRuntimeError:
+        # a collective that failed (gloo: "Connection reset by peer") when a peer died: wait
+        # for the watch to confirm that a process was lost (it then exits); else it is
+        # another error, raised as it is
+        watch.stop.wait(timeout + 3 * watch.interval)
+        raise
     finally:
         watch.stop.set()
