@@ -14,11 +14,13 @@ process) writes what the test compares into the folder OUT:
   process yields shares of 3 (global batches of 6 over 4 devices: padded share by share, or
   replicated with batch norm) and then shares of 3 and 4 (a named error); ``minibatchpredict``
   and ``testnet`` on the mesh (``multihost.npz``, ``multihost.json``);
-* ``killed``: the run with checkpoints in ``OUT/ckpt-killed`` and ``process_timeout=5``; process 1
+* ``killed``: the run with checkpoints in ``OUT/ckpt-killed`` and ``process_timeout=10``; process 1
   SIGKILLs itself once the checkpoint of iteration ``KILL_AT`` is committed (writing the time to
   ``OUT/killed_at.txt``), while process 0 sleeps 0.5 s per later iteration in ``output_fcn``
   (so the run cannot end first); process 0 is then stopped by difffn's watchdog;
-* ``resumed``: ``resume_from=OUT/ckpt-killed`` (``resumed.npz``, ``resumed.json``);
+* ``resumed``: ``resume_from=OUT/ckpt-damaged``, a copy of ``OUT/ckpt-killed`` whose newest
+  checkpoint the test damaged (``resumed.npz``, ``resumed.json``, and each process's
+  ``CheckpointWarning`` messages in ``resumed_warnings_<process>.json``);
 * ``resumed_from_one``: a 2 x 2 job with ``parameter_sharding="fsdp"`` resumes ``OUT/ckpt-one``,
   the checkpoints of a one-process, one-device run paused at iteration ``PAUSE_AT`` (written by
   ``single``);
@@ -40,6 +42,7 @@ import signal
 import sys
 import threading
 import time
+import warnings
 from pathlib import Path
 
 import jax
@@ -54,6 +57,7 @@ if len(sys.argv) > 3:  # before anything else uses JAX
 
 import checkpoint_run as run  # noqa: E402
 import numpy as np  # noqa: E402
+from jax.experimental import multihost_utils  # noqa: E402
 
 import difffn as df  # noqa: E402
 
@@ -146,7 +150,13 @@ def iterable_uneven(environment, process: int | None, processes: int = 2) -> tup
 
 
 def learnables(net) -> dict:
-    return {path: np.asarray(value) for path, value in net.learnables.items()}
+    """Host copies (an fsdp learnable of a multi-host run is gathered: every process calls)."""
+    return {
+        path: np.asarray(
+            value if value.is_fully_addressable else multihost_utils.process_allgather(value)
+        )
+        for path, value in net.learnables.items()
+    }
 
 
 def save(out: Path, name: str, arrays: dict, facts: dict) -> None:
@@ -225,7 +235,7 @@ def main():
             verbose=True,
             plots="training-progress",
             plots_path=str(plots),
-            process_timeout=5 if mode == "killed" else 60,
+            process_timeout=10 if mode == "killed" else 60,
         )
         if mode == "killed":
             print("process", process, "was not stopped", flush=True)
@@ -272,17 +282,24 @@ def main():
         return
     if mode in ("resumed", "resumed_from_one"):
         source, sharding = {
-            "resumed": ("ckpt-killed", "replicated"),
+            "resumed": ("ckpt-damaged", "replicated"),
             "resumed_from_one": ("ckpt-one", "fsdp"),
         }[mode]
-        net, info = train("multi-host", resume_from=str(out / source), parameter_sharding=sharding)
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always", df.CheckpointWarning)
+            net, info = train(
+                "multi-host", resume_from=str(out / source), parameter_sharding=sharding
+            )
+        said = [str(w.message) for w in caught if w.category is df.CheckpointWarning]
+        (out / f"{mode}_warnings_{process}.json").write_text(json.dumps(said))
+        arrays = {f"run/{k}": v for k, v in learnables(net).items()}
         if process == 0:
             facts = {
                 "loss": info.training_history["loss"].tolist(),
                 "stop_reason": info.stop_reason,
                 "iterations": info.training_history["iteration"].tolist(),
             }
-            save(out, mode, {f"run/{k}": v for k, v in learnables(net).items()}, facts)
+            save(out, mode, arrays, facts)
         return
     raise SystemExit(f"unknown mode {mode!r}")
 

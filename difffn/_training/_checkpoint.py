@@ -92,6 +92,11 @@ def prune(folder, keep, *, written: Path | None = None) -> list[Path]:
     return deleted
 
 
+def _iteration(path: Path) -> int:
+    match = _NAME.match(path.name)
+    return -1 if match is None else int(match.group(1))
+
+
 def checkpoints(folder) -> list[Path]:
     """The checkpoints in ``folder`` (folders, and files of earlier releases), newest first (by
     date in the name, then iteration)."""
@@ -149,7 +154,7 @@ def find(resume_from, *, collective: bool = False) -> Checkpoint:
         return ShardedCheckpoint.read(path.parent, int(path.name))
     candidates = checkpoints(path)
     sharded = sharded_steps(path)
-    newest = int(_NAME.match(candidates[0].name).group(1)) if candidates else -1
+    newest = _iteration(candidates[0]) if candidates else -1
     if sharded and sharded[0] >= newest:
         return _newest_sharded(path, sharded)
     if not candidates:

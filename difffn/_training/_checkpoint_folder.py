@@ -22,6 +22,7 @@ import shutil
 import time
 import warnings
 from pathlib import Path
+from typing import Any
 
 import jax
 import numpy as np
@@ -211,5 +212,5 @@ class FolderCheckpoint(ShardedCheckpoint):
             )
         return cls(source, progress, folder=str(path.parent))
 
-    def restore(self, args):
+    def restore(self, args) -> Any:
         return _checkpointer().restore(Path(self.source).absolute(), args=args)

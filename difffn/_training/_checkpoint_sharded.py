@@ -138,7 +138,7 @@ class ShardedCheckpoint(Checkpoint):
             }
         return progress
 
-    def restore(self, args):
+    def restore(self, args) -> Any:
         """orbax's restore of this checkpoint's items (``args``: a ``Composite``)."""
         return _manager(self.folder).restore(self.step, args=args)
 
