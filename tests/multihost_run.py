@@ -150,13 +150,14 @@ def iterable_uneven(environment, process: int | None, processes: int = 2) -> tup
 
 
 def learnables(net) -> dict:
-    """Host copies (an fsdp learnable of a multi-host run is gathered: every process calls)."""
-    return {
-        path: np.asarray(
-            value if value.is_fully_addressable else multihost_utils.process_allgather(value)
-        )
-        for path, value in net.learnables.items()
-    }
+    """Host copies; an fsdp learnable of a multi-host run is gathered (every process calls)."""
+
+    def host(value):
+        if value.is_fully_replicated or value.is_fully_addressable:
+            return np.asarray(value)
+        return np.asarray(multihost_utils.process_allgather(value, tiled=True))
+
+    return {path: host(value) for path, value in net.learnables.items()}
 
 
 def save(out: Path, name: str, arrays: dict, facts: dict) -> None:
