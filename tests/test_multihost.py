@@ -253,6 +253,15 @@ def test_a_one_device_checkpoint_resumes_on_two_processes_with_fsdp(runs):
     np.testing.assert_allclose(facts["loss"], multi_facts["loss"], atol=TOL, rtol=TOL)
 
 
+@pytest.mark.parametrize("value", [0, -1.0, "10", float("nan")])
+def test_process_timeout_must_be_positive_seconds(value):
+    with pytest.raises(
+        df.OptionsError, match=r"process_timeout must be a positive real number; got .*Fix:"
+    ):
+        df.TrainingOptions(execution_environment="multi-host", process_timeout=value)
+    assert df.TrainingOptions().process_timeout == 60
+
+
 @pytest.mark.parametrize("call", ["trainnet", "minibatchpredict"])
 def test_multi_host_without_jax_distributed_says_how_to_start(call):
     net = df.Network([df.layers.FeatureInput(2), df.layers.FullyConnected(2)])

@@ -77,9 +77,11 @@ def trainnet(*args, key=None, resume_from=None):
         (default ``jax.random.key(0)``: training is reproducible). When resuming, the
         checkpoint's keys are used; a ``key`` other than the one the run started with is an
         error.
-      resume_from: a checkpoint file, or a folder of checkpoints (the newest valid one is used;
-        a damaged newest one is reported with a ``df.CheckpointWarning`` and the previous one
-        used). Training continues exactly where the checkpoint stopped: the same epoch and
+      resume_from: a checkpoint (a ``net_checkpoint__<iteration>__<date>`` folder), or a folder
+        of checkpoints (the newest valid one is used; a damaged newest one, a file of it
+        flipped, truncated or missing, is reported with a ``df.CheckpointWarning`` naming the
+        file, and the previous one used). It resumes on any number of processes and devices
+        and any ``parameter_sharding`` (``docs/scaling.md``, the resume matrix). Training continues exactly where the checkpoint stopped: the same epoch and
         mini-batch, data order, keys, optimizer state, learn-rate schedule position,
         validation and patience state and history, so the result equals an uninterrupted
         run's. Pass the network, loss, data and options of the run that wrote it (the
