@@ -544,3 +544,31 @@ def test_a_torn_history_log_is_repaired_and_stays_readable(tmp_path, uninterrupt
         file.write(b"\x40\x00\x00\x00\x00\x00\x00\x00half a record")
     run.train(tmp_path, resume_from=tmp_path, output_fcn=pause_at(16))  # appends after the tear
     assert_same_run(run.train(resume_from=tmp_path), uninterrupted)
+
+
+# -- checkpoints of the release before one format -------------------------------------------------
+
+
+def test_a_multi_process_checkpoint_of_the_earlier_release_resumes(tmp_path):
+    """An orbax ``<step>`` folder written by the earlier release's ShardedWriter (commit
+    6c41c82, tests/data/earlier_release/make_sharded.py) resumes in one process."""
+    earlier = Path(__file__).parent / "data" / "earlier_release"
+    sys.path.insert(0, str(earlier))
+    import make_sharded  # noqa: PLC0415  (its network, data and options)
+
+    folder = tmp_path / "sharded"
+    shutil.copytree(earlier / "sharded", folder)
+    X, T = make_sharded.make.data()
+    net = make_sharded.make.network()
+    loss = df.losses.crossentropy
+    resumed, info = df.trainnet(
+        X, T, net, loss, make_sharded.options(), resume_from=folder, key=jax.random.key(1)
+    )
+    fresh, fresh_info = df.trainnet(X, T, net, loss, make_sharded.options(), key=jax.random.key(1))
+    assert info.training_history["iteration"].tolist() == list(range(1, 7))
+    checkpoint = _checkpoint.find(folder)  # the rows before iteration 4 are the file's
+    assert checkpoint.iteration == 4 and Path(checkpoint.source).name == "4"
+    stored = [row["time_elapsed"] for row in checkpoint.payload["training_rows"]]
+    assert info.training_history["time_elapsed"][:4].tolist() == stored
+    # other CPU kernels may have written the file: the last digits are not compared
+    assert_tree_allclose(resumed.learnables, fresh.learnables, rtol=1e-5, atol=1e-7)
