@@ -18,6 +18,8 @@ process) writes what the test compares into the folder OUT:
   SIGKILLs itself once the checkpoint of iteration ``KILL_AT`` is committed (writing the time to
   ``OUT/killed_at.txt``), while process 0 sleeps 0.5 s per later iteration in ``output_fcn``
   (so the run cannot end first); process 0 is then stopped by difffn's watchdog;
+* ``hung``: the same, in ``OUT/ckpt-hung``, but process 1 stops (SIGSTOP: it hangs, alive)
+  (``OUT/hung_at.txt``);
 * ``resumed``: ``resume_from=OUT/ckpt-damaged``, a copy of ``OUT/ckpt-killed`` whose newest
   checkpoint the test damaged (``resumed.npz``, ``resumed.json``, and each process's
   ``CheckpointWarning`` messages in ``resumed_warnings_<process>.json``);
@@ -165,12 +167,13 @@ def save(out: Path, name: str, arrays: dict, facts: dict) -> None:
     (out / f"{name}.json").write_text(json.dumps(facts))
 
 
-def die_after_checkpoint(folder: Path, out: Path) -> None:
-    """SIGKILL this process once the checkpoint of iteration KILL_AT is committed."""
+def stop_after_checkpoint(folder: Path, stamp: Path, how: signal.Signals) -> None:
+    """Once the checkpoint of iteration KILL_AT is committed, write the time to ``stamp`` and
+    send this process ``how`` (SIGKILL: it dies; SIGSTOP: it hangs, every thread stopped)."""
     while not list(folder.glob(f"net_checkpoint__{KILL_AT}__*")):
         time.sleep(0.01)
-    (out / "killed_at.txt").write_text(repr(time.time()))
-    os.kill(os.getpid(), signal.SIGKILL)
+    stamp.write_text(repr(time.time()))
+    os.kill(os.getpid(), how)
 
 
 def main():
@@ -214,20 +217,25 @@ def main():
             arrays[f"{name}_loss"] = info.training_history["loss"]
         save(out, "resume_one", arrays, {})
         return
-    if mode in ("multihost", "killed"):
-        folder = out / ("ckpt" if mode == "multihost" else "ckpt-killed")
+    if mode in ("multihost", "killed", "hung"):
+        folder = out / {"multihost": "ckpt", "killed": "ckpt-killed", "hung": "ckpt-hung"}[mode]
         folder.mkdir(exist_ok=True)
         calls = out / f"output_fcn_{process}.txt"
 
         def output_fcn(info):
             with open(calls, "a") as f:
                 f.write(f"{info['state']} {info['iteration']}\n")
-            if mode == "killed" and info["iteration"] > KILL_AT:
+            if mode in ("killed", "hung") and info["iteration"] > KILL_AT:
                 time.sleep(0.5)  # process 1 dies meanwhile
             return False
 
-        if mode == "killed" and process == 1:
-            threading.Thread(target=die_after_checkpoint, args=(folder, out), daemon=True).start()
+        if mode in ("killed", "hung") and process == 1:
+            how = signal.SIGKILL if mode == "killed" else signal.SIGSTOP
+            threading.Thread(
+                target=stop_after_checkpoint,
+                args=(folder, out / f"{mode}_at.txt", how),
+                daemon=True,
+            ).start()
         plots = out / f"plot_{process}.png"
         net, info = train(
             "multi-host",
@@ -236,9 +244,9 @@ def main():
             verbose=True,
             plots="training-progress",
             plots_path=str(plots),
-            process_timeout=10 if mode == "killed" else 60,
+            process_timeout=60 if mode == "multihost" else 10,
         )
-        if mode == "killed":
+        if mode in ("killed", "hung"):
             print("process", process, "was not stopped", flush=True)
             return
         if not multi:

@@ -38,9 +38,18 @@ def free_port() -> int:
 
 
 def launch(
-    script: Path, *args, folder: Path, processes: int = 2, devices: int = 2, timeout: float = 120
+    script: Path,
+    *args,
+    folder: Path,
+    processes: int = 2,
+    devices: int = 2,
+    timeout: float = 120,
+    end_with: int | None = None,
 ) -> list[Result]:
     """Run the job and return each process's result (in process order).
+
+    ``end_with``: when that process has ended, the others still running are killed (a job
+    whose other processes hang).
 
     Raises:
       TimeoutError: the job ran past ``timeout`` seconds (it is killed first).
@@ -78,6 +87,12 @@ def launch(
             for i, p in enumerate(started):
                 if ended[i] is None and p.poll() is not None:
                     ended[i] = time.time()
+            if end_with is not None and ended[end_with] is not None:
+                for i, p in enumerate(started):
+                    if ended[i] is None:
+                        p.kill()
+                        p.wait(timeout=30)
+                        ended[i] = time.time()
             if time.monotonic() > deadline:
                 raise TimeoutError(
                     f"{script.name} {args}: the {processes}-process job ran past {timeout} s"

@@ -42,6 +42,7 @@ def runs(tmp_path_factory):
     for mode in ("multihost", "resumed", "resumed_from_one"):
         for r in results[mode]:
             assert r.returncode == 0, f"{mode}: {r.stderr[-3000:]}"
+    results["hung"] = launch(SCRIPT, "hung", out, folder=out / "logs-hung", timeout=400, end_with=0)
     one = run_python(SCRIPT, "resume_one", str(out), devices=4, env={"JAX_PLATFORMS": "cpu"})
     assert one.returncode == 0, one.stderr[-3000:]
     return out, results
@@ -176,19 +177,22 @@ def test_checkpoints_written_once_through_orbax_with_matlab_names(runs):
 
 @pytest.mark.multihost
 @pytest.mark.slow
-def test_a_killed_process_stops_the_other_in_bounded_time_saying_how_to_resume(runs):
+@pytest.mark.parametrize("how", ["killed", "hung"])
+def test_a_lost_process_stops_the_other_in_bounded_time_saying_how_to_resume(runs, how):
+    """Process 1 SIGKILLed (it dies) or SIGSTOPped (it hangs) after a checkpoint."""
     out, results = runs
-    survivor, killed = results["killed"]
-    assert killed.returncode == -9, killed.stderr[-3000:]
+    survivor, lost = results[how]
+    if how == "killed":
+        assert lost.returncode == -9, lost.stderr[-3000:]
     # difffn's watchdog, not JAX's coordination service (SIGABRT after 100 s) nor a hang
     assert survivor.returncode == 75, survivor.stderr[-3000:]
     assert "was not stopped" not in survivor.stdout
-    delay = survivor.ended - float((out / "killed_at.txt").read_text())
-    print(f"process 0 stopped {delay:.1f} s after process 1 was killed (process_timeout=10)")
+    delay = survivor.ended - float((out / f"{how}_at.txt").read_text())
+    print(f"{how}: process 0 stopped {delay:.1f} s after process 1 (process_timeout=10)")
     assert delay < 60  # bounded: JAX's own heartbeat timeout (100 s) never came into play
-    folder = out / "ckpt-killed"
+    folder = out / f"ckpt-{how}"
     saved = sorted(int(p.name.split("__")[1]) for p in folder.glob("net_checkpoint__*"))
-    assert saved and KILL_AT <= saved[-1] < 24  # killed mid-run
+    assert saved and KILL_AT <= saved[-1] < 24  # stopped mid-run
     newest = next(folder.glob(f"net_checkpoint__{saved[-1]}__*"))
     assert re.search(
         rf"difffn: process 1 of 2 was lost: its heartbeat stopped \d+\.\d s ago "
