@@ -9,9 +9,9 @@ nothing else from the package's modules (tests/test_architecture.py holds it).
 """
 
 from ._distributed import agree as agree
+from ._distributed import all_agree as all_agree
 from ._distributed import broadcast_int as broadcast_int
 from ._distributed import gather_rows as gather_rows
-from ._distributed import sync as sync
 from ._partition import learnable_layout as learnable_layout
 from ._partition import optimizer_shardings as optimizer_shardings
 from ._sharding import ENVIRONMENTS as ENVIRONMENTS
@@ -28,10 +28,10 @@ __all__ = [
     "MESH_ENVIRONMENTS",
     "Placement",
     "agree",
+    "all_agree",
     "broadcast_int",
     "gather_rows",
     "learnable_layout",
     "optimizer_shardings",
-    "sync",
     "watching",
 ]

@@ -57,10 +57,12 @@ def broadcast_int(value: int) -> int:
     return (int(hi) << 31) | int(lo)
 
 
-def sync(name: str) -> None:
-    """Wait until every process reaches the barrier ``name`` (a collective)."""
-    if jax.process_count() > 1:
-        multihost_utils.sync_global_devices(name)
+def all_agree(flag: bool) -> bool:
+    """Whether ``flag`` is True in every process (a collective, so also a barrier)."""
+    if jax.process_count() == 1:
+        return flag
+    flags = np.asarray(multihost_utils.process_allgather(np.asarray(flag, dtype=np.bool_)))
+    return bool(np.all(flags))
 
 
 def gather_rows(x, axis: int):

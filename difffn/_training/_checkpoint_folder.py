@@ -28,7 +28,7 @@ import jax
 import numpy as np
 
 from .._core import SerializationError
-from .._devices import broadcast_int, sync
+from .._devices import all_agree, broadcast_int
 from .._persistence import check_schema, network_structure
 from . import _manifest, _rowlog
 from ._checkpoint_sharded import FORMAT as PROGRESS_FORMAT
@@ -104,18 +104,30 @@ class Writer:
         """Write a checkpoint of ``state``; return its folder (None if it could not be written).
 
         A failed write (a full disk, a folder removed or read-only) warns with
-        :class:`CheckpointWarning` and returns None; the checkpoints written before are kept.
+        :class:`CheckpointWarning` (in every process) and returns None; the checkpoints written
+        before are kept. Every process takes each step or none does (a collective vote after
+        each step), so no process waits for another that gave up.
         """
         self.iteration = state.iteration
         name = folder_name(state.iteration, broadcast_int(int(time.time())))
         final, partial = self.folder / name, self.folder / f".{name}.partial"
         rows = (len(state.training_rows), len(state.validation_rows))
-        try:
+        problems: list[str] = []
+
+        def step(action) -> bool:  # run it, then vote: whether it went well everywhere
+            try:
+                action()
+            except (OSError, ValueError, SerializationError) as error:  # the disk, the folder
+                problems.append(str(error))
+            return all_agree(not problems)
+
+        def prepare():
             if not self.folder.is_dir():
                 raise FileNotFoundError(f"the folder {str(self.folder)!r} does not exist")
             if self.primary:
                 self._append_rows(state, rows)
-            self.logged = rows
+
+        def write():
             arrays = arrays_of(state)
             progress = self._progress(state, arrays, rows, elapsed, data_batch_size, data_position)
             ocp = ocp_module()
@@ -126,25 +138,29 @@ class Writer:
                 ),
                 force=True,
             )
+
+        def commit():
             if self.primary:
                 _manifest.write(partial)
                 if final.exists():  # the same iteration in the same second: replace it
                     shutil.rmtree(final)
                 os.replace(partial, final)
                 _fsync_folder(self.folder)
-            sync(f"difffn checkpoint {name}")
-        except (OSError, ValueError, SerializationError) as error:  # the disk or the folder
+
+        if not (step(prepare) and step(write) and step(commit)):
+            if self.primary:
+                shutil.rmtree(partial, ignore_errors=True)
+            why = problems[0] if problems else "another process could not write its part"
             warnings.warn(
                 f"trainnet: the checkpoint of iteration {state.iteration} could not be written "
-                f"({error}). Training goes on; the older checkpoints in {str(self.folder)!r} are "
+                f"({why}). Training goes on; the older checkpoints in {str(self.folder)!r} are "
                 "kept and still valid. Fix: free disk space, make the folder writable, or set "
                 "another checkpoint_path.",
                 CheckpointWarning,
                 stacklevel=3,
             )
-            if self.primary:
-                shutil.rmtree(partial, ignore_errors=True)
             return None
+        self.logged = rows
         self.written = final
         if self.primary:
             self.prune(self.folder, self.keep, written=final)

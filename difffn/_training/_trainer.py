@@ -81,13 +81,15 @@ def trainnet(*args, key=None, resume_from=None):
         of checkpoints (the newest valid one is used; a damaged newest one, a file of it
         flipped, truncated or missing, is reported with a ``df.CheckpointWarning`` naming the
         file, and the previous one used). It resumes on any number of processes and devices
-        and any ``parameter_sharding`` (``docs/scaling.md``, the resume matrix). Training continues exactly where the checkpoint stopped: the same epoch and
+        and any ``parameter_sharding`` (``docs/scaling.md``, the resume matrix). Training
+        continues exactly where the checkpoint stopped: the same epoch and
         mini-batch, data order, keys, optimizer state, learn-rate schedule position,
         validation and patience state and history, so the result equals an uninterrupted
         run's. Pass the network, loss, data and options of the run that wrote it (the
         options that change the numbers, the loss, the data and the factors are checked);
-        ``verbose``, ``plots``, ``output_fcn``, ``execution_environment`` and the checkpoint
-        options may differ. A run that was stopped by ``output_fcn`` continues; one that
+        ``verbose``, ``plots``, ``output_fcn``, ``execution_environment``, ``mesh_shape``,
+        ``parameter_sharding``, ``process_timeout`` and the checkpoint options may differ. A
+        run that was stopped by ``output_fcn`` continues; one that
         ended (max epochs, patience, NaN loss) returns its result.
 
     Returns:
