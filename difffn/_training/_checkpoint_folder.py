@@ -6,9 +6,10 @@ A checkpoint is the folder ``<checkpoint_path>/net_checkpoint__<iteration>__<yyy
 every file). Every process of the run calls :meth:`Writer.save`: orbax's ``Checkpointer`` writes
 the items collectively into ``.net_checkpoint__…partial`` (its own temporary folder, renamed when
 every process has written its shards); process 0 then writes the manifest, renames the folder to
-its final name and fsyncs the checkpoint folder, and every process waits for that. A checkpoint
-is therefore there whole, checksummed, or not at all; a folder left by a killed write keeps its
-hidden name and is removed by the next prune.
+its final name and fsyncs the checkpoint folder. After each of these steps the processes vote
+(a collective): if any could not do its part, every process warns and training goes on. A
+checkpoint is therefore there whole, checksummed, or not at all; a folder left by a killed write
+keeps its hidden name and is removed by the next prune.
 
 The history rows go to the run's log (``_rowlog``, written by process 0); ``progress`` records
 how many rows the checkpoint covers.
