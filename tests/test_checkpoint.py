@@ -97,6 +97,12 @@ def test_checkpoints_follow_frequency_and_unit_and_keep_the_newest(tmp_path):
     restored = orbax_arrays(by_iteration / names(by_iteration)[0])
     for got, want in zip(restored["learnables"], net.learnables.values(), strict=True):
         np.testing.assert_array_equal(got, want)
+    with pytest.raises(
+        df.SerializationError,
+        match=r"is a trainnet checkpoint folder \(orbax\), not a df\.save file\. Fix: continue "
+        r"the run with df\.trainnet\(\.\.\., resume_from=path\), or read its arrays with orbax",
+    ):
+        df.load(by_iteration / names(by_iteration)[0], like=classifier_net())
 
     options = df.TrainingOptions(**base, checkpoint_path=by_epoch, checkpoint_keep=math.inf)
     df.trainnet(X, T, classifier_net(), "crossentropy", options)
