@@ -14,9 +14,20 @@ process) writes what the test compares into the folder OUT:
   process yields shares of 3 (global batches of 6 over 4 devices: padded share by share, or
   replicated with batch norm) and then shares of 3 and 4 (a named error); ``minibatchpredict``
   and ``testnet`` on the mesh (``multihost.npz``, ``multihost.json``);
-* ``killed``: the run with checkpoints in ``OUT/ckpt-killed``, until process 0 kills the whole
-  process group (SIGKILL, both processes) at iteration ``KILL_AT``;
-* ``resumed``: ``resume_from=OUT/ckpt-killed`` (``resumed.npz``, ``resumed.json``).
+* ``killed``: the run with checkpoints in ``OUT/ckpt-killed`` and ``process_timeout=10``; process 1
+  SIGKILLs itself once the checkpoint of iteration ``KILL_AT`` is committed (writing the time to
+  ``OUT/killed_at.txt``), while process 0 sleeps 0.5 s per later iteration in ``output_fcn``
+  (so the run cannot end first); process 0 is then stopped by difffn's watchdog;
+* ``hung``: the same, in ``OUT/ckpt-hung``, but process 1 stops (SIGSTOP: it hangs, alive)
+  (``OUT/hung_at.txt``);
+* ``resumed``: ``resume_from=OUT/ckpt-damaged``, a copy of ``OUT/ckpt-killed`` whose newest
+  checkpoint the test damaged (``resumed.npz``, ``resumed.json``, and each process's
+  ``CheckpointWarning`` messages in ``resumed_warnings_<process>.json``);
+* ``resumed_from_one``: a 2 x 2 job with ``parameter_sharding="fsdp"`` resumes ``OUT/ckpt-one``,
+  the checkpoints of a one-process, one-device run paused at iteration ``PAUSE_AT`` (written by
+  ``single``);
+* ``resume_one`` (one process, 4 devices): ``OUT/ckpt-killed`` resumed on one device (``"auto"``)
+  and on 1 x 4 devices with ``parameter_sharding="fsdp"`` (``resume_one.npz``).
 
 The run is ``checkpoint_run``'s (input statistics, batch norm, dropout keys, a shuffle every
 epoch, a learn-rate schedule, validation with the best-validation network), with a validation
@@ -31,6 +42,9 @@ import json
 import os
 import signal
 import sys
+import threading
+import time
+import warnings
 from pathlib import Path
 
 import jax
@@ -45,10 +59,12 @@ if len(sys.argv) > 3:  # before anything else uses JAX
 
 import checkpoint_run as run  # noqa: E402
 import numpy as np  # noqa: E402
+from jax.experimental import multihost_utils  # noqa: E402
 
 import difffn as df  # noqa: E402
 
-KILL_AT = 14
+KILL_AT = 12
+PAUSE_AT = 10
 X, T, X_VAL, T_VAL = run.data()
 X_VAL, T_VAL = X_VAL[:46], T_VAL[:46]
 
@@ -136,12 +152,28 @@ def iterable_uneven(environment, process: int | None, processes: int = 2) -> tup
 
 
 def learnables(net) -> dict:
-    return {path: np.asarray(value) for path, value in net.learnables.items()}
+    """Host copies; an fsdp learnable of a multi-host run is gathered (every process calls)."""
+
+    def host(value):
+        if value.is_fully_replicated or value.is_fully_addressable:
+            return np.asarray(value)
+        return np.asarray(multihost_utils.process_allgather(value, tiled=True))
+
+    return {path: host(value) for path, value in net.learnables.items()}
 
 
 def save(out: Path, name: str, arrays: dict, facts: dict) -> None:
     np.savez(out / f"{name}.npz", **arrays)
     (out / f"{name}.json").write_text(json.dumps(facts))
+
+
+def stop_after_checkpoint(folder: Path, stamp: Path, how: signal.Signals) -> None:
+    """Once the checkpoint of iteration KILL_AT is committed, write the time to ``stamp`` and
+    send this process ``how`` (SIGKILL: it dies; SIGSTOP: it hangs, every thread stopped)."""
+    while not list(folder.glob(f"net_checkpoint__{KILL_AT}__*")):
+        time.sleep(0.01)
+    stamp.write_text(repr(time.time()))
+    os.kill(os.getpid(), how)
 
 
 def main():
@@ -169,19 +201,41 @@ def main():
             "iterable_uneven": group_facts,
         }
         save(out, "single", arrays, facts)
+        (out / "ckpt-one").mkdir(exist_ok=True)  # 1 x 1, paused: the 2 x 2 job resumes it
+        train("auto", out / "ckpt-one", output_fcn=lambda info: info["iteration"] >= PAUSE_AT)
         return
-    if mode in ("multihost", "killed"):
-        folder = out / ("ckpt" if mode == "multihost" else "ckpt-killed")
+    if mode == "resume_one":
+        arrays = {}
+        for name, environment, sharding in (
+            ("one", "auto", "replicated"),
+            ("fsdp", "multi-device", "fsdp"),
+        ):
+            net, info = train(
+                environment, resume_from=str(out / "ckpt-killed"), parameter_sharding=sharding
+            )
+            arrays |= {f"{name}/{k}": v for k, v in learnables(net).items()}
+            arrays[f"{name}_loss"] = info.training_history["loss"]
+        save(out, "resume_one", arrays, {})
+        return
+    if mode in ("multihost", "killed", "hung"):
+        folder = out / {"multihost": "ckpt", "killed": "ckpt-killed", "hung": "ckpt-hung"}[mode]
         folder.mkdir(exist_ok=True)
         calls = out / f"output_fcn_{process}.txt"
 
         def output_fcn(info):
             with open(calls, "a") as f:
                 f.write(f"{info['state']} {info['iteration']}\n")
-            if mode == "killed" and info["iteration"] == KILL_AT:
-                os.killpg(os.getpgrp(), signal.SIGKILL)  # every process of the job, at once
+            if mode in ("killed", "hung") and info["iteration"] > KILL_AT:
+                time.sleep(0.5)  # process 1 dies meanwhile
             return False
 
+        if mode in ("killed", "hung") and process == 1:
+            how = signal.SIGKILL if mode == "killed" else signal.SIGSTOP
+            threading.Thread(
+                target=stop_after_checkpoint,
+                args=(folder, out / f"{mode}_at.txt", how),
+                daemon=True,
+            ).start()
         plots = out / f"plot_{process}.png"
         net, info = train(
             "multi-host",
@@ -190,7 +244,11 @@ def main():
             verbose=True,
             plots="training-progress",
             plots_path=str(plots),
+            process_timeout=60 if mode == "multihost" else 10,
         )
+        if mode in ("killed", "hung"):
+            print("process", process, "was not stopped", flush=True)
+            return
         if not multi:
             return
         options = df.TrainingOptions(
@@ -231,15 +289,26 @@ def main():
             save(out, "multihost", arrays, facts)
         print("done", process, flush=True)
         return
-    if mode == "resumed":
-        net, info = train("multi-host", resume_from=str(out / "ckpt-killed"))
+    if mode in ("resumed", "resumed_from_one"):
+        source, sharding = {
+            "resumed": ("ckpt-damaged", "replicated"),
+            "resumed_from_one": ("ckpt-one", "fsdp"),
+        }[mode]
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always", df.CheckpointWarning)
+            net, info = train(
+                "multi-host", resume_from=str(out / source), parameter_sharding=sharding
+            )
+        said = [str(w.message) for w in caught if w.category is df.CheckpointWarning]
+        (out / f"{mode}_warnings_{process}.json").write_text(json.dumps(said))
+        arrays = {f"run/{k}": v for k, v in learnables(net).items()}
         if process == 0:
             facts = {
                 "loss": info.training_history["loss"].tolist(),
                 "stop_reason": info.stop_reason,
                 "iterations": info.training_history["iteration"].tolist(),
             }
-            save(out, "resumed", {f"run/{k}": v for k, v in learnables(net).items()}, facts)
+            save(out, mode, arrays, facts)
         return
     raise SystemExit(f"unknown mode {mode!r}")
 

@@ -22,11 +22,13 @@ from helpers import ROOT, TEST_XLA_FLAGS
 
 @dataclasses.dataclass
 class Result:
-    """One process of a job: its exit status (negative: killed by that signal) and output."""
+    """One process of a job: its exit status (negative: killed by that signal), output, and when
+    it ended (``time.time()``, seen by polling every 20 ms)."""
 
     returncode: int | None
     stdout: str
     stderr: str
+    ended: float | None = None
 
 
 def free_port() -> int:
@@ -36,9 +38,18 @@ def free_port() -> int:
 
 
 def launch(
-    script: Path, *args, folder: Path, processes: int = 2, devices: int = 2, timeout: float = 120
+    script: Path,
+    *args,
+    folder: Path,
+    processes: int = 2,
+    devices: int = 2,
+    timeout: float = 120,
+    end_with: int | None = None,
 ) -> list[Result]:
     """Run the job and return each process's result (in process order).
+
+    ``end_with``: when that process has ended, the others still running are killed (a job
+    whose other processes hang).
 
     Raises:
       TimeoutError: the job ran past ``timeout`` seconds (it is killed first).
@@ -53,6 +64,7 @@ def launch(
     folder.mkdir(parents=True, exist_ok=True)
     started: list[subprocess.Popen] = []
     logs = []
+    ended: list[float | None] = [None] * processes
     group = None
     try:
         for i in range(processes):
@@ -71,13 +83,21 @@ def launch(
             )
             group = started[0].pid if group is None else group
         deadline = time.monotonic() + timeout
-        for p in started:
-            try:
-                p.wait(timeout=max(0.1, deadline - time.monotonic()))
-            except subprocess.TimeoutExpired:
+        while any(ended[i] is None for i in range(processes)):
+            for i, p in enumerate(started):
+                if ended[i] is None and p.poll() is not None:
+                    ended[i] = time.time()
+            if end_with is not None and ended[end_with] is not None:
+                for i, p in enumerate(started):
+                    if ended[i] is None:
+                        p.kill()
+                        p.wait(timeout=30)
+                        ended[i] = time.time()
+            if time.monotonic() > deadline:
                 raise TimeoutError(
                     f"{script.name} {args}: the {processes}-process job ran past {timeout} s"
-                ) from None
+                )
+            time.sleep(0.02)
     finally:
         if group is not None and any(p.poll() is None for p in started):
             try:
@@ -94,6 +114,7 @@ def launch(
             p.returncode,
             (folder / f"stdout_{i}.txt").read_text(),
             (folder / f"stderr_{i}.txt").read_text(),
+            ended[i],
         )
         for i, p in enumerate(started)
     ]

@@ -1,11 +1,14 @@
 """execution_environment="multi-host": 2 processes x 2 host devices joined by jax.distributed on
 loopback (tests/multihost_run.py, launched by tests/multiprocess.py), against a 1-process x
-4-device run and a 1-device run of the same training."""
+4-device run and a 1-device run of the same training; a process SIGKILLed mid-run (the other
+stops within process_timeout, saying how to resume); checkpoints resumed on other topologies
+(2 x 2 -> 2 x 2, 1 x 1, 1 x 4 fsdp; 1 x 1 -> 2 x 2 fsdp)."""
 
 from __future__ import annotations
 
 import json
 import re
+import shutil
 from pathlib import Path
 
 import jax
@@ -17,6 +20,7 @@ from multiprocess import launch
 import difffn as df
 
 SCRIPT = Path(__file__).parent / "multihost_run.py"
+KILL_AT = 12  # multihost_run.KILL_AT: process 1 dies after this iteration's checkpoint
 TOL = 1e-4  # float32 rounding: the gradient reduction adds in another order
 
 
@@ -26,12 +30,33 @@ def runs(tmp_path_factory):
     single = run_python(SCRIPT, "single", str(out), devices=4, env={"JAX_PLATFORMS": "cpu"})
     assert single.returncode == 0, single.stderr[-3000:]
     results = {}
-    for mode in ("multihost", "killed", "resumed"):
+    for mode in ("multihost", "killed", "resumed", "resumed_from_one"):
+        if mode == "resumed":  # the newest checkpoint of the killed run, damaged
+            shutil.copytree(out / "ckpt-killed", out / "ckpt-damaged")
+            newest = max(
+                (out / "ckpt-damaged").glob("net_checkpoint__*"),
+                key=lambda p: int(p.name.split("__")[1]),
+            )
+            (out / "damaged.txt").write_text(flip_array_bytes(newest))
         results[mode] = launch(SCRIPT, mode, out, folder=out / f"logs-{mode}", timeout=400)
-    for mode in ("multihost", "resumed"):
+    for mode in ("multihost", "resumed", "resumed_from_one"):
         for r in results[mode]:
             assert r.returncode == 0, f"{mode}: {r.stderr[-3000:]}"
+    results["hung"] = launch(SCRIPT, "hung", out, folder=out / "logs-hung", timeout=400, end_with=0)
+    one = run_python(SCRIPT, "resume_one", str(out), devices=4, env={"JAX_PLATFORMS": "cpu"})
+    assert one.returncode == 0, one.stderr[-3000:]
     return out, results
+
+
+def flip_array_bytes(checkpoint: Path) -> str:
+    """Flip 64 bytes in the middle of the largest array data file; its path in the checkpoint."""
+    files = [p for p in (checkpoint / "arrays").rglob("*") if p.is_file() and p.parent.name == "d"]
+    path = max(files, key=lambda p: p.stat().st_size)
+    blob = path.read_bytes()
+    middle, width = len(blob) // 2, min(64, len(blob) // 4)
+    flipped = bytes(b ^ 0xFF for b in blob[middle : middle + width])
+    path.write_bytes(blob[:middle] + flipped + blob[middle + width :])
+    return path.relative_to(checkpoint).as_posix()
 
 
 def _load(out: Path, name: str):
@@ -142,25 +167,103 @@ def test_verbose_plots_and_output_fcn_on_process_zero_only(runs):
 
 @pytest.mark.multihost
 @pytest.mark.slow
-def test_checkpoints_written_once_through_orbax(runs):
+def test_checkpoints_written_once_through_orbax_with_matlab_names(runs):
     out, _ = runs
     _, facts = _load(out, "multihost")
-    steps = sorted(int(s) for s in facts["steps"] if s.isdigit())
-    assert steps and steps[-1] == 24 and all(s % 4 == 0 for s in steps)
+    steps = sorted(int(s.split("__")[1]) for s in facts["steps"] if s.startswith("net_check"))
+    assert steps == [16, 20, 24]  # every 4 iterations, the newest 3 kept
+    assert all(not s.startswith(".") for s in facts["steps"])  # no partial folder left
 
 
 @pytest.mark.multihost
 @pytest.mark.slow
-def test_resume_after_sigkill_of_both_processes(runs):
+@pytest.mark.parametrize("how", ["killed", "hung"])
+def test_a_lost_process_stops_the_other_in_bounded_time_saying_how_to_resume(runs, how):
+    """Process 1 SIGKILLed (it dies) or SIGSTOPped (it hangs) after a checkpoint."""
     out, results = runs
-    assert [r.returncode for r in results["killed"]] == [-9, -9]
-    saved = sorted(int(p.name) for p in (out / "ckpt-killed").iterdir() if p.name.isdigit())
-    assert saved and saved[-1] < 24  # killed mid-run, at iteration 14
+    survivor, lost = results[how]
+    if how == "killed":
+        assert lost.returncode == -9, lost.stderr[-3000:]
+    # difffn's watchdog, not JAX's coordination service (SIGABRT after 100 s) nor a hang
+    assert survivor.returncode == 75, survivor.stderr[-3000:]
+    assert "was not stopped" not in survivor.stdout
+    delay = survivor.ended - float((out / f"{how}_at.txt").read_text())
+    print(f"{how}: process 0 stopped {delay:.1f} s after process 1 (process_timeout=10)")
+    assert delay < 60  # bounded: JAX's own heartbeat timeout (100 s) never came into play
+    folder = out / f"ckpt-{how}"
+    saved = sorted(int(p.name.split("__")[1]) for p in folder.glob("net_checkpoint__*"))
+    assert saved and KILL_AT <= saved[-1] < 24  # stopped mid-run
+    newest = next(folder.glob(f"net_checkpoint__{saved[-1]}__*"))
+    assert re.search(
+        rf"difffn: process 1 of 2 was lost: its heartbeat stopped \d+\.\d s ago "
+        rf"\(TrainingOptions process_timeout=10 s\).*process 0 stops now \(exit status 75\)\.\n"
+        rf"The last complete checkpoint: {re.escape(str(newest))}\n"
+        rf"To continue, start the job again \(every process\) with trainnet\(\.\.\., "
+        rf"resume_from={re.escape(repr(str(folder)))}\)",
+        survivor.stderr,
+    ), survivor.stderr[-3000:]
+    assert "Traceback" not in survivor.stderr
+
+
+@pytest.mark.multihost
+@pytest.mark.slow
+def test_a_damaged_checkpoint_is_named_in_every_process_and_the_previous_one_used(runs):
+    out, _ = runs
+    damaged = (out / "damaged.txt").read_text()
+    for process in (0, 1):
+        (said,) = json.loads((out / f"resumed_warnings_{process}.json").read_text())
+        assert re.search(
+            rf"skipping the damaged checkpoint net_checkpoint__(\d+)__\S+ \(.*the file "
+            rf"{re.escape(damaged)} is corrupted: its checksum does not match.*\); resuming "
+            r"from the previous good one, net_checkpoint__\d+__",
+            said,
+        ), said
+
+
+@pytest.mark.multihost
+@pytest.mark.slow
+def test_the_killed_run_resumes_on_the_same_topology_bit_for_bit(runs):
+    """From the checkpoint before the damaged newest one: still the uninterrupted run."""
+    out, _ = runs
     multi, multi_facts = _load(out, "multihost")
     resumed, resumed_facts = _load(out, "resumed")
-    _assert_close(_group(resumed, "run"), _group(multi, "run"))
+    for k, v in _group(multi, "run").items():
+        np.testing.assert_array_equal(_group(resumed, "run")[k], v, err_msg=k)
     assert resumed_facts["iterations"] == list(range(1, 25))
-    np.testing.assert_allclose(resumed_facts["loss"], multi_facts["loss"], atol=TOL)
+    np.testing.assert_array_equal(resumed_facts["loss"], multi_facts["loss"])
+
+
+@pytest.mark.multihost
+@pytest.mark.slow
+def test_a_two_process_checkpoint_resumes_on_one_device_and_on_four_with_fsdp(runs):
+    out, _ = runs
+    single, single_facts = _load(out, "single")
+    resumed, _ = _load(out, "resume_one")
+    for name in ("one", "fsdp"):  # 2 x 2 replicated -> 1 x 1, and -> 1 x 4 fsdp
+        _assert_close(_group(resumed, name), _group(single, "one"))
+        np.testing.assert_allclose(
+            resumed[f"{name}_loss"], single_facts["loss"], atol=TOL, rtol=TOL
+        )
+
+
+@pytest.mark.multihost
+@pytest.mark.slow
+def test_a_one_device_checkpoint_resumes_on_two_processes_with_fsdp(runs):
+    out, _ = runs
+    multi, multi_facts = _load(out, "multihost")
+    resumed, facts = _load(out, "resumed_from_one")
+    _assert_close(_group(resumed, "run"), _group(multi, "run"))
+    assert facts["iterations"] == list(range(1, 25))  # the one-process rows, then its own
+    np.testing.assert_allclose(facts["loss"], multi_facts["loss"], atol=TOL, rtol=TOL)
+
+
+@pytest.mark.parametrize("value", [0, -1.0, "10", float("nan")])
+def test_process_timeout_must_be_positive_seconds(value):
+    with pytest.raises(
+        df.OptionsError, match=r"process_timeout must be a positive real number; got .*Fix:"
+    ):
+        df.TrainingOptions(execution_environment="multi-host", process_timeout=value)
+    assert df.TrainingOptions().process_timeout == 60
 
 
 @pytest.mark.parametrize("call", ["trainnet", "minibatchpredict"])

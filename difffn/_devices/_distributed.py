@@ -48,6 +48,23 @@ def agree(flag: bool) -> bool:
     return bool(multihost_utils.broadcast_one_to_all(np.asarray(flag, dtype=np.bool_)))
 
 
+def broadcast_int(value: int) -> int:
+    """Process 0's ``value`` (a non-negative int below 2**62), in every process (a collective)."""
+    if jax.process_count() == 1:
+        return int(value)
+    parts = np.asarray([value >> 31, value & 0x7FFFFFFF], dtype=np.int32)
+    hi, lo = np.asarray(multihost_utils.broadcast_one_to_all(parts)).tolist()
+    return (int(hi) << 31) | int(lo)
+
+
+def all_agree(flag: bool) -> bool:
+    """Whether ``flag`` is True in every process (a collective, so also a barrier)."""
+    if jax.process_count() == 1:
+        return flag
+    flags = np.asarray(multihost_utils.process_allgather(np.asarray(flag, dtype=np.bool_)))
+    return bool(np.all(flags))
+
+
 def gather_rows(x, axis: int):
     """Every process's ``x`` (a host array), concatenated along ``axis`` in process order.
 

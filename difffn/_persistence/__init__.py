@@ -16,8 +16,10 @@ from ._container import msgpack_codec as msgpack_codec
 from ._deploy import ExportedNetwork as ExportedNetwork
 from ._deploy import export as export
 from ._deploy import load_exported as load_exported
+from ._serialization import check_network_structure as check_network_structure
 from ._serialization import load as load
 from ._serialization import network_payload as network_payload
+from ._serialization import network_structure as network_structure
 from ._serialization import restore_network as restore_network
 from ._serialization import save as save
 
@@ -32,7 +34,9 @@ __all__ = [
     "load",
     "load_exported",
     "msgpack_codec",
+    "check_network_structure",
     "network_payload",
+    "network_structure",
     "restore_network",
     "save",
 ]

@@ -62,8 +62,9 @@ def load(path: str | os.PathLike, *, like: Network | None = None) -> Network:
     """Load parameters saved by :func:`save` into a network of the same structure.
 
     ``like`` gives the structure (layer classes, names, connections); it may be uninitialized.
-    ``path`` may also be a training checkpoint (``net_checkpoint__*.difffn``): its network is
-    loaded. Everything is checked before anything is built: a damaged file, a file of another
+    ``path`` may also be a training checkpoint file of an earlier release
+    (``net_checkpoint__*.difffn``): its network is loaded. Everything is checked before
+    anything is built: a damaged file, a file of another
     structure (the first differing parameter is named, with expected and found shape and
     dtype), a newer format, or a file that is not a difffn file are each a clear
     ``df.SerializationError``.
@@ -78,6 +79,12 @@ def load(path: str | os.PathLike, *, like: Network | None = None) -> Network:
             f"hold values, never code); got {'no like=' if like is None else type(like).__name__}."
             " Fix: df.load(path, like=make_network()), with the function that built the saved "
             "network."
+        )
+    if os.path.isfile(os.path.join(path, "difffn_manifest.json")):
+        raise SerializationError(
+            f"{str(path)!r} is a trainnet checkpoint folder (orbax), not a df.save file. Fix: "
+            "continue the run with df.trainnet(..., resume_from=path), or read its arrays with "
+            "orbax: orbax.checkpoint.PyTreeCheckpointer().restore(path + '/arrays')."
         )
     payload = _container.read(path, ("network", "checkpoint"))
     if payload.get("format") == "difffn.checkpoint" and isinstance(payload.get("network"), dict):
@@ -211,6 +218,17 @@ def _fill_input_statistics(like: Network, payload: dict[str, Any]) -> Network:
         if changes:
             like = like.replace_layer(layer.name, layer.replace(**changes))
     return like
+
+
+def network_structure(net: Network) -> dict[str, Any]:
+    """The layers (names, classes, ports) and connections of ``net``, without its arrays."""
+    return _describe(net)
+
+
+def check_network_structure(saved: dict[str, Any], net: Network, source: str) -> None:
+    """Raise a named error at the first layer or connection where ``net`` differs from
+    ``saved`` (a :func:`network_structure`)."""
+    _check_structure(saved, _describe(net), source)
 
 
 def _describe(net: Network) -> dict[str, Any]:

@@ -1,28 +1,24 @@
-"""Checkpoints of a multi-process run (``execution_environment="multi-host"``), through orbax.
+"""Checkpoints as orbax folders: what a checkpoint folder holds, and reading the step folders
+that multi-process runs of earlier releases wrote.
 
-In a multi-process run the learnables and optimizer state are global ``jax.Array``s whose
-shards live in different processes, so no process can write them alone. orbax's
-``CheckpointManager`` writes them collectively: every process writes the shards it holds into a
-temporary folder ``<step>.orbax-checkpoint-tmp-<time>``, all processes meet at a barrier, and
-process 0 commits the checkpoint by renaming the folder to ``<step>`` (orbax's atomic-rename
-protocol), so a checkpoint is there whole or not at all; a folder left by a killed write is
-never read. orbax also keeps the newest ``checkpoint_keep`` steps and restores each array onto
-the shardings of the resuming run.
+A checkpoint's arrays are global ``jax.Array``s whose shards may live in different processes, so
+orbax writes them collectively (every process the shards it holds) and restores each array onto
+the shardings of the resuming run, whatever its processes and devices. A checkpoint folder has
+two items: ``arrays`` (orbax's ``StandardSave`` of the learnables, the other network leaves, the
+optimizer state and the best-validation copies) and ``progress`` (``JsonSave`` of everything
+else: iteration, epoch, position in the epoch, the epoch's order, keys as key data, shuffle
+seeds, best-validation bookkeeping, loss-scaling state, the fingerprint, and each array's path,
+shape and dtype, so a mismatch is named before orbax reads anything).
 
-A checkpoint is the folder ``<checkpoint_path>/<iteration>`` with two items: ``arrays`` (orbax's
-``StandardSave`` of the learnables, the other network leaves, the optimizer state and the
-best-validation copies) and ``progress`` (``JsonSave`` of everything else: iteration, epoch,
-position in the epoch, the epoch's order, keys as key data, shuffle seeds, best-validation
-bookkeeping, loss-scaling state, history rows, the fingerprint, and each array's path, shape
-and dtype, so a mismatch is named before orbax reads anything). The checkpoint folder must be
-one that every process sees (a shared file system, or a cloud bucket orbax supports).
+The writer and the folders of this release are ``_checkpoint_folder``'s (MATLAB's names, a
+manifest of checksums). Earlier releases' multi-process runs wrote folders ``<step>`` through an
+orbax ``CheckpointManager`` with the history rows in ``progress``: :class:`ShardedCheckpoint`
+still reads them.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import math
-import warnings
 from pathlib import Path
 from typing import Any
 
@@ -30,29 +26,45 @@ import jax
 import numpy as np
 
 from .._core import SerializationError
-from ._state import FORMAT_VERSION, Checkpoint, CheckpointWarning, plain_row
+from .._persistence import Each, Optional, check_schema
+from ._state import FORMAT_VERSION, Checkpoint
 
 FORMAT = "difffn.sharded-checkpoint"
 ITEMS = ("arrays", "progress")
+_NUMBER = (int, float)
+_KEY = {"data": list, "impl": Optional(str)}
+_LAYOUT = Optional([list])  # [path, shape, dtype] per leaf
+SCHEMA = {  # the progress item, checked before anything reads it
+    "iteration": int,
+    "epoch": int,
+    "batch": int,
+    "order": Optional([int]),
+    "key": _KEY,
+    "run_key": _KEY,
+    "shuffle_seed": [int],
+    "best": Optional({"objective": _NUMBER, "iteration": int, "network": bool}),
+    "bad_validations": int,
+    "elapsed": _NUMBER,
+    "stop_reason": Optional(str),
+    "data_batch_size": Optional(int),
+    "fingerprint": Each(str),
+    "layout": Each(_LAYOUT),
+}
 
 
-def _ocp():
+def ocp_module():
     import orbax.checkpoint as ocp  # installed with flax; imported only when used
 
     return ocp
 
 
-def _manager(folder, keep=None):
-    ocp = _ocp()
-    options = ocp.CheckpointManagerOptions(
-        max_to_keep=None if keep is None or keep == math.inf else int(keep),
-        enable_async_checkpointing=False,
-        create=True,
-    )
+def _manager(folder):
+    ocp = ocp_module()
+    options = ocp.CheckpointManagerOptions(enable_async_checkpointing=False, create=False)
     return ocp.CheckpointManager(Path(folder).absolute(), item_names=ITEMS, options=options)
 
 
-def _layout(tree) -> list:
+def layout(tree) -> list:
     """``[path, shape, dtype]`` of every leaf (checked before orbax reads anything)."""
     return [
         [jax.tree_util.keystr(path), list(leaf.shape), np.dtype(leaf.dtype).name]
@@ -60,79 +72,15 @@ def _layout(tree) -> list:
     ]
 
 
-def _arrays(state) -> dict:
+def arrays_of(state) -> dict:
     arrays = {"learnables": state.learnables, "others": state.others, "optimizer": state.opt_state}
     if state.best_network is not None:
         arrays["best_learnables"], arrays["best_others"] = state.best_network
     return arrays
 
 
-def _json_key(payload) -> dict:
+def json_key(payload) -> dict:
     return {"data": np.asarray(payload["data"]).tolist(), "impl": payload["impl"]}
-
-
-class ShardedWriter:
-    """Writes the checkpoints of one multi-process run (every process calls :meth:`save`).
-
-    The same interface as ``_checkpoint.Writer``.
-    """
-
-    def __init__(self, options, *, fingerprint: dict[str, str], run_key, resumed=None):
-        self.folder = options.checkpoint_path
-        self.fingerprint = fingerprint
-        self.run_key = run_key
-        self.manager = _manager(self.folder, options.checkpoint_keep)
-        self.iteration = None if resumed is None else resumed.iteration
-
-    def save_final(self, state, *, elapsed: float, data_batch_size=None, data_position=None):
-        """At the end of training: a checkpoint of the result, unless one of it exists."""
-        if self.iteration == state.iteration:
-            return None
-        return self.save(
-            state, elapsed=elapsed, data_batch_size=data_batch_size, data_position=data_position
-        )
-
-    def save(self, state, *, elapsed: float, data_batch_size=None, data_position=None):
-        """Write a checkpoint of ``state`` collectively; return its folder."""
-        ocp = _ocp()
-        self.iteration = state.iteration
-        progress = state.progress_payload(
-            elapsed=elapsed,
-            fingerprint=self.fingerprint,
-            run_key=self.run_key,
-            data_batch_size=data_batch_size,
-            data_position=data_position,
-        )
-        arrays = _arrays(state)
-        progress.update(
-            format=FORMAT,
-            order=None if state.order is None else np.asarray(state.order).tolist(),
-            key=_json_key(progress["key"]),
-            run_key=_json_key(progress["run_key"]),
-            training_rows=[plain_row(r) for r in state.training_rows],
-            validation_rows=[plain_row(r) for r in state.validation_rows],
-            layout={name: _layout(tree) for name, tree in arrays.items()},
-        )
-        try:
-            self.manager.save(
-                state.iteration,
-                args=ocp.args.Composite(
-                    arrays=ocp.args.StandardSave(arrays), progress=ocp.args.JsonSave(progress)
-                ),
-                force=True,
-            )
-            self.manager.wait_until_finished()
-        except OSError as error:  # the disk or the folder, never the payload
-            warnings.warn(
-                f"trainnet: the checkpoint of iteration {state.iteration} could not be written "
-                f"({error}). Training goes on; the older checkpoints in {str(self.folder)!r} are "
-                "kept. Fix: free disk space, make the folder writable, or set another "
-                "checkpoint_path.",
-                CheckpointWarning,
-                stacklevel=3,
-            )
-            return None
-        return Path(self.folder) / str(state.iteration)
 
 
 # -- reading --------------------------------------------------------------------------------------
@@ -160,12 +108,16 @@ class ShardedCheckpoint(Checkpoint):
     @classmethod
     def read(cls, folder, step: int) -> ShardedCheckpoint:
         source = str(Path(folder) / str(step))
-        ocp = _ocp()
+        progress = cls.progress(source, lambda args: _manager(folder).restore(step, args=args))
+        progress["history"] = None  # the rows are in progress itself
+        return cls(source, progress, folder=str(folder), step=step)
+
+    @staticmethod
+    def progress(source: str, restore) -> dict[str, Any]:
+        """The ``progress`` item, checked (``restore(args)``: orbax's restore of the folder)."""
+        ocp = ocp_module()
         try:
-            restored = _manager(folder).restore(
-                step, args=ocp.args.Composite(progress=ocp.args.JsonRestore())
-            )
-            progress = dict(restored.progress)
+            progress = dict(restore(ocp.args.Composite(progress=ocp.args.JsonRestore())).progress)
         except Exception as error:  # noqa: BLE001 - any damage to the files, named below
             raise SerializationError(
                 f"{source!r} is not a readable difffn checkpoint ({type(error).__name__}: "
@@ -178,26 +130,30 @@ class ShardedCheckpoint(Checkpoint):
                 f"{source!r} holds a checkpoint in format version {progress['format_version']}, "
                 f"newer than this difffn reads ({FORMAT_VERSION}). Fix: upgrade difffn."
             )
+        check_schema(progress, SCHEMA, source=source, where="the progress")
         for name in ("key", "run_key"):
             progress[name] = {
                 "data": np.asarray(progress[name]["data"], dtype=np.uint32),
                 "impl": progress[name]["impl"],
             }
-        progress["history"] = None
-        return cls(source, progress, folder=str(folder), step=step)
+        return progress
+
+    def restore(self, args) -> Any:
+        """orbax's restore of this checkpoint's items (``args``: a ``Composite``)."""
+        return _manager(self.folder).restore(self.step, args=args)
 
     @property
     def network(self) -> dict[str, Any]:
         raise SerializationError(
-            f"{self.source!r} is a multi-process checkpoint (orbax); its network is read by "
-            "trainnet(resume_from=...) with execution_environment='multi-host'."
+            f"{self.source!r} is an orbax checkpoint folder; its network is read by "
+            "trainnet(resume_from=...)."
         )
 
     def check_layout(self, state) -> None:
         """Name the first array whose path, shape or dtype differs from the run's."""
         fix = "Fix: resume with the network and options of the run that wrote the checkpoint."
-        for name, tree in _arrays(state).items():
-            want = _layout(tree)
+        for name, tree in arrays_of(state).items():
+            want = layout(tree)
             got = self.payload["layout"].get(name)
             if got is None:
                 continue  # best-validation copies appear after the first validation
@@ -216,7 +172,7 @@ class ShardedCheckpoint(Checkpoint):
 
     def restore_arrays(self, state) -> dict:
         """The checkpoint's arrays onto the devices and shardings of ``state``'s arrays."""
-        ocp = _ocp()
+        ocp = ocp_module()
         self.check_layout(state)
         templates = {"learnables": state.learnables, "others": state.others}
         templates["optimizer"] = state.opt_state
@@ -226,7 +182,5 @@ class ShardedCheckpoint(Checkpoint):
                 state.others,
             )
         abstract = jax.tree.map(ocp.utils.to_shape_dtype_struct, templates)
-        restored = _manager(self.folder).restore(
-            self.step, args=ocp.args.Composite(arrays=ocp.args.StandardRestore(abstract))
-        )
+        restored = self.restore(ocp.args.Composite(arrays=ocp.args.StandardRestore(abstract)))
         return dict(restored.arrays)

@@ -100,8 +100,16 @@ def run_fingerprint(options: dict[str, str], *, loss, data: dict[str, str], net)
     return out
 
 
+LOAD_NETWORK = "net = df.load(path, like=net)"
+
+
 def check(
-    saved: dict[str, str], current: dict[str, str], source: str, *, defaults: dict[str, str]
+    saved: dict[str, str],
+    current: dict[str, str],
+    source: str,
+    *,
+    defaults: dict[str, str],
+    load_network: str = LOAD_NETWORK,
 ) -> None:
     """Raise a clear error naming the first thing that differs between two fingerprints.
 
@@ -117,5 +125,5 @@ def check(
                 f"in {name}: it had {was}; this call has {now}. Resuming continues "
                 "that run exactly, so the options that change the numbers, the loss, the data "
                 "and the network's factors must be the same. Fix: pass the same ones, or start "
-                "a new run from the checkpoint's network (net = df.load(path, like=net))."
+                f"a new run from the checkpoint's network ({load_network})."
             )

@@ -210,6 +210,7 @@ OPTIONS: tuple[Option, ...] = (
             {"multi-gpu": _MULTI_GPU, "parallel": _PARALLEL, "parallel-auto": _PARALLEL},
         ),
     ),
+    Option("process_timeout", 60.0, check.real(low=0, low_open=True)),
     Option("parameter_sharding", "replicated", check.parameter_sharding),
     Option("mesh_shape", None, check.mesh_shape),
     Option("precision", "float32", check.choice(PRECISIONS), numbers=True, step=True),
@@ -367,6 +368,12 @@ class TrainingOptions:
         see ``docs/scaling.md``). On a mesh, a mini-batch that the size of its ``"data"`` axis
         does not divide is padded (the padding carries no weight) or, for a network whose
         state learns from the whole batch, runs replicated.
+      process_timeout: ``"multi-host"`` only: seconds without an answer from another process
+        (its heartbeat) after which it is taken as lost (60). Every other process then writes
+        on stderr which process was lost, the last complete checkpoint and the ``resume_from``
+        to use, and exits with status 75, instead of waiting in the next collective until
+        JAX's coordination service aborts it (``jax.distributed.initialize``'s
+        ``heartbeat_timeout_seconds``, 100 by default: keep ``process_timeout`` below it).
       parameter_sharding: ``"replicated"`` (default: every device holds every learnable) or
         ``"fsdp"``: each learnable and its optimizer state split along its largest axis that
         the ``"data"`` axis size divides (replicated where none does). A learnable declared
@@ -388,9 +395,10 @@ class TrainingOptions:
         is created if missing. The setting is JAX's, process-wide; setting the
         ``JAX_COMPILATION_CACHE_DIR`` environment variable does the same for every program.
       checkpoint_path: an existing folder for checkpoints (None: no checkpoints). Each is a
-        ``net_checkpoint__<iteration>__<date>.difffn`` file with everything needed to resume
-        (``df.trainnet(..., resume_from=folder)``); ``df.load(file, like=net)`` reads its
-        network. Use one folder per run: pruning counts every checkpoint in the folder.
+        ``net_checkpoint__<iteration>__<date>`` folder (orbax, with a manifest of checksums over
+        its files) with everything needed to resume (``df.trainnet(..., resume_from=folder)``),
+        written by every process of a multi-host run together, so the folder must be one that
+        every process sees. Use one folder per run: pruning counts every checkpoint in it.
       checkpoint_frequency: every this many units (1).
       checkpoint_frequency_unit: ``"epoch"`` (default) or ``"iteration"``.
       checkpoint_keep: how many of the newest checkpoints to keep (3); older ones are deleted

@@ -14,6 +14,7 @@ network.
 
 from __future__ import annotations
 
+import os
 import time
 import warnings
 
@@ -32,12 +33,11 @@ from .._batching import (
 from .._batching import sequence_source as _seq
 from .._core import FormattedArray, Layout, OptionsError, check_key
 from .._core import batches as _batches
-from .._devices import Placement, agree, learnable_layout
+from .._devices import Placement, agree, learnable_layout, watching
 from .._layer import learnable_mask
 from .._network import L2, LEARN_RATE, Network, leaf_factors
 from .._scoring import Metric, get_loss, loss_name
 from . import _checkpoint, _compilation_cache, _fingerprint, _options, _progress
-from ._checkpoint_sharded import ShardedWriter
 from ._logits_guard import check_first_batch
 from ._options import TrainingOptions
 from ._precision import Policy, restore_scaling
@@ -78,15 +78,19 @@ def trainnet(*args, key=None, resume_from=None):
         (default ``jax.random.key(0)``: training is reproducible). When resuming, the
         checkpoint's keys are used; a ``key`` other than the one the run started with is an
         error.
-      resume_from: a checkpoint file, or a folder of checkpoints (the newest valid one is used;
-        a damaged newest one is reported with a ``df.CheckpointWarning`` and the previous one
-        used). Training continues exactly where the checkpoint stopped: the same epoch and
+      resume_from: a checkpoint (a ``net_checkpoint__<iteration>__<date>`` folder), or a folder
+        of checkpoints (the newest valid one is used; a damaged newest one, a file of it
+        flipped, truncated or missing, is reported with a ``df.CheckpointWarning`` naming the
+        file, and the previous one used). It resumes on any number of processes and devices
+        and any ``parameter_sharding`` (``docs/scaling.md``, the resume matrix). Training
+        continues exactly where the checkpoint stopped: the same epoch and
         mini-batch, data order, keys, optimizer state, learn-rate schedule position,
         validation and patience state and history, so the result equals an uninterrupted
         run's. Pass the network, loss, data and options of the run that wrote it (the
         options that change the numbers, the loss, the data and the factors are checked);
-        ``verbose``, ``plots``, ``output_fcn``, ``execution_environment`` and the checkpoint
-        options may differ. A run that was stopped by ``output_fcn`` continues; one that
+        ``verbose``, ``plots``, ``output_fcn``, ``execution_environment``, ``mesh_shape``,
+        ``parameter_sharding``, ``process_timeout`` and the checkpoint options may differ. A
+        run that was stopped by ``output_fcn`` continues; one that
         ended (max epochs, patience, NaN loss) returns its result.
 
     Returns:
@@ -131,9 +135,22 @@ def trainnet(*args, key=None, resume_from=None):
     if options.compilation_cache is not None:
         _compilation_cache.use(options.compilation_cache)
     loss_fn = get_loss(loss, who=who)
+    multi_host = options.execution_environment == "multi-host" and jax.process_count() > 1
+    if not multi_host:
+        return _train(who, form, args, loss, loss_fn, options, key, resume_from, None)
+    holder: list = []  # the run, once made: the watchdog names its newest checkpoint
+    with watching(options.process_timeout, lambda: _next_steps(options, holder, resume_from)):
+        return _train(who, form, args, loss, loss_fn, options, key, resume_from, holder)
+
+
+def _train(who, form, args, loss, loss_fn, options, key, resume_from, holder):
+    if form == "arrays":
+        X, T, net, _, _ = args
+    else:
+        data, net, _, _ = args
     checkpoint = None
     if resume_from is not None:
-        checkpoint = _checkpoint.find(resume_from)
+        checkpoint = _checkpoint.find(resume_from, collective=holder is not None)
         if key is None:
             key = checkpoint.run_key
     key = jax.random.key(0) if key is None else key
@@ -146,7 +163,34 @@ def trainnet(*args, key=None, resume_from=None):
             who, data, net, max_epochs=options.max_epochs, steps_per_epoch=options.steps_per_epoch
         )
     run = _Run(who, net, loss_fn, loss, options, key, data_source, checkpoint)
+    if holder is not None:
+        holder.append(run)
     return run.train()
+
+
+def _next_steps(options, holder, resume_from) -> str:
+    """What a process that stops because another was lost says: the checkpoint to resume."""
+    folder = options.checkpoint_path
+    writer = holder[0].writer if holder else None
+    newest = writer.written if writer is not None else None
+    if newest is None and folder is not None:
+        found = _checkpoint.checkpoints(folder) if os.path.isdir(folder) else []
+        newest = found[0] if found else None
+    if newest is None and resume_from is not None:
+        newest = resume_from
+    if newest is None:
+        return (
+            "No checkpoint was written (checkpoint_path is not set, or none was due yet): a new "
+            "job starts the training again. Fix: set TrainingOptions(checkpoint_path=...) on a "
+            "folder every process sees."
+        )
+    target = folder if folder is not None else newest
+    return (
+        f"The last complete checkpoint: {str(newest)}\n"
+        f"To continue, start the job again (every process) with "
+        f"trainnet(..., resume_from={str(target)!r}); the newest complete, undamaged checkpoint "
+        "there is used, on any number of processes and devices."
+    )
 
 
 class _Run:
@@ -214,10 +258,15 @@ class _Run:
         return net, fingerprint
 
     def _setup_writer(self, fingerprint, key, checkpoint) -> None:
-        # Several processes write one checkpoint together (orbax), one process a file of its own.
-        writer = ShardedWriter if self.placement.multi_host else _checkpoint.Writer
+        # one format for every run: orbax folders, written by every process together
         self.writer = (
-            writer(self.options, fingerprint=fingerprint, run_key=key, resumed=checkpoint)
+            _checkpoint.Writer(
+                self.options,
+                fingerprint=fingerprint,
+                run_key=key,
+                resumed=checkpoint,
+                prune=_checkpoint.prune,
+            )
             if self.options.checkpoint_path is not None
             else None
         )
