@@ -35,7 +35,7 @@ import warnings
 from pathlib import Path
 from typing import Any
 
-from .._core import SerializationError
+from .._core import SerializationError, files
 from .._network import Network
 from .._persistence import container as _container
 from .._persistence import restore_network
@@ -183,7 +183,7 @@ def checkpoints(folder) -> list[Path]:
     found = []
     for path in Path(folder).iterdir():
         match = _NAME.match(path.name)
-        if match and path.is_file():
+        if match and (files.regular_file(path) or path.is_symlink()):  # links: named when read
             found.append(((match.group(2), int(match.group(1))), path))
     return [path for _, path in sorted(found, key=lambda item: item[0], reverse=True)]
 
@@ -191,9 +191,10 @@ def checkpoints(folder) -> list[Path]:
 # -- finding ----------------------------------------------------------------------------------
 
 
-def read(path) -> dict[str, Any]:
-    """Read and verify one checkpoint file; returns its payload."""
-    return Checkpoint.from_payload(_container.read(path, KIND), str(path)).payload
+def read(path, *, follow: bool = True) -> dict[str, Any]:
+    """Read and verify one checkpoint file; returns its payload (``follow=False``: a file found
+    in a folder, where a symbolic link is refused rather than followed)."""
+    return Checkpoint.from_payload(_container.read(path, KIND, follow=follow), str(path)).payload
 
 
 def find(resume_from) -> Checkpoint:
@@ -233,7 +234,7 @@ def find(resume_from) -> Checkpoint:
     damaged = []
     for candidate in candidates:
         try:
-            payload = read(candidate)
+            payload = read(candidate, follow=False)
         except SerializationError as error:
             damaged.append((candidate, error))
             continue

@@ -30,10 +30,32 @@ import jax
 import numpy as np
 
 from .._core import SerializationError
-from ._state import FORMAT_VERSION, Checkpoint, CheckpointWarning, plain_row
+from .._persistence import Each, Optional, check_schema
+from ._state import FORMAT_VERSION, Checkpoint, CheckpointWarning, check_key_payload, plain_row
 
 FORMAT = "difffn.sharded-checkpoint"
 ITEMS = ("arrays", "progress")
+_NUMBER = (int, float)
+_JSON_KEY = {"data": [int], "impl": Optional(str)}
+PROGRESS = {  # the progress file's fields (JSON), checked before anything reads them
+    "format_version": int,
+    "iteration": int,
+    "epoch": int,
+    "batch": int,
+    "order": Optional([int]),
+    "key": _JSON_KEY,
+    "run_key": _JSON_KEY,
+    "shuffle_seed": [int],
+    "best": Optional({"objective": _NUMBER, "iteration": int, "network": bool}),
+    "bad_validations": int,
+    "elapsed": _NUMBER,
+    "stop_reason": Optional(str),
+    "data_batch_size": Optional(int),
+    "fingerprint": Each(str),
+    "training_rows": [dict],
+    "validation_rows": [dict],
+    "layout": Each([list]),
+}
 
 
 def _ocp():
@@ -173,16 +195,26 @@ class ShardedCheckpoint(Checkpoint):
             ) from None
         if progress.get("format") != FORMAT:
             raise SerializationError(f"{source!r} does not hold a difffn training checkpoint.")
-        if progress.get("format_version", 0) > FORMAT_VERSION:
+        check_schema(progress, {"format_version": int}, source=source)
+        if progress["format_version"] > FORMAT_VERSION:
             raise SerializationError(
                 f"{source!r} holds a checkpoint in format version {progress['format_version']}, "
                 f"newer than this difffn reads ({FORMAT_VERSION}). Fix: upgrade difffn."
             )
+        check_schema(progress, PROGRESS, source=source)
+        check_schema(progress.get("data_position"), Optional(int), source=source, where="position")
         for name in ("key", "run_key"):
+            data = progress[name]["data"]
+            if any(not 0 <= v < 2**32 for v in data):
+                raise SerializationError(
+                    f"{source!r} is malformed: the payload[{name!r}]['data'] holds {data}, not "
+                    "uint32 values. Fix: use another copy of the checkpoint."
+                )
             progress[name] = {
-                "data": np.asarray(progress[name]["data"], dtype=np.uint32),
+                "data": np.asarray(data, dtype=np.uint32),
                 "impl": progress[name]["impl"],
             }
+            check_key_payload(progress[name], source=source, where=f"the payload[{name!r}]")
         progress["history"] = None
         return cls(source, progress, folder=str(folder), step=step)
 
@@ -206,7 +238,7 @@ class ShardedCheckpoint(Checkpoint):
                     raise SerializationError(
                         f"trainnet(resume_from={self.source!r}): {name} does not match at leaf "
                         f"{n + 1}: the run expects {w[0]!r} {tuple(w[1])} {w[2]}; the "
-                        f"checkpoint has {g[0]!r} {tuple(g[1])} {g[2]}. {fix}"
+                        f"checkpoint has {' '.join(map(str, g))}. {fix}"
                     )
             if len(want) != len(got):
                 raise SerializationError(

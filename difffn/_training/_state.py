@@ -14,6 +14,7 @@ the key the run started with and its fingerprint (``_fingerprint.py``).
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
 import numbers
 import time
@@ -24,7 +25,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from .._core import SerializationError, __version__
+from .._core import SerializationError, __version__, files
 from .._network import Network
 from .._persistence import Each, Optional, check_schema, network_payload
 from . import _rowlog
@@ -372,8 +373,20 @@ class Checkpoint:
             )
         check_schema(payload, SCHEMA, source=source)
         check_schema(payload.get("data_position"), Optional(int), source=source, where="position")
+        for name in ("key", "run_key"):
+            check_key_payload(payload[name], source=source, where=f"the payload[{name!r}]")
         if payload["format_version"] >= 2:
             check_schema(payload, {"history": _HISTORY}, source=source)
+            history = payload["history"]
+            files.bare_name(
+                history["file"], _rowlog.NAME, source=source, what="the history log's name"
+            )
+            if history["training"] < 0 or history["validation"] < 0:
+                raise SerializationError(
+                    f"{source!r} is malformed: its history counts {history['training']} "
+                    f"training and {history['validation']} validation rows; counts are not "
+                    "negative. Fix: use another copy."
+                )
         else:  # version 1 held the rows themselves
             check_schema(
                 payload, {"training_rows": [dict], "validation_rows": [dict]}, source=source
@@ -503,8 +516,51 @@ def key_payload(key) -> dict[str, Any]:
     return {"data": np.array(key), "impl": None}
 
 
+_IMPLS = ("threefry2x32", "rbg", "unsafe_rbg", "philox2x32", "philox4x32", "threefry4x32")
+
+
+@functools.cache
+def _impl_shapes() -> dict[str, tuple[int, ...]]:
+    """The key-data shape of each PRNG implementation this jax has (by its name)."""
+    shapes = {}
+    for name in _IMPLS:
+        try:
+            shapes[name] = tuple(jax.random.key_data(jax.random.key(0, impl=name)).shape)
+        except (ValueError, TypeError, KeyError):  # not in this jax
+            continue
+    return shapes
+
+
+def check_key_payload(data: dict[str, Any], *, source: str, where: str) -> None:
+    """Check a :func:`key_payload` read from a file: a known implementation name (a name, never
+    something that is looked up or imported) and key data of its shape and dtype.
+
+    Raises:
+      SerializationError: naming the field, expected vs got.
+    """
+    check_schema(data, _KEY, source=source, where=where)
+    impl, value = data["impl"], data["data"]
+    shapes = _impl_shapes()
+    if impl is None:
+        want = (2,)  # a raw uint32 key: jax.random.PRNGKey's
+    elif impl in shapes:
+        want = shapes[impl]
+    else:
+        raise SerializationError(
+            f"{source!r} is malformed: {where}['impl'] is {impl!r}, which is not a PRNG "
+            f"implementation of jax (expected one of {sorted(shapes)}, or None for a raw "
+            "uint32 key). Fix: use a checkpoint written by difffn, or another copy."
+        )
+    if tuple(value.shape) != want or value.dtype != np.uint32:
+        raise SerializationError(
+            f"{source!r} is malformed: {where}['data'] should be uint32 of shape {want} (a "
+            f"{impl or 'raw'} key); it is {value.dtype.name} of shape {tuple(value.shape)}. Fix: "
+            "use a checkpoint written by difffn, or another copy."
+        )
+
+
 def restore_key(data: dict[str, Any]):
-    """The key of a :func:`key_payload`."""
+    """The key of a :func:`key_payload` (checked by :func:`check_key_payload` when read)."""
     if data["impl"] is None:
         return jnp.asarray(data["data"])
     return jax.random.wrap_key_data(jnp.asarray(data["data"]), impl=data["impl"])
