@@ -29,6 +29,7 @@ import jax
 from ._describe import raised_at, short
 from ._errors import AccelerationError, Error, FormatError
 from ._format import FormattedArray
+from ._formatted_array import PlainArrayNeeded
 
 CONCRETIZATION_ERRORS = (
     jax.errors.ConcretizationTypeError,
@@ -73,7 +74,9 @@ def call(
     except CONCRETIZATION_ERRORS as failure:
         raise control_flow_error(what, failure, fix) from None
     except TypeError as failure:
-        if isinstance(failure, Error) or not _formats_were_the_cause(fn, args, kwargs):
+        if not isinstance(failure, PlainArrayNeeded) and (
+            isinstance(failure, Error) or not _formats_were_the_cause(fn, args, kwargs)
+        ):
             raise
         where = raised_at(failure)
         raise FormatError(

@@ -88,6 +88,13 @@ def write(path: str | os.PathLike, kind: str, payload: dict[str, Any]) -> Path:
             os.unlink(tmp)
         except FileNotFoundError:
             pass
+        if isinstance(error, FileNotFoundError) and not os.path.exists(tmp):
+            raise SerializationError(
+                f"could not write {str(path)!r}: its temporary file {os.path.basename(tmp)!r} "
+                "was removed while it was being written, by another process: two runs (or two "
+                f"programs) are writing to one folder, {str(folder)!r}. The previous file, if "
+                "any, is unchanged. Fix: give each run its own folder (checkpoint_path)."
+            ) from None
         if isinstance(error, OSError):
             raise SerializationError(
                 f"could not write {str(path)!r}: {error.strerror or error}. The previous file, "

@@ -45,6 +45,7 @@ from ._checkpoint_sharded import steps as sharded_steps
 from ._state import Checkpoint, CheckpointWarning, key_payload, plain_row, same_key
 
 KIND = "checkpoint"
+STALE = 60.0  # seconds after which a temporary file is a killed write's, not one in flight
 _NAME = re.compile(r"^net_checkpoint__(\d+)__(\d{4}_\d\d_\d\d__\d\d_\d\d_\d\d)\.difffn$")
 
 
@@ -156,12 +157,13 @@ def prune(folder, keep, *, written: Path | None = None) -> list[Path]:
     """Delete the oldest checkpoints in ``folder`` beyond the newest ``keep``; return them.
 
     Only files named like checkpoints are considered (and stale temporary files that a killed
-    write left behind are removed). ``written`` is never deleted.
+    write left behind are removed once they are :data:`STALE` seconds old). ``written`` is never deleted.
     """
     folder = Path(folder)
     for stale in folder.glob(".net_checkpoint__*.tmp"):
-        try:
-            stale.unlink()
+        try:  # a minute old: a killed write's; a newer one may be another run's in flight
+            if time.time() - stale.lstat().st_mtime > STALE:
+                stale.unlink()
         except OSError:
             pass
     if keep == math.inf:
