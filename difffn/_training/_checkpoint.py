@@ -157,7 +157,8 @@ def prune(folder, keep, *, written: Path | None = None) -> list[Path]:
     """Delete the oldest checkpoints in ``folder`` beyond the newest ``keep``; return them.
 
     Only files named like checkpoints are considered (and stale temporary files that a killed
-    write left behind are removed once they are :data:`STALE` seconds old). ``written`` is never deleted.
+    write left behind are removed once they are :data:`STALE` seconds old). ``written`` is
+    never deleted.
     """
     folder = Path(folder)
     for stale in folder.glob(".net_checkpoint__*.tmp"):
