@@ -15,11 +15,13 @@ from ._precision import DTYPES as DTYPES
 from ._solvers import adamupdate as adamupdate
 from ._solvers import rmspropupdate as rmspropupdate
 from ._solvers import sgdmupdate as sgdmupdate
+from ._state import DataWarning as DataWarning
 from ._state import TrainingInfo as TrainingInfo
 from ._trainer import trainnet as trainnet
 
 __all__ = [
     "CheckpointWarning",
+    "DataWarning",
     "DTYPES",
     "TrainingInfo",
     "TrainingOptions",

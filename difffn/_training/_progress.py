@@ -41,11 +41,14 @@ class Reporter:
         validation: bool,
         total_iterations: int | None,
         stream=None,
+        max_epochs: int | None = None,
     ):
         self.verbose = verbose
         self.stream = stream if stream is not None else sys.stdout
         self.validation = validation
         self.total = total_iterations
+        self.max_epochs = max_epochs  # with an unknown epoch length: the total once one ends
+        self._epoch_seen: tuple[int, int] | None = None  # (epoch, last iteration) while unknown
         self.metric_titles = tuple(metric_titles)
         columns = ["Iteration", "Epoch", "TimeElapsed", "LearnRate", "TrainingLoss"]
         if validation:
@@ -110,8 +113,21 @@ class Reporter:
         self._clear_bar()
         self._write(self._line(cells) + "\n")
 
+    def unknown_length(self) -> None:
+        """Say that an epoch of unknown length is running (an iterable without ``len()``)."""
+        self.message(
+            "Epoch 1 is running; its length is unknown (the data is an iterable without len()) "
+            "until it ends. An endless iterable needs steps_per_epoch=N (and validation data "
+            "validation_steps=N), as in Keras."
+        )
+
     def tick(self, iteration: int, epoch: int) -> None:
         """Redraw the progress bar (terminals only)."""
+        if self.total is None and self.max_epochs:  # learn the epoch's length when one ends
+            seen = self._epoch_seen
+            if seen is not None and epoch > seen[0] == 1:
+                self.total = self.max_epochs * seen[1]
+            self._epoch_seen = (epoch, iteration)
         if not self.bar:
             return
         if self.total:
@@ -119,7 +135,7 @@ class Reporter:
             filled = int(30 * done)
             text = f"[{'=' * filled}{' ' * (30 - filled)}] {iteration}/{self.total} iterations"
         else:
-            text = f"iteration {iteration}"
+            text = f"iteration {iteration} (an epoch of unknown length is running)"
         self._write(f"\r{text}, epoch {epoch}")
         self._bar_drawn = True
 

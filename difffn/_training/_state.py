@@ -18,6 +18,7 @@ import functools
 import math
 import numbers
 import time
+import warnings
 from pathlib import Path
 from typing import Any
 
@@ -65,6 +66,32 @@ SCHEMA = {
 
 class CheckpointWarning(UserWarning):
     """A checkpoint could not be written, or a damaged one was skipped when resuming."""
+
+
+class DataWarning(UserWarning):
+    """The data holds NaN or Inf values (said once per run, the first time they are seen)."""
+
+
+def nonfinite(tree) -> jax.Array:
+    """How many NaN or Inf values the floating-point arrays of ``tree`` hold (on the device)."""
+    counts = [
+        jnp.sum(~jnp.isfinite(x))
+        for x in jax.tree.leaves(tree)
+        if hasattr(x, "dtype") and jnp.issubdtype(x.dtype, jnp.inexact)
+    ]
+    return sum(counts, jnp.zeros((), jnp.int32))
+
+
+def warn_nonfinite(count: int, what: str, *, stacklevel: int = 3) -> None:
+    """A :class:`DataWarning` when ``count`` values of ``what`` are NaN or Inf."""
+    if count:
+        warnings.warn(
+            f"trainnet: the {what} holds {count} NaN or Inf value(s): every loss and metric "
+            f"computed from it is NaN or Inf (said once). Fix: remove or replace them (e.g. "
+            "np.nan_to_num, or drop those observations).",
+            DataWarning,
+            stacklevel=stacklevel,
+        )
 
 
 # -- history and info ----------------------------------------------------------------------------

@@ -38,7 +38,7 @@ from .._devices import Placement, agree, learnable_layout
 from .._layer import learnable_mask
 from .._network import L2, LEARN_RATE, Network, leaf_factors
 from .._scoring import Metric, get_loss, loss_name
-from . import _checkpoint, _compilation_cache, _fingerprint, _options, _progress
+from . import _checkpoint, _compilation_cache, _fingerprint, _options, _progress, _state
 from ._checkpoint_sharded import ShardedWriter
 from ._options import TrainingOptions
 from ._precision import Policy, restore_scaling
@@ -365,9 +365,12 @@ class _Run:
             metric_titles=[m.title for m in self.metrics],
             validation=self.validation is not None,
             total_iterations=total,
+            max_epochs=options.max_epochs,
         )
         for message in self.messages:
             self.reporter.message(message)
+        if total is None and state.iteration == 0:
+            self.reporter.unknown_length()
         self.start = time.perf_counter() - state.elapsed
         self.reporter.header()
         self.last_logged = -1
@@ -453,7 +456,11 @@ class _Run:
         state = self.state
         evaluate = self.steps.evaluate()
         total, count, states = jnp.zeros((), jnp.float32), 0, None
+        check = not getattr(self, "_validation_checked", False)  # NaN/Inf said once per run
+        bad = jnp.zeros((), jnp.int32)
         for xs, ts, *sequences in self.validation:
+            if check:
+                bad = bad + _state.nonfinite((xs, ts))
             # padded sequences: their masks, and the batch's weight (its real steps or sequences)
             masks, n = sequences or (None, _batches.count(ts[0], _batches.batch_axis(ts[0])))
             value, batch_states = evaluate(state.learnables, state.others, xs, ts, masks)
@@ -462,6 +469,9 @@ class _Run:
             else:
                 total, states = self.steps.accumulate(total, value, n, states, batch_states)
             count += n
+        if check:
+            self._validation_checked = True
+            _state.warn_nonfinite(int(bad), "validation data", stacklevel=4)
         values = {
             m.name: float(m.compute(s)) for m, s in zip(self.metrics, states or (), strict=True)
         }
