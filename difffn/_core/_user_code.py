@@ -79,6 +79,9 @@ def call(
         ):
             raise
         where = raised_at(failure)
+        if isinstance(failure, PlainArrayNeeded):  # it says what to do; say where
+            at = f" (at {where})" if where else ""
+            raise FormatError(f"{what}{at}: {failure}") from None
         raise FormatError(
             f"{what} passed a df.FormattedArray to a function that takes plain arrays "
             f"({type(failure).__name__}: {_first_line(failure)})"
