@@ -45,8 +45,12 @@ def bare_name(name: object, pattern: re.Pattern[str], *, source: str, what: str)
     Raises:
       SerializationError: not a string, or not of the form (a path, ``..``, another name).
     """
-    ok = isinstance(name, str) and "/" not in name and "\\" not in name and "\0" not in name
-    if not ok or pattern.fullmatch(name) is None or name in (".", ".."):  # type: ignore[arg-type]
+    if (
+        not isinstance(name, str)
+        or any(c in name for c in "/\\\0")
+        or name in (".", "..")
+        or pattern.fullmatch(name) is None
+    ):
         raise SerializationError(
             f"{source!r} is malformed: {what} is {name!r}; expected a bare file name of the "
             f"form {pattern.pattern!r} in the same folder. difffn never opens a path read from a "

@@ -86,15 +86,15 @@ def _predicted(op_type: str, a, args) -> tuple[tuple[int, ...], object] | None:
         value = a.get("value")
         dtype = np.float32 if value is None else np.asarray(value).dtype
         return tuple(_ints(args[0])), dtype
-    if op_type == "Expand" and len(args) > 1 and _shape(args[0]) is not None:
+    shape = _shape(args[0]) if args else None
+    if op_type == "Expand" and len(args) > 1 and shape is not None:
         try:
-            shape = np.broadcast_shapes(_shape(args[0]), tuple(_ints(args[1])))
+            shape = np.broadcast_shapes(shape, tuple(_ints(args[1])))
         except ValueError as error:
             raise ONNXImportError(f"its shape input does not broadcast ({error})") from None
         return tuple(shape), args[0].dtype
-    if op_type == "Tile" and len(args) > 1 and _shape(args[0]) is not None:
+    if op_type == "Tile" and len(args) > 1 and shape is not None:
         repeats = _ints(args[1])
-        shape = _shape(args[0])
         if len(repeats) != len(shape):
             raise ONNXImportError(f"it repeats {repeats} a tensor of shape {shape}")
         return tuple(s * r for s, r in zip(shape, repeats, strict=True)), args[0].dtype
