@@ -265,6 +265,18 @@ def test_a_constant_folded_node_of_huge_size_is_refused_before_it_is_built(op):
         df.import_onnx(model)
 
 
+def test_a_huge_size_computed_from_a_runtime_shape_is_refused():
+    nodes = [
+        helper.make_node("Shape", ["x"], ["s"], name="shape"),
+        helper.make_node("Mul", ["s", "k"], ["s2"], name="times"),
+        helper.make_node("ConstantOfShape", ["s2"], ["c"], name="fill"),
+        helper.make_node("Add", ["x", "c"], ["y"], name="add"),
+    ]
+    model = onnx_model(nodes, [ints([2**20, 2**20], "k")])
+    with pytest.raises(df.ONNXImportError, match=r"node 'fill' \(ConstantOfShape\): its output"):
+        df.import_onnx(model)
+
+
 def test_max_tensor_bytes_bounds_and_raises_the_limit():
     nodes = [
         helper.make_node("ConstantOfShape", ["s"], ["c"], name="fill"),
