@@ -411,6 +411,15 @@ def test_crafted_checkpoint_keys_are_named(run, tmp_path, key, field, value, mes
         df.trainnet(*data(), network(), "crossentropy", options(), resume_from=path)
 
 
+@pytest.mark.parametrize("order", [np.zeros(16, np.int32), np.arange(8, dtype=np.int32) + 50])
+def test_a_crafted_epoch_order_is_named(run, tmp_path, order):
+    path = craft(run, tmp_path, lambda p: p.update(order=order))
+    with pytest.raises(df.SerializationError, match=r"its epoch order is not a permutation"):
+        df.trainnet(
+            *data(), network(), "crossentropy", options(), resume_from=path, key=jax.random.key(1)
+        )
+
+
 def test_a_raw_uint32_key_still_resumes(tmp_path):
     X, T = data()
     key = jax.random.PRNGKey(3)

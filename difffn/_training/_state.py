@@ -350,7 +350,7 @@ class TrainingState:
         self.epoch = int(saved["epoch"])
         self.batch = int(saved["batch"])
         order = saved["order"]
-        self.order = None if order is None else np.asarray(order, dtype=np.int32)
+        self.order = None if order is None else check_order(order, source)
         best = saved["best"]
         if best is not None:
             self.best_objective = float(best["objective"])
@@ -584,6 +584,27 @@ def check_key_payload(data: dict[str, Any], *, source: str, where: str) -> None:
             f"{impl or 'raw'} key); it is {value.dtype.name} of shape {tuple(value.shape)}. Fix: "
             "use a checkpoint written by difffn, or another copy."
         )
+
+
+def check_order(order, source: str) -> np.ndarray:
+    """An epoch's data order read from a checkpoint: a permutation of the observations (a
+    crafted one would otherwise gather clamped indices silently).
+
+    Raises:
+      SerializationError: not a 1-D permutation of ``0 .. n-1``.
+    """
+    order = np.asarray(order)
+    if (
+        order.ndim != 1
+        or not np.issubdtype(order.dtype, np.integer)
+        or not np.array_equal(np.sort(order), np.arange(order.size))
+    ):
+        raise SerializationError(
+            f"{source!r} is malformed: its epoch order is not a permutation of the "
+            f"observations (shape {order.shape}, dtype {order.dtype.name}). Fix: use another "
+            "copy of the checkpoint, or start the run again."
+        )
+    return order.astype(np.int32)
 
 
 def restore_key(data: dict[str, Any]):
