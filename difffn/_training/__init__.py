@@ -10,12 +10,12 @@ nothing else from the package's modules (tests/test_architecture.py holds it).
 """
 
 from ._checkpoint import CheckpointWarning as CheckpointWarning
+from ._checkpoint_fields import DataWarning as DataWarning
 from ._options import TrainingOptions as TrainingOptions
 from ._precision import DTYPES as DTYPES
 from ._solvers import adamupdate as adamupdate
 from ._solvers import rmspropupdate as rmspropupdate
 from ._solvers import sgdmupdate as sgdmupdate
-from ._state import DataWarning as DataWarning
 from ._state import TrainingInfo as TrainingInfo
 from ._trainer import trainnet as trainnet
 

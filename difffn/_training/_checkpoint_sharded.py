@@ -31,7 +31,8 @@ import numpy as np
 
 from .._core import SerializationError
 from .._persistence import Each, Optional, check_schema
-from ._state import FORMAT_VERSION, Checkpoint, CheckpointWarning, check_key_payload, plain_row
+from ._checkpoint_fields import check_key_payload
+from ._state import FORMAT_VERSION, Checkpoint, CheckpointWarning, plain_row
 
 FORMAT = "difffn.sharded-checkpoint"
 ITEMS = ("arrays", "progress")

@@ -38,7 +38,14 @@ from .._devices import Placement, agree, learnable_layout
 from .._layer import learnable_mask
 from .._network import L2, LEARN_RATE, Network, leaf_factors
 from .._scoring import Metric, get_loss, loss_name
-from . import _checkpoint, _compilation_cache, _fingerprint, _options, _progress, _state
+from . import (
+    _checkpoint,
+    _checkpoint_fields,
+    _compilation_cache,
+    _fingerprint,
+    _options,
+    _progress,
+)
 from ._checkpoint_sharded import ShardedWriter
 from ._options import TrainingOptions
 from ._precision import Policy, restore_scaling
@@ -460,7 +467,7 @@ class _Run:
         bad = jnp.zeros((), jnp.int32)
         for xs, ts, *sequences in self.validation:
             if check:
-                bad = bad + _state.nonfinite((xs, ts))
+                bad = bad + _checkpoint_fields.nonfinite((xs, ts))
             # padded sequences: their masks, and the batch's weight (its real steps or sequences)
             masks, n = sequences or (None, _batches.count(ts[0], _batches.batch_axis(ts[0])))
             value, batch_states = evaluate(state.learnables, state.others, xs, ts, masks)
@@ -471,7 +478,7 @@ class _Run:
             count += n
         if check:
             self._validation_checked = True
-            _state.warn_nonfinite(int(bad), "validation data", stacklevel=4)
+            _checkpoint_fields.warn_nonfinite(int(bad), "validation data", stacklevel=4)
         values = {
             m.name: float(m.compute(s)) for m, s in zip(self.metrics, states or (), strict=True)
         }
