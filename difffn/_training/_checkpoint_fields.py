@@ -37,6 +37,14 @@ def nonfinite(tree) -> jax.Array:
     return sum(counts, jnp.zeros((), jnp.int32))
 
 
+def finite(value) -> bool:
+    """Whether ``value`` (a number option) is finite; False for anything else."""
+    try:
+        return bool(np.all(np.isfinite(value)))
+    except (TypeError, ValueError):
+        return False
+
+
 def warn_nonfinite(count: int, what: str, *, stacklevel: int = 3) -> None:
     """A :class:`DataWarning` when ``count`` values of ``what`` are NaN or Inf."""
     if count:

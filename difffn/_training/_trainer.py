@@ -464,9 +464,10 @@ class _Run:
         evaluate = self.steps.evaluate()
         total, count, states = jnp.zeros((), jnp.float32), 0, None
         check = not getattr(self, "_validation_checked", False)  # NaN/Inf said once per run
+        padding = _checkpoint_fields.finite(self.options.sequence_padding_value)
         bad = jnp.zeros((), jnp.int32)
         for xs, ts, *sequences in self.validation:
-            if check:
+            if check and (padding or not sequences):  # NaN padding is the user's, masked out
                 bad = bad + _checkpoint_fields.nonfinite((xs, ts))
             # padded sequences: their masks, and the batch's weight (its real steps or sequences)
             masks, n = sequences or (None, _batches.count(ts[0], _batches.batch_axis(ts[0])))
