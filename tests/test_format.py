@@ -485,7 +485,15 @@ def test_jax_numpy_functions_take_the_stripped_array():
 
 def test_traced_numpy_conversion_says_how_to_fix():
     with pytest.raises(df.FormatError, match=r"traced FormattedArray 'BSSC'.*df\.stripdims"):
-        jax.jit(jnp.asarray)(_x())
+        jax.jit(np.asarray)(_x())
+
+
+def test_jnp_asarray_gives_the_plain_array_jitted_or_not():
+    x = _x()
+    for convert in (jnp.asarray, jax.jit(jnp.asarray)):
+        y = convert(x)
+        assert isinstance(y, jax.Array) and not isinstance(y, df.FormattedArray)
+        np.testing.assert_array_equal(np.asarray(y), np.asarray(x.data))
 
 
 # Pytree and transformations

@@ -2,15 +2,16 @@
 
 The `df.Error` family; `who(layer)` and the other words of messages; format labels,
 `FormattedArray`, `dlarray`/`dims`/`finddim`/`stripdims`/`permute`, `Layout`; what counts as a
-key; strings, ragged lists and complex data named before JAX sees them; observations along the
-batch axis; padding masks; what a user method takes (signatures); running user code so that what
-JAX cannot trace is a named error.
+key; opening files without leaving the user's folder (`files`); strings, ragged lists and complex
+data named before JAX sees them; observations along the batch axis; padding masks; what a user
+method takes (signatures); running user code so that what JAX cannot trace is a named error.
 
 This file is the package's internal API: the floors above import these names from here, and
 nothing else from the package's modules (tests/test_architecture.py holds it).
 """
 
 from . import _batches as batches
+from . import _files as files
 from . import _mask as mask
 from . import _user_code as user_code
 from ._arrays import as_numbers as as_numbers
@@ -109,6 +110,7 @@ __all__ = [
     "count",
     "dims",
     "dlarray",
+    "files",
     "finddim",
     "fits",
     "has_backward",

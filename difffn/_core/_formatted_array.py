@@ -6,18 +6,23 @@ caches on it and retraces when it changes. JAX rebuilds pytrees with placeholder
 every operation that relies on the format checks the rank first and, if ``jax.vmap`` removed or
 added an axis, says so and how to fix it.
 
-``FormattedArray`` deliberately does not define ``__jax_array__``. JAX 0.10.2 accepts it in
-``jax.numpy`` without warnings, but ``jax.Array``'s operators call it on their right operand before
-Python tries ours, so ``w * x`` would silently return a plain array (and, under
+``__jax_array__`` is answered by whom it is asked (:attr:`FormattedArray.__jax_array__`):
+``jax.Array``'s operators call it on their right operand before Python tries ours, so a plain
+``__jax_array__`` would make ``w * x`` silently return a plain array (and, under
 ``jax_numpy_rank_promotion="raise"``, fail for a lower-rank ``w``) while ``x * w`` keeps the
-format; ``jax.lax`` functions reject it anyway. Functions other than the elementwise operators take
-``stripdims(x)``; a ``FormattedArray`` passed to them raises a ``TypeError`` that names the class.
+format. So the operators get the ``FormattedArray`` back (JAX then returns ``NotImplemented`` and
+Python calls ours: the format is kept), ``jnp.asarray``/``jnp.array`` get the plain array (an
+explicit conversion), and the other ``jax.numpy`` and ``jax.nn`` functions a :class:`FormatError`
+(also a ``TypeError``) that names ``df.ops`` and ``df.stripdims``: ``jnp.exp(x)`` cannot keep the
+format, and silently dropping it is what MATLAB never does. Elsewhere (``jax.lax``) a
+``FormattedArray`` is not an array to JAX, as before.
 """
 
 from __future__ import annotations
 
 import math
 import operator
+import sys
 from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
@@ -88,6 +93,10 @@ def _unary(fn: Callable[[Any], Any], symbol: str):
     return method
 
 
+class PlainArrayNeeded(FormatError, TypeError):
+    """A ``FormattedArray`` given to a ``jax.numpy`` function (a ``TypeError`` as JAX's own)."""
+
+
 class FormattedArray:
     """An array plus a format string: MATLAB's formatted ``dlarray``.
 
@@ -98,7 +107,9 @@ class FormattedArray:
     Elementwise arithmetic (``+ - * / // % **``), comparisons, ``& | ^ ~``, ``-x``, ``abs(x)``
     and basic indexing keep the format. Two operands must have the same format (size-1 axes
     broadcast); a plain array or scalar operand broadcasts by numpy's right-aligned rule. Other
-    functions (``jnp.exp``, ``jax.nn.relu``) take the plain array: ``df.stripdims(x)``.
+    functions (``jnp.exp``, ``jax.nn.relu``) take the plain array: ``df.stripdims(x)`` (given a
+    ``FormattedArray`` they raise a ``df.FormatError`` that says so); ``jnp.asarray(x)`` gives the
+    plain array.
 
     Args:
         data: an array-like; converted with ``jnp.asarray``. A ``FormattedArray`` is relabeled.
@@ -325,6 +336,27 @@ class FormattedArray:
 
     def __int__(self) -> int:
         return int(self._data)
+
+    @property
+    def __jax_array__(self) -> Callable[[], Any]:
+        """JAX's array protocol, answered by who asks (see the module's docstring)."""
+        asker = sys._getframe(1).f_globals.get("__name__", "")
+        if asker == "jax._src.numpy.array_methods":  # w * x: JAX defers to our operators
+            return lambda: self
+        if asker == "jax._src.numpy.array_constructors":  # jnp.asarray(x): a conversion
+            return lambda: self._data
+        if asker == "jax._src.numpy.util":  # jnp.exp(x), jax.nn.relu(x), ...
+            return self._plain_array_needed
+        raise AttributeError("__jax_array__")  # jax.lax and the rest: not an array, as before
+
+    def _plain_array_needed(self) -> Any:
+        raise PlainArrayNeeded(
+            f"a df.FormattedArray {self._format!r} was passed to a jax.numpy or jax.nn function, "
+            "which takes plain arrays and cannot keep the format. Fix: use the format-aware "
+            "df.ops function where there is one (df.ops.relu, df.ops.sigmoid, df.ops.softmax, "
+            "df.ops.tanh, ...), or df.stripdims(x) (e.g. jnp.exp(df.stripdims(x))) and "
+            "df.dlarray(y, fmt) to label the result again."
+        )
 
     def __array__(self, dtype: Any = None, copy: bool | None = None) -> np.ndarray:
         try:

@@ -29,6 +29,7 @@ import jax
 from ._describe import raised_at, short
 from ._errors import AccelerationError, Error, FormatError
 from ._format import FormattedArray
+from ._formatted_array import PlainArrayNeeded
 
 CONCRETIZATION_ERRORS = (
     jax.errors.ConcretizationTypeError,
@@ -73,9 +74,14 @@ def call(
     except CONCRETIZATION_ERRORS as failure:
         raise control_flow_error(what, failure, fix) from None
     except TypeError as failure:
-        if isinstance(failure, Error) or not _formats_were_the_cause(fn, args, kwargs):
+        if not isinstance(failure, PlainArrayNeeded) and (
+            isinstance(failure, Error) or not _formats_were_the_cause(fn, args, kwargs)
+        ):
             raise
         where = raised_at(failure)
+        if isinstance(failure, PlainArrayNeeded):  # it says what to do; say where
+            at = f" (at {where})" if where else ""
+            raise FormatError(f"{what}{at}: {failure}") from None
         raise FormatError(
             f"{what} passed a df.FormattedArray to a function that takes plain arrays "
             f"({type(failure).__name__}: {_first_line(failure)})"

@@ -8,6 +8,7 @@ optax or ``df.adamupdate``, and put back with ``net.replace(learnables=table)``.
 
 from __future__ import annotations
 
+import difflib
 from collections.abc import Iterator, Mapping
 from typing import Any, NamedTuple
 
@@ -81,9 +82,11 @@ class ParameterTable(Mapping):
         try:
             return self._values[self._keys.index(key)]
         except ValueError:
-            raise KeyError(
-                f"{path!r} is not in this table; its rows are {list(self)}. Paths are "
-                "'layer/parameter'."
+            close = difflib.get_close_matches(path, list(self), n=1)
+            hint = f" Did you mean {close[0]!r}?" if close else ""
+            raise PathError(
+                f"{path!r} is not in this table.{hint} Its rows are {list(self)}. Fix: use a "
+                "path 'layer/parameter' from that list."
             ) from None
 
     def __iter__(self):
@@ -93,7 +96,7 @@ class ParameterTable(Mapping):
         return len(self._keys)
 
     def __contains__(self, path):
-        return isinstance(path, str) and _split(path) in self._keys
+        return isinstance(path, str) and "/" in path and _split(path) in self._keys
 
     def set(self, path: str, value) -> ParameterTable:
         """A new table with the value at ``"layer/parameter"`` replaced."""
@@ -148,9 +151,18 @@ def _from_parts(keys, values) -> ParameterTable:
     return table
 
 
+class PathError(NetworkError, KeyError):
+    """A path that is not in a parameter table (a ``KeyError`` too, as a ``Mapping``'s is)."""
+
+    def __str__(self) -> str:  # KeyError's would quote the message
+        return str(self.args[0]) if self.args else ""
+
+
 def _split(path: str) -> tuple[str, str]:
     if not isinstance(path, str) or "/" not in path:
-        raise KeyError(f"{path!r}: expected 'layer/parameter'.")
+        raise PathError(
+            f"{path!r} is not a parameter path: expected 'layer/parameter' (e.g. 'fc1/weights')."
+        )
     layer, parameter = path.split("/", 1)
     return layer, parameter
 

@@ -30,7 +30,7 @@ from collections import defaultdict
 from .._core import NetworkError, ONNXImportError
 from .._network import Network
 from ..layers import FunctionLayer, Placeholder
-from . import _labels, _mapping_attention
+from . import _labels, _limits, _mapping_attention
 from ._export import FORMATS_KEY
 from ._import_emit import Emission
 from ._import_fold import Folding
@@ -42,7 +42,12 @@ from ._ops import Attrs, FrozenArray, Unsupported, lookup
 
 
 def import_onnx(
-    path_or_model, *, placeholders=False, input_shapes=None, input_formats=None
+    path_or_model,
+    *,
+    placeholders=False,
+    input_shapes=None,
+    input_formats=None,
+    max_tensor_bytes: int = _limits.DEFAULT_MAX_TENSOR_BYTES,
 ) -> Network:
     """Import an ONNX model as a ``df.Network`` (MATLAB's ``importNetworkFromONNX``).
 
@@ -67,6 +72,11 @@ def import_onnx(
         ``InputDataFormats``), e.g. ``"BCSS"`` (NCHW image), ``"TBC"``, ``"BC"``; by default
         chosen from the rank and what the input feeds, or read from the file's metadata
         when ``df.export_onnx`` wrote it.
+      max_tensor_bytes: the most bytes of any one tensor the import builds (initializers,
+        external data, constant-folded nodes such as ``ConstantOfShape``, ``Expand``,
+        ``Range``); default 4 GiB. A larger one is an ``ONNXImportError`` naming it, before it
+        is allocated where its size is known from the node. Raise it for models with larger
+        weights.
 
     Returns:
       An initialized ``df.Network``.
@@ -98,11 +108,24 @@ def import_onnx(
         placeholders=placeholders,
         input_shapes=input_shapes,
         input_formats=input_formats,
+        max_tensor_bytes=max_tensor_bytes,
     ).network
 
 
-def import_model(path_or_model, *, placeholders=False, input_shapes=None, input_formats=None):
+def import_model(
+    path_or_model,
+    *,
+    placeholders=False,
+    input_shapes=None,
+    input_formats=None,
+    max_tensor_bytes: int = _limits.DEFAULT_MAX_TENSOR_BYTES,
+):
     """``import_onnx``, returning an :class:`ImportResult`."""
+    with _limits.bound(max_tensor_bytes):
+        return _import_model(path_or_model, placeholders, input_shapes, input_formats)
+
+
+def _import_model(path_or_model, placeholders, input_shapes, input_formats):
     model = load_model(path_or_model)
     spec = _mapping_attention.fuse(read_graph(model))
     if input_formats is None:  # a file df.export_onnx wrote says its inputs' formats

@@ -26,7 +26,7 @@ import numpy as np
 from .._core import FormatError, FormattedArray, LayerError, Layout, dims
 from .._layer import Layer, learnable
 from ..layers import FunctionLayer
-from . import _labels
+from . import _labels, _limits
 from ._ops import Attrs, FrozenArray, lookup, run
 
 
@@ -60,7 +60,10 @@ class Program:
         with jax.ensure_compile_time_eval():
             for step in self.steps:
                 args = [env[n] if n else None for n in step.inputs]
-                for name, value in zip(step.outputs, run(step.op_type, step.attrs, args)):
+                outputs = _limits.folding(  # bounded, errors named by node
+                    step.attrs, step.attrs, args, lambda s=step, a=args: run(s.op_type, s.attrs, a)
+                )
+                for name, value in zip(step.outputs, outputs):
                     if name:
                         env[name] = value
             return np.asarray(env[self.output])

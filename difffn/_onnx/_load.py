@@ -1,25 +1,30 @@
 """Reading an ONNX model safely: load, validate, infer shapes, and turn it into plain values.
 
 The ``onnx`` package is imported here, lazily: ``import difffn`` never needs it. A model is read
-with protobuf (no code in it is ever run), external data is read only from files next to the
-model (no absolute paths, no ``..``), checked with ``onnx.checker``, and its shapes are inferred
-with ``onnx.shape_inference``. Every failure is a :class:`~difffn.ONNXImportError` that says what
-is wrong with the file and how to fix it.
+with protobuf (no code in it is ever run), external data is read only from regular files next to
+the model (no absolute paths, no ``..``, no symbolic links: ``_core.files``), each tensor bounded
+(``_limits``) and checked against its dims and type before it is built; the model is checked with
+``onnx.checker`` and the element types of the inputs of each node against the operator's schema,
+and its shapes are inferred with ``onnx.shape_inference``. Every failure is a
+:class:`~difffn.ONNXImportError` that says what is wrong with the file and how to fix it.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import math
 import os
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-from .._core import MissingDependencyError, ONNXImportError
+from .._core import MissingDependencyError, ONNXImportError, files
+from . import _limits
 from ._ops import FrozenArray, Unsupported, np_dtype
 
 MIN_OPSET = 9
+MAX_FILE_BYTES = 1 << 31  # protobuf's own bound on one message (weights beyond: external data)
 INSTALL = "pip install difffn[onnx]"
 
 
@@ -79,12 +84,17 @@ def load_model(source):
         model = _parse(onnx, bytes(source), "the bytes given")
     elif isinstance(source, (str, os.PathLike)):
         path = Path(source)
-        if not path.is_file():
-            raise ONNXImportError(
-                f"df.import_onnx: no ONNX file at {str(path)!r}. Fix: pass the path of a .onnx "
-                "file (or the model's bytes, or an onnx.ModelProto)."
+        try:
+            data = files.read_regular(
+                path, limit=MAX_FILE_BYTES, what="the ONNX file", follow=True, error=ONNXImportError
             )
-        model = _parse(onnx, path.read_bytes(), f"the file {str(path)!r}")
+        except OSError as error:
+            raise ONNXImportError(
+                f"df.import_onnx: no ONNX file at {str(path)!r} ({error.strerror or error}). "
+                "Fix: pass the path of a .onnx file (or the model's bytes, or an "
+                "onnx.ModelProto)."
+            ) from None
+        model = _parse(onnx, data, f"the file {str(path)!r}")
         base_dir = path.parent
     else:
         raise ONNXImportError(
@@ -95,7 +105,7 @@ def load_model(source):
     _load_external_data(onnx, model, base_dir)
     try:
         onnx.checker.check_model(model)
-    except onnx.checker.ValidationError as error:
+    except Exception as error:  # noqa: BLE001 - ValidationError, and the checker's other errors
         first = str(error).strip().splitlines()[0] if str(error).strip() else repr(error)
         raise ONNXImportError(
             f"df.import_onnx: the model is not valid ONNX (onnx.checker says: {first}). Fix: "
@@ -171,8 +181,7 @@ def _load_external_data(onnx, model, base_dir) -> None:
         )
     missing = []
     for tensor in tensors:
-        info = {entry.key: entry.value for entry in tensor.external_data}
-        location = info.get("location", "")
+        location = _external_info(tensor).get("location", "")
         relative = Path(location)
         if not location or relative.is_absolute() or ".." in relative.parts:
             raise ONNXImportError(
@@ -181,8 +190,19 @@ def _load_external_data(onnx, model, base_dir) -> None:
                 "from files beside the model. Fix: move the data file next to the model and "
                 "set its location to the file name."
             )
-        if not (base_dir / relative).is_file():
-            missing.append((tensor.name, location))
+        if not files.inside(base_dir, location):
+            if not os.path.lexists(base_dir / relative) and all(
+                not (base_dir / Path(*relative.parts[:n])).is_symlink()
+                for n in range(1, len(relative.parts))
+            ):
+                missing.append((tensor.name, location))
+                continue
+            raise ONNXImportError(
+                f"df.import_onnx: the external data of tensor {tensor.name!r}, {location!r}, "
+                "is a symbolic link, lies behind one, or is not a regular file; difffn reads "
+                "external data only from regular files in the model's folder (a link could "
+                "point anywhere). Fix: copy the data file itself next to the model."
+            )
     if missing:
         listed = "; ".join(f"{name!r} in {loc!r}" for name, loc in missing[:10])
         raise ONNXImportError(
@@ -190,9 +210,71 @@ def _load_external_data(onnx, model, base_dir) -> None:
             f"that are not in {str(base_dir)!r}: {listed}. Fix: copy the data file(s) next to "
             "the .onnx file."
         )
-    from onnx.external_data_helper import load_external_data_for_model
+    for tensor in tensors:
+        _read_external(onnx, tensor, base_dir)
 
-    load_external_data_for_model(model, str(base_dir))
+
+def _external_info(tensor) -> dict[str, str]:
+    return {entry.key: entry.value for entry in tensor.external_data}
+
+
+def _read_external(onnx, tensor, base_dir: Path) -> None:
+    """Read one tensor's external data into it: bounded, checked against its dims and type, from
+    a regular file opened without following a link (``_core.files``)."""
+    info = _external_info(tensor)
+    what = f"the external data of tensor {tensor.name!r} ({info['location']!r})"
+    try:
+        offset = int(info.get("offset", 0))
+        length = None if info.get("length") is None else int(info["length"])
+    except ValueError:
+        raise ONNXImportError(
+            f"df.import_onnx: {what} has offset {info.get('offset')!r} and length "
+            f"{info.get('length')!r}, which are not whole numbers. Fix: repair or re-export "
+            "the model."
+        ) from None
+    expected = _nbytes(tensor)
+    path = base_dir / info["location"]
+    fd = files.open_regular(path, os.O_RDONLY, what=what, error=ONNXImportError)
+    try:
+        size = os.fstat(fd).st_size
+        if length is None:
+            length = size - offset
+        if offset < 0 or length < 0 or offset + length > size:
+            raise ONNXImportError(
+                f"df.import_onnx: {what} asks for {length} bytes from offset {offset}; the file "
+                f"has {size} bytes. Fix: the data file does not belong to this model (or is "
+                "truncated): copy it again, or re-export the model."
+            )
+        if expected is not None and length != expected:
+            raise ONNXImportError(
+                f"df.import_onnx: tensor {tensor.name!r} has dims {list(tensor.dims)} of "
+                f"element type {tensor.data_type}, {expected} bytes; {what} holds {length}. "
+                "Fix: repair or re-export the model."
+            )
+        _limits.check(f"tensor {tensor.name!r}", (length,), np.uint8)
+        chunks, done = [], 0
+        while done < length:
+            chunk = os.pread(fd, min(length - done, 1 << 30), offset + done)
+            if not chunk:
+                raise ONNXImportError(f"df.import_onnx: {what} changed while it was read.")
+            chunks.append(chunk)
+            done += len(chunk)
+    finally:
+        os.close(fd)
+    tensor.raw_data = b"".join(chunks)
+    del tensor.external_data[:]
+    tensor.data_location = onnx.TensorProto.DEFAULT
+
+
+def _nbytes(tensor) -> int | None:
+    """The bytes a tensor's dims and element type need (None: a type without a fixed size),
+    checked against the bound first."""
+    try:
+        dtype = np_dtype(tensor.data_type)
+    except Unsupported:
+        return None
+    _limits.check(f"tensor {tensor.name!r}", tuple(tensor.dims), dtype)
+    return math.prod(tensor.dims) * np.dtype(dtype).itemsize
 
 
 def default_opset(model) -> int:
@@ -210,7 +292,8 @@ def read_graph(model) -> GraphSpec:
     except Exception:  # noqa: BLE001 - shape inference is a help, not a requirement
         inferred = model
     graph = model.graph
-    initializers = {t.name: _tensor(onnx, t) for t in graph.initializer}
+    initializers = {t.name: _tensor(onnx, t, f"initializer {t.name!r}") for t in graph.initializer}
+    check_types(onnx, model, inferred)
     nodes = []
     for i, node in enumerate(graph.node):
         nodes.append(
@@ -220,7 +303,10 @@ def read_graph(model) -> GraphSpec:
                 name=node.name or f"{node.op_type}_{i}",
                 inputs=tuple(node.input),
                 outputs=tuple(node.output),
-                attributes=tuple((a.name, _attribute(onnx, a)) for a in node.attribute),
+                attributes=tuple(
+                    (a.name, _attribute(onnx, a, f"attribute {a.name!r} of node {node.name!r}"))
+                    for a in node.attribute
+                ),
             )
         )
     value_info = {}
@@ -235,6 +321,56 @@ def read_graph(model) -> GraphSpec:
         value_info=value_info,
         graph_name=graph.name,
     )
+
+
+def check_types(onnx, model, inferred) -> None:
+    """Each node's inputs of known element type against its operator's schema (the onnx
+    package's): inputs that share a type variable (``T`` of MatMul's ``A`` and ``B``) have one
+    type, and that type is one the operator takes.
+
+    Raises:
+      ONNXImportError: naming the node, its inputs and their types, and what the schema allows.
+    """
+    graph = model.graph
+    types: dict[str, int] = {t.name: t.data_type for t in graph.initializer}
+    for info in (*inferred.graph.value_info, *graph.input):
+        kind = info.type.WhichOneof("value")
+        if kind == "tensor_type" and info.type.tensor_type.elem_type:
+            types.setdefault(info.name, info.type.tensor_type.elem_type)
+    opset = default_opset(model)
+    for i, node in enumerate(graph.node):
+        if node.domain not in ("", "ai.onnx"):
+            continue
+        try:
+            schema = onnx.defs.get_schema(node.op_type, opset, "")
+        except Exception:  # noqa: BLE001 - an operator the onnx package does not know: named later
+            continue
+        if not schema.inputs:
+            continue
+        allowed = {c.type_param_str: set(c.allowed_type_strs) for c in schema.type_constraints}
+        bound: dict[str, tuple[str, str]] = {}
+        name = node.name or f"{node.op_type}_{i}"
+        for position, tensor in enumerate(node.input):
+            if not tensor or tensor not in types:
+                continue
+            formal = schema.inputs[min(position, len(schema.inputs) - 1)]
+            variable = formal.type_str
+            got = f"tensor({onnx.TensorProto.DataType.Name(types[tensor]).lower()})"
+            if variable in allowed and got not in allowed[variable]:
+                raise ONNXImportError(
+                    f"df.import_onnx: node {name!r} ({node.op_type}): input {position} "
+                    f"({tensor!r}) is {got}; the operator takes {sorted(allowed[variable])} "
+                    "there. Fix: repair the model (cast the input with a Cast node)."
+                )
+            if variable in allowed:
+                first = bound.setdefault(variable, (tensor, got))
+                if first[1] != got:
+                    raise ONNXImportError(
+                        f"df.import_onnx: node {name!r} ({node.op_type}): its inputs "
+                        f"{first[0]!r} ({first[1]}) and {tensor!r} ({got}) must have one element "
+                        f"type (type variable {variable!r} of the operator). Fix: repair the "
+                        "model (cast one with a Cast node)."
+                    )
 
 
 _LARGE = 1 << 16  # bytes: weights, never shapes or indices that shape inference reads
@@ -272,12 +408,26 @@ def _without_large_weights(onnx, model):
     return result
 
 
-def _tensor(onnx, tensor):
+def _tensor(onnx, tensor, what: str):
+    """A tensor's values as an array (bounded, its dims checked against its data), or the
+    ``Unsupported`` of an element type difffn does not take."""
     try:
-        np_dtype(tensor.data_type)
+        dtype = np_dtype(tensor.data_type)
     except Unsupported as error:
         return error
-    return np.asarray(onnx.numpy_helper.to_array(tensor))
+    _limits.check(what, tuple(tensor.dims), dtype)
+    try:
+        array = np.asarray(onnx.numpy_helper.to_array(tensor))
+    except Exception as error:  # noqa: BLE001 - the onnx package's errors on inconsistent data
+        array = error
+    if isinstance(array, Exception) or array.shape != tuple(tensor.dims):
+        got = f"{type(array).__name__}: {array}" if isinstance(array, Exception) else array.shape
+        raise ONNXImportError(
+            f"df.import_onnx: {what} has dims {list(tensor.dims)} of element type "
+            f"{np.dtype(dtype).name}, which its data does not fit ({str(got)[:200]}). Fix: "
+            "repair or re-export the model."
+        )
+    return array
 
 
 def _tensor_info(info) -> TensorInfo:
@@ -307,7 +457,7 @@ class Subgraph:
         return 0
 
 
-def _attribute(onnx, attribute):
+def _attribute(onnx, attribute, what: str):
     kind = onnx.AttributeProto
     t = attribute.type
     if t == kind.FLOAT:
@@ -323,6 +473,6 @@ def _attribute(onnx, attribute):
     if t == kind.STRINGS:
         return tuple(s.decode("utf-8", "replace") for s in attribute.strings)
     if t == kind.TENSOR:
-        value = _tensor(onnx, attribute.t)
+        value = _tensor(onnx, attribute.t, what)
         return value if isinstance(value, Unsupported) else FrozenArray(value)
     return Subgraph()

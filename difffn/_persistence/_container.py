@@ -27,7 +27,7 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-from .._core import SerializationError
+from .._core import SerializationError, files
 
 MAGIC = b"DIFFFN\x00\x01"
 VERSION = 1
@@ -88,6 +88,13 @@ def write(path: str | os.PathLike, kind: str, payload: dict[str, Any]) -> Path:
             os.unlink(tmp)
         except FileNotFoundError:
             pass
+        if isinstance(error, FileNotFoundError) and not os.path.exists(tmp):
+            raise SerializationError(
+                f"could not write {str(path)!r}: its temporary file {os.path.basename(tmp)!r} "
+                "was removed while it was being written, by another process: two runs (or two "
+                f"programs) are writing to one folder, {str(folder)!r}. The previous file, if "
+                "any, is unchanged. Fix: give each run its own folder (checkpoint_path)."
+            ) from None
         if isinstance(error, OSError):
             raise SerializationError(
                 f"could not write {str(path)!r}: {error.strerror or error}. The previous file, "
@@ -126,26 +133,29 @@ def _fsync_folder(folder: Path) -> None:
         os.close(fd)
 
 
-def read(path: str | os.PathLike, kind: str | tuple[str, ...]) -> dict[str, Any]:
-    """Read and verify a container written by :func:`write`; returns its payload.
+def read(
+    path: str | os.PathLike, kind: str | tuple[str, ...], *, follow: bool = True
+) -> dict[str, Any]:
+    """Read and verify a container written by :func:`write`; returns its payload (a dict).
 
-    ``kind`` is the kind expected, or a tuple of the kinds accepted.
+    ``kind`` is the kind expected, or a tuple of the kinds accepted. The file must be a regular
+    file (a FIFO or a device is refused before a byte is read, ``_core.files``); ``follow=False``
+    (files found in a folder rather than named by the user) also refuses a symbolic link. The
+    payload is read only after the header's length matched the file's size, so at most that
+    many bytes are read.
     """
     path = _as_path(path)
     try:
-        with open(path, "rb") as handle:
+        fd = files.open_regular(path, os.O_RDONLY, what="the difffn file", follow=follow)
+        with os.fdopen(fd, "rb") as handle:
             size = os.fstat(handle.fileno()).st_size
             head = handle.read(_HEADER.size)
             digest = _check_header(path, head, size, kind)
-            data = handle.read()
+            data = handle.read(size - _HEADER.size)
     except FileNotFoundError:
         raise SerializationError(
             f"{str(path)!r} does not exist. Fix: check the path (relative paths start at "
             f"{os.getcwd()!r})."
-        ) from None
-    except IsADirectoryError:
-        raise SerializationError(
-            f"{str(path)!r} is a folder, not a difffn file. Fix: pass the path of a file in it."
         ) from None
     except OSError as error:
         raise SerializationError(f"cannot read {str(path)!r}: {error}.") from error
@@ -157,9 +167,12 @@ def read(path: str | os.PathLike, kind: str | tuple[str, ...]) -> dict[str, Any]
             "copy."
         )
     try:
-        return msgpack_codec().msgpack_restore(data)
+        payload = msgpack_codec().msgpack_restore(data)
     except Exception as error:  # a valid checksum over undecodable data: a writer bug
         raise SerializationError(f"{str(path)!r} could not be decoded: {error}.") from error
+    if not isinstance(payload, dict):
+        _malformed(str(path), f"the payload is a {type(payload).__name__}, not a dict")
+    return payload
 
 
 def _check_header(path: Path, head: bytes, size: int, kind) -> bytes:

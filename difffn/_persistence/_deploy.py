@@ -21,13 +21,14 @@ from __future__ import annotations
 import os
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, NoReturn
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 
 from .._core import (
+    Error,
     FormattedArray,
     Layout,
     NetworkError,
@@ -38,9 +39,11 @@ from .._core import (
     dlarray,
     stripdims,
     type_name,
+    validate_format,
 )
 from .._network import Network, resolve_layouts
 from . import _container, _export
+from ._container import Optional, check_schema
 from ._serialization import _describe, _layout_payload
 
 FORMAT = "difffn.exported"
@@ -174,23 +177,57 @@ def export(
     return _container.write(path, KIND, payload)
 
 
+_LAYOUT = {"shape": [int], "format": str}
+SCHEMA = {  # every field load_exported reads, checked before anything is built from it
+    "format_version": int,
+    "exported": bytes,
+    "platforms": [str],
+    "input_names": [str],
+    "output_names": [str],
+    "input_layouts": [_LAYOUT],
+    "input_dtypes": [str],
+    "output_formats": [str],
+    "structure": {"layers": [{"name": str, "class": str}]},
+}
+_OPTIONAL = {
+    "vjp_order": Optional(int),
+    "difffn_version": Optional(str),
+    "jax_version": Optional(str),
+}
+
+
 def load_exported(path: str | os.PathLike) -> ExportedNetwork:
     """Load a network written by :func:`export`; no layer class is imported or run.
 
+    Trust: an exported file carries compiled code for XLA (StableHLO bytecode, which JAX
+    deserializes and XLA compiles and runs), like a TensorFlow SavedModel. difffn checks the
+    container (checksum) and every field of its description (types, shapes, counts, dtypes)
+    before it hands the bytecode to JAX, and turns JAX's deserialization errors into
+    ``SerializationError``; but JAX's deserializer and XLA are not hardened against crafted
+    bytecode (it can crash or hang the process). Load only exported files you trust. Files of
+    ``df.save`` and checkpoints hold data only (arrays and names; no code is ever deserialized).
+
     Raises:
-      SerializationError: the file is damaged, not a difffn export, from a newer difffn, or
-        its module cannot be deserialized by this jax.
+      SerializationError: the file is damaged, not a difffn export, from a newer difffn, a
+        field that does not fit the schema (named, expected vs got), or its module cannot be
+        deserialized by this jax or does not match its description.
     """
     payload = _container.read(path, KIND)
     source = str(path)
     if payload.get("format") != FORMAT:
         raise SerializationError(f"{source!r} does not hold a difffn exported network.")
-    if int(payload.get("format_version", 0)) > FORMAT_VERSION:
+    check_schema(payload, {"format_version": int}, source=source)
+    if payload["format_version"] > FORMAT_VERSION:
         raise SerializationError(
             f"{source!r} holds an exported network in format version "
             f"{payload['format_version']}, newer than this difffn reads ({FORMAT_VERSION}). Fix: "
             "upgrade difffn."
         )
+    check_schema(payload, SCHEMA, source=source)
+    for key, schema in _OPTIONAL.items():
+        check_schema(payload.get(key), schema, source=source, where=f"the payload[{key!r}]")
+    layouts, dtypes = _check_description(payload, source)
+    vjp_order = payload.get("vjp_order", 1)
     try:
         exported = _export.load_function(payload["exported"]).exported
     except SerializationError as error:
@@ -198,21 +235,102 @@ def load_exported(path: str | os.PathLike) -> ExportedNetwork:
             f"{source!r}: {error} It was exported with jax {payload.get('jax_version')}; this is "
             f"jax {jax.__version__}. Fix: export it again with this jax."
         ) from None
-    layouts = tuple(
-        Layout(tuple(None if n < 0 else n for n in d["shape"]), d["format"])
-        for d in payload["input_layouts"]
-    )
+    _check_module(exported, payload, layouts, source)
     return ExportedNetwork(
         exported,
         input_names=tuple(payload["input_names"]),
         output_names=tuple(payload["output_names"]),
         input_layouts=layouts,
-        input_dtypes=tuple(payload["input_dtypes"]),
+        input_dtypes=dtypes,
         output_formats=tuple(payload["output_formats"]),
         layers=tuple((d["name"], d["class"]) for d in payload["structure"]["layers"]),
         difffn_version=payload.get("difffn_version"),
         source=source,
-        vjp_order=int(payload.get("vjp_order", 1)),
+        vjp_order=int(vjp_order),
+    )
+
+
+def _check_description(payload, source: str) -> tuple[tuple[Layout, ...], tuple[str, ...]]:
+    """The input layouts and dtypes of an export's description, checked for consistency."""
+    names, layouts, dtypes = (
+        payload["input_names"],
+        payload["input_layouts"],
+        payload["input_dtypes"],
+    )
+    if not len(names) == len(layouts) == len(dtypes):
+        _malformed(
+            source,
+            f"it lists {len(names)} input names, {len(layouts)} input layouts and "
+            f"{len(dtypes)} input dtypes (one each per input)",
+        )
+    if len(payload["output_names"]) != len(payload["output_formats"]):
+        _malformed(
+            source,
+            f"it lists {len(payload['output_names'])} output names and "
+            f"{len(payload['output_formats'])} output formats",
+        )
+    vjp_order = payload.get("vjp_order", 1)
+    if vjp_order is None or vjp_order < 0:
+        _malformed(source, f"vjp_order is {vjp_order!r}; expected an int >= 0")
+    unknown = [p for p in payload["platforms"] if p not in _PLATFORMS]
+    if unknown:
+        _malformed(source, f"platforms has {unknown}; expected names of {list(_PLATFORMS)}")
+    result = []
+    for n, d in enumerate(layouts):
+        where = f"the payload['input_layouts'][{n}]"
+        if any(size < -1 for size in d["shape"]):
+            _malformed(source, f"{where}['shape'] is {d['shape']}; sizes are >= 0 (-1: any)")
+        try:
+            layout = Layout(tuple(None if size < 0 else size for size in d["shape"]), d["format"])
+        except Error as error:
+            _malformed(source, f"{where} is not a layout ({error})")
+        result.append(layout)
+    for n, name in enumerate(dtypes):
+        try:
+            dtype = np.dtype(name)
+        except TypeError:
+            dtype = None
+        if dtype is None or dtype.kind not in "biuf" or dtype.name != name:
+            _malformed(source, f"the payload['input_dtypes'][{n}] is {name!r}, not a dtype name")
+    for n, fmt in enumerate(payload["output_formats"]):
+        if fmt:
+            try:
+                validate_format(fmt)
+            except Error as error:
+                _malformed(source, f"the payload['output_formats'][{n}] is {fmt!r} ({error})")
+    return tuple(result), tuple(dtypes)
+
+
+def _check_module(exported, payload, layouts, source: str) -> None:
+    """The deserialized module takes and returns what the description says."""
+    ins, outs = exported.in_avals, exported.out_avals
+    if len(ins) != len(layouts) or len(outs) != len(payload["output_names"]):
+        _malformed(
+            source,
+            f"its module takes {len(ins)} input(s) and returns {len(outs)}; its description "
+            f"lists {len(layouts)} and {len(payload['output_names'])}",
+        )
+    for n, (aval, layout, dtype) in enumerate(zip(ins, layouts, payload["input_dtypes"])):
+        if len(aval.shape) != layout.ndim or aval.dtype != np.dtype(dtype):
+            _malformed(
+                source,
+                f"input {n + 1} of its module is {aval.str_short()}; its description says "
+                f"{layout} {dtype}",
+            )
+    for n, (aval, fmt) in enumerate(zip(outs, payload["output_formats"])):
+        if fmt and len(aval.shape) != len(fmt):
+            _malformed(
+                source,
+                f"output {n + 1} of its module is {aval.str_short()}; its description gives it "
+                f"the format {fmt!r}",
+            )
+
+
+def _malformed(source: str, what: str) -> NoReturn:
+    raise SerializationError(
+        f"{source!r} is malformed: {what}. Its checksum is right, so it was written this way (by "
+        "another program, or another version). Fix: export the network again with df.export, "
+        "or use another copy."
     )
 
 

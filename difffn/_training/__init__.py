@@ -10,6 +10,7 @@ nothing else from the package's modules (tests/test_architecture.py holds it).
 """
 
 from ._checkpoint import CheckpointWarning as CheckpointWarning
+from ._checkpoint_fields import DataWarning as DataWarning
 from ._dlupdate import dlupdate as dlupdate
 from ._options import TrainingOptions as TrainingOptions
 from ._precision import DTYPES as DTYPES
@@ -20,6 +21,7 @@ from ._state import TrainingInfo as TrainingInfo
 from ._trainer import trainnet as trainnet
 
 __all__ = [
+    "DataWarning",
     "CheckpointWarning",
     "DTYPES",
     "TrainingInfo",

@@ -30,11 +30,12 @@ import math
 import os
 import re
 import shutil
+import time
 import warnings
 from pathlib import Path
 from typing import Any
 
-from .._core import SerializationError
+from .._core import SerializationError, files
 from .._devices import broadcast_int
 from .._network import Network
 from .._persistence import check_network_structure, restore_network
@@ -47,6 +48,7 @@ from ._checkpoint_sharded import steps as sharded_steps
 from ._state import Checkpoint, CheckpointWarning, same_key
 
 KIND = "checkpoint"
+STALE = 60.0  # seconds after which a hidden write is a killed one's, not one in flight
 # a checkpoint folder, or a single file of an earlier release (.difffn)
 _NAME = re.compile(r"^net_checkpoint__(\d+)__(\d{4}_\d\d_\d\d__\d\d_\d\d_\d\d)(\.difffn)?$")
 
@@ -67,17 +69,20 @@ def prune(folder, keep, *, written: Path | None = None) -> list[Path]:
     """Delete the oldest checkpoints in ``folder`` beyond the newest ``keep``; return them.
 
     Only checkpoints named like checkpoints are considered (and what a killed write left behind,
-    hidden ``.net_checkpoint__*`` folders and files, is removed). ``written`` is never deleted.
+    hidden ``.net_checkpoint__*`` folders and files, is removed once it is :data:`STALE` seconds
+    old: a newer one may be another run's write in flight). ``written`` is never deleted.
     """
     folder = Path(folder)
     for stale in [*folder.glob(".net_checkpoint__*.tmp"), *folder.glob(".net_checkpoint__*")]:
-        if stale.is_dir():
-            shutil.rmtree(stale, ignore_errors=True)
-        else:
-            try:
+        try:
+            if time.time() - stale.lstat().st_mtime <= STALE:
+                continue
+            if stale.is_dir() and not stale.is_symlink():
+                shutil.rmtree(stale, ignore_errors=True)
+            else:
                 stale.unlink()
-            except OSError:
-                pass
+        except OSError:
+            pass
     if keep == math.inf:
         return []
     deleted = []
@@ -103,7 +108,10 @@ def checkpoints(folder) -> list[Path]:
     found = []
     for path in Path(folder).iterdir():
         match = _NAME.match(path.name)
-        if match and (path.is_file() if match.group(3) else path.is_dir()):
+        if match and (
+            path.is_symlink()  # named when read, never followed
+            or (files.regular_file(path) if match.group(3) else path.is_dir())
+        ):
             found.append(((match.group(2), int(match.group(1))), path))
     return [path for _, path in sorted(found, key=lambda item: item[0], reverse=True)]
 
@@ -111,12 +119,19 @@ def checkpoints(folder) -> list[Path]:
 # -- finding ----------------------------------------------------------------------------------
 
 
-def open_checkpoint(path) -> Checkpoint:
-    """Read and verify one checkpoint: a folder of this release or a file of an earlier one."""
+def open_checkpoint(path, *, follow: bool = True) -> Checkpoint:
+    """Read and verify one checkpoint: a folder of this release or a file of an earlier one
+    (``follow=False``: one found in a folder, where a symbolic link is refused, not followed)."""
     path = Path(path)
+    if not follow and path.is_symlink():
+        raise SerializationError(
+            f"{str(path)!r} is a symbolic link named like a checkpoint; difffn does not follow "
+            "links inside a checkpoint folder. Fix: remove the link, or pass the checkpoint it "
+            "points to as resume_from."
+        )
     if path.is_dir():
         return FolderCheckpoint.read_folder(path)
-    return Checkpoint.from_payload(_container.read(path, KIND), str(path))
+    return Checkpoint.from_payload(_container.read(path, KIND, follow=follow), str(path))
 
 
 def read(path) -> dict[str, Any]:
@@ -166,7 +181,7 @@ def find(resume_from, *, collective: bool = False) -> Checkpoint:
     damaged, chosen = [], None
     for n, candidate in enumerate(candidates):
         try:
-            chosen = (n, open_checkpoint(candidate))
+            chosen = (n, open_checkpoint(candidate, follow=False))
             break
         except SerializationError as error:
             damaged.append((candidate, error))

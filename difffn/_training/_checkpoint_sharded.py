@@ -27,6 +27,7 @@ import numpy as np
 
 from .._core import SerializationError
 from .._persistence import Each, Optional, check_schema
+from ._checkpoint_fields import check_key_payload
 from ._state import FORMAT_VERSION, Checkpoint
 
 FORMAT = "difffn.sharded-checkpoint"
@@ -132,10 +133,17 @@ class ShardedCheckpoint(Checkpoint):
             )
         check_schema(progress, SCHEMA, source=source, where="the progress")
         for name in ("key", "run_key"):
+            data = progress[name]["data"]
+            if any(not isinstance(v, int) or not 0 <= v < 2**32 for v in data):
+                raise SerializationError(
+                    f"{source!r} is malformed: the progress[{name!r}]['data'] holds {data}, not "
+                    "uint32 values. Fix: use another copy of the checkpoint."
+                )
             progress[name] = {
-                "data": np.asarray(progress[name]["data"], dtype=np.uint32),
+                "data": np.asarray(data, dtype=np.uint32),
                 "impl": progress[name]["impl"],
             }
+            check_key_payload(progress[name], source=source, where=f"the progress[{name!r}]")
         return progress
 
     def restore(self, args) -> Any:

@@ -29,11 +29,15 @@ from __future__ import annotations
 import json
 import math
 import os
+import re
 from pathlib import Path
 
-from .._core import SerializationError
+from .._core import SerializationError, files
 
 SUFFIX = ".jsonl"
+NAME = re.compile(r"net_history__[0-9a-f]{16}\.jsonl")  # what file_name gives
+LIMIT = 1 << 34  # bytes read of a log at most (16 GiB: some 10^8 rows)
+_WHAT = "the history log"
 KINDS = ("training", "validation")
 
 
@@ -90,9 +94,15 @@ def repair(path: Path) -> None:
     """
     folder = _folder(path)
     try:
-        with open(path, "ab+") as handle:
-            handle.seek(0)
-            blob = handle.read()
+        # never through a link planted in the folder, never a FIFO or device (_core.files)
+        fd = files.open_regular(path, os.O_RDWR | os.O_CREAT, what=_WHAT)
+        with os.fdopen(fd, "rb+") as handle:
+            size = os.fstat(fd).st_size
+            if size > LIMIT:
+                raise SerializationError(
+                    f"{_WHAT} {str(path)!r} has {size} bytes, more than the {LIMIT} difffn reads."
+                )
+            blob = handle.read(size)
             end = max((end for end, _ in _whole_lines(blob)), default=0)
             if end < len(blob):
                 handle.truncate(end)
@@ -125,7 +135,8 @@ def append(path: Path, training: tuple[int, list], validation: tuple[int, list])
         for k, row in enumerate(rows)
     )
     try:
-        with open(path, "ab") as handle:
+        fd = files.open_regular(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, what=_WHAT)
+        with os.fdopen(fd, "ab") as handle:
             handle.write(text.encode())
             handle.flush()
             os.fsync(handle.fileno())
@@ -142,7 +153,9 @@ def read(path: Path, training: int, validation: int) -> tuple[list, list, str | 
     (a missing or damaged log), None when every row was found.
     """
     try:
-        blob = Path(path).read_bytes()
+        blob = files.read_regular(path, limit=LIMIT, what=_WHAT)
+    except SerializationError as error:
+        return [], [], str(error)
     except OSError as error:
         return [], [], f"the history log {str(path)!r} cannot be read ({error.strerror or error})"
     rows: dict[str, list] = {kind: [] for kind in KINDS}

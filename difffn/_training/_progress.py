@@ -58,7 +58,8 @@ class Reporter:
         self.stream = stream if stream is not None else sys.stdout
         self.validation = validation
         self.total = total_iterations
-        self.max_epochs = max_epochs
+        self.max_epochs = max_epochs  # with an unknown epoch length: the total once one ends
+        self._epoch_seen: tuple[int, int] | None = None  # (epoch, last iteration) while unknown
         self.metric_titles = tuple(metric_titles)
         columns = ["Iteration", "Epoch", "TimeElapsed", "LearnRate", "TrainingLoss"]
         if validation:
@@ -129,14 +130,31 @@ class Reporter:
                 cells.append(_number(validation.get(title)))
         self._write(self._line(cells))
 
+    def unknown_length(self) -> None:
+        """Say that an epoch of unknown length is running (an iterable without ``len()``)."""
+        self.message(
+            "Epoch 1 is running; its length is unknown (the data is an iterable without len()) "
+            "until it ends. An endless iterable needs steps_per_epoch=N (and validation data "
+            "validation_steps=N), as in Keras."
+        )
+
     def tick(self, iteration: int, epoch: int, learn_rate: float | None = None) -> None:
         """After each iteration: redraw the bar (a terminal, a notebook), or a plain line every
         tenth of the run (any other stream)."""
+        if self.total is None and self.max_epochs:  # learn the epoch's length when one ends
+            seen = self._epoch_seen
+            if seen is not None and epoch > seen[0] == 1:
+                self.total = self.max_epochs * seen[1]
+                if self._bar is not None:
+                    self._bar.set_total(self.total)
+            self._epoch_seen = (epoch, iteration)
         if self.mode == "none":
             return
         self._last = (iteration, epoch, learn_rate)
         rate, left = self._clock.update(iteration, self.total)
         status = progress_status(epoch, self.max_epochs, rate, left, self._values, learn_rate)
+        if self.total is None:
+            status = f"(an epoch of unknown length is running) {status}"
         if self.mode == "plain":
             if iteration % self._plain_every == 0 or iteration == self.total:
                 done = f"{iteration}/{self.total}" if self.total else str(iteration)
@@ -241,6 +259,9 @@ class _Bar:
         if force or now - self.drawn >= 0.1:  # redraw at most ten times a second
             self.progress.refresh()
             self.drawn = now
+
+    def set_total(self, total: int) -> None:
+        self.progress.update(self.task, total=total)
 
     def print(self, text: str) -> None:
         self.progress.console.print(text, markup=False, highlight=False, soft_wrap=True)

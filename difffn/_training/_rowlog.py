@@ -13,21 +13,27 @@ resumed from an older checkpoint overwrites the rows it repeats. Reading stops a
 torn or damaged record; a process's first append cuts such a tail off (:func:`repair`: a
 process killed mid-append), so the records after it stay readable. The file is opened like
 any file (its mode follows the umask) and each append is flushed and fsync'ed before the
-checkpoint that counts on it is written.
+checkpoint that counts on it is written. The log is opened and read through ``_core.files``: a
+symbolic link, FIFO or device planted under its name is refused, never followed (its target is
+never truncated or overwritten), and a read is bounded by :data:`LIMIT`.
 """
 
 from __future__ import annotations
 
 import hashlib
 import os
+import re
 import struct
 from pathlib import Path
 
-from .._core import SerializationError
+from .._core import SerializationError, files
 from .._persistence import msgpack_codec
 
 MAGIC = b"DIFFFNLOG\x00\x01\x00"
 _RECORD = struct.Struct("<Q32s")
+NAME = re.compile(r"net_history__[0-9a-f]{16}\.difffnlog")  # what file_name gives
+LIMIT = 1 << 34  # bytes read of a log at most (16 GiB: some 10^8 rows)
+_WHAT = "the history log"
 
 
 def file_name(run_id: str) -> str:
@@ -77,10 +83,16 @@ def repair(path: Path) -> None:
     """
     folder = _folder(path)
     try:
-        with open(path, "ab+") as handle:
-            handle.seek(0)
-            blob = handle.read()
+        fd = files.open_regular(path, os.O_RDWR | os.O_CREAT, what=_WHAT)
+        with os.fdopen(fd, "rb+") as handle:
+            size = os.fstat(fd).st_size
+            if size > LIMIT:
+                raise SerializationError(
+                    f"{_WHAT} {str(path)!r} has {size} bytes, more than the {LIMIT} difffn reads."
+                )
+            blob = handle.read(size)
             if not blob.startswith(MAGIC):
+                handle.seek(0)
                 handle.truncate(0)
                 handle.write(MAGIC)
                 return
@@ -105,7 +117,8 @@ def append(path: Path, training: tuple[int, list], validation: tuple[int, list])
         {"training": [training[0], training[1]], "validation": [validation[0], validation[1]]}
     )
     try:
-        with open(path, "ab") as handle:
+        fd = files.open_regular(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, what=_WHAT)
+        with os.fdopen(fd, "ab") as handle:
             handle.write(_RECORD.pack(len(body), hashlib.sha256(body).digest()) + body)
             handle.flush()
             os.fsync(handle.fileno())
@@ -122,7 +135,9 @@ def read(path: Path, training: int, validation: int) -> tuple[list, list, str | 
     (a missing or damaged log), None when every row was found.
     """
     try:
-        blob = Path(path).read_bytes()
+        blob = files.read_regular(path, limit=LIMIT, what=_WHAT)
+    except SerializationError as error:
+        return [], [], str(error)
     except OSError as error:
         return [], [], f"the history log {str(path)!r} cannot be read ({error.strerror or error})"
     if not blob.startswith(MAGIC):

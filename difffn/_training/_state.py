@@ -24,10 +24,11 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from .._core import SerializationError, __version__
+from .._core import SerializationError, __version__, files
 from .._network import Network
 from .._persistence import Each, Optional, check_schema, network_payload
 from . import _history_log, _rowlog
+from ._checkpoint_fields import check_key_payload, check_order
 from ._precision import scaling_payload
 
 FORMAT = "difffn.checkpoint"
@@ -323,7 +324,7 @@ class TrainingState:
         self.epoch = int(saved["epoch"])
         self.batch = int(saved["batch"])
         order = saved["order"]
-        self.order = None if order is None else np.asarray(order, dtype=np.int32)
+        self.order = None if order is None else check_order(order, source)
         best = saved["best"]
         if best is not None:
             self.best_objective = float(best["objective"])
@@ -375,8 +376,20 @@ class Checkpoint:
             )
         check_schema(payload, SCHEMA, source=source)
         check_schema(payload.get("data_position"), Optional(int), source=source, where="position")
+        for name in ("key", "run_key"):
+            check_key_payload(payload[name], source=source, where=f"the payload[{name!r}]")
         if payload["format_version"] >= 2:
             check_schema(payload, {"history": _HISTORY}, source=source)
+            history = payload["history"]
+            name = history["file"]
+            pattern = _history_log.NAME if str(name).endswith(_history_log.SUFFIX) else _rowlog.NAME
+            files.bare_name(name, pattern, source=source, what="the history log's name")
+            if history["training"] < 0 or history["validation"] < 0:
+                raise SerializationError(
+                    f"{source!r} is malformed: its history counts {history['training']} "
+                    f"training and {history['validation']} validation rows; counts are not "
+                    "negative. Fix: use another copy."
+                )
         else:  # version 1 held the rows themselves
             check_schema(
                 payload, {"training_rows": [dict], "validation_rows": [dict]}, source=source
@@ -510,7 +523,7 @@ def key_payload(key) -> dict[str, Any]:
 
 
 def restore_key(data: dict[str, Any]):
-    """The key of a :func:`key_payload`."""
+    """The key of a :func:`key_payload` (checked by :func:`check_key_payload` when read)."""
     if data["impl"] is None:
         return jnp.asarray(data["data"])
     return jax.random.wrap_key_data(jnp.asarray(data["data"]), impl=data["impl"])

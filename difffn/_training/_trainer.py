@@ -37,7 +37,14 @@ from .._devices import Placement, agree, learnable_layout, watching
 from .._layer import learnable_mask
 from .._network import L2, LEARN_RATE, Network, leaf_factors
 from .._scoring import Metric, get_loss, loss_name
-from . import _checkpoint, _compilation_cache, _fingerprint, _options, _progress
+from . import (
+    _checkpoint,
+    _checkpoint_fields,
+    _compilation_cache,
+    _fingerprint,
+    _options,
+    _progress,
+)
 from ._logits_guard import check_first_batch
 from ._options import TrainingOptions
 from ._precision import Policy, restore_scaling
@@ -436,6 +443,8 @@ class _Run:
             )
         for message in self.messages:
             self.reporter.message(message)
+        if total is None and state.iteration == 0:
+            self.reporter.unknown_length()
         self.start = time.perf_counter() - state.elapsed
         self.reporter.header()
         self.last_logged = -1
@@ -524,7 +533,12 @@ class _Run:
         state = self.state
         evaluate = self.steps.evaluate()
         total, count, states = jnp.zeros((), jnp.float32), 0, None
+        check = not getattr(self, "_validation_checked", False)  # NaN/Inf said once per run
+        padding = _checkpoint_fields.finite(self.options.sequence_padding_value)
+        bad = jnp.zeros((), jnp.int32)
         for xs, ts, *sequences in self.validation:
+            if check and (padding or not sequences):  # NaN padding is the user's, masked out
+                bad = bad + _checkpoint_fields.nonfinite((xs, ts))
             # padded sequences: their masks, and the batch's weight (its real steps or sequences)
             masks, n = sequences or (None, _batches.count(ts[0], _batches.batch_axis(ts[0])))
             value, batch_states = evaluate(state.learnables, state.others, xs, ts, masks)
@@ -533,6 +547,9 @@ class _Run:
             else:
                 total, states = self.steps.accumulate(total, value, n, states, batch_states)
             count += n
+        if check:
+            self._validation_checked = True
+            _checkpoint_fields.warn_nonfinite(int(bad), "validation data", stacklevel=4)
         values = {
             m.name: float(m.compute(s)) for m, s in zip(self.metrics, states or (), strict=True)
         }

@@ -160,9 +160,8 @@ class BatchNorm(_PerChannel):
       >>> mean, variance  # 0.1 * batch + 0.9 * running; unbiased batch variances 2 and 200
       (Array([0.1, 2. ], dtype=float32), Array([ 1.1, 20.9], dtype=float32))
       >>> y, mean, variance = layer(x)  # predict: the trained statistics, returned unchanged
-      >>> y.data
-      Array([[ 0.     ,  9.99995],
-             [ 1.99999, 29.99985]], dtype=float32)
+      >>> [[round(v, 3) for v in row] for row in y.data.tolist()]  # x / sqrt(1 + epsilon)
+      [[0.0, 10.0], [2.0, 30.0]]
     """
 
     _parameters: ClassVar[tuple[str, ...]] = ("offset", "scale", "trained_mean", "trained_variance")
