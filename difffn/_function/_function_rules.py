@@ -1,6 +1,6 @@
 r"""How a ``DifferentiableFunction`` becomes one JAX operation: primal, fwd, bwd, jvp and vmap.
 
-One ``Operation`` per (configuration, input structure), built on ``_primitive.custom_vjp`` over
+One ``Operation`` per (configuration, input structure), built by ``_twin.twin_custom_vjp`` over
 the flat leaves of the inputs (so user pytree types never see JAX's perturbation records):
 
 * the **primal** runs ``forward`` and returns the outputs' leaves, with their structure carried
@@ -41,7 +41,8 @@ import numpy as np
 from .._core import DifferentiableFunctionError, FormattedArray, ForwardError, is_array
 from .._core import user_code as _user_code
 from . import _cotangents as ct
-from ._primitive import custom_vjp, once_differentiable_guard
+from ._primitive import once_differentiable_guard
+from ._twin import twin_custom_vjp
 
 _MAX_OPERATIONS_PER_CLASS = 256
 
@@ -248,25 +249,16 @@ class Operation:
             primal.def_vmap(self._vmap_rule)
         self.primal = primal
         has_jvp = callable(getattr(cls, "jvp", None))
-        message = forward_mode_message(self.cls_name)
-        self.outer = custom_vjp(
-            self._outer_primal,
-            lambda *p: self._fwd(False, p),
-            lambda r, c: self._bwd(False, r, c),
-            jvp=(lambda p, t, a: self._jvp(False, p, t, a)) if has_jvp else None,
+        twin = twin_custom_vjp(
+            self.primal,
+            lambda inner, call_inner, *p: self._fwd(inner, call_inner, p),
+            self._bwd,
+            memory=bool(flags.num_memory),
+            jvp=self._jvp if has_jvp else None,
             name=self.cls_name,
-            forward_mode_message=message,
+            forward_mode_message=forward_mode_message(self.cls_name),
         )
-        self.inner = self.outer
-        if flags.num_memory:
-            self.inner = custom_vjp(
-                self.primal,
-                lambda *p: self._fwd(True, p),
-                lambda r, c: self._bwd(True, r, c),
-                jvp=(lambda p, t, a: self._jvp(True, p, t, a)) if has_jvp else None,
-                name=self.cls_name,
-                forward_mode_message=message,
-            )
+        self.outer, self.inner = twin
 
     # -- primal --
 
@@ -283,9 +275,6 @@ class Operation:
         out_leaves, out_tree = jax.tree.flatten(outputs)
         mem_static, mem_arrays = ct.split_memory(memory, who)
         return ct.Static(out_tree), tuple(out_leaves), mem_static, mem_arrays
-
-    def _outer_primal(self, *leaves):
-        return self.primal(*leaves)[:2]
 
     def _vmap_rule(self, axis_size, in_batched, *leaves):
         who = f"{self.cls_name}.vmap"
@@ -316,10 +305,10 @@ class Operation:
 
     # -- reverse mode --
 
-    def _fwd(self, inner: bool, primals):
+    def _fwd(self, inner: bool, call_inner, primals):
         leaves = tuple(p.value for p in primals)
         perturbed = tuple(bool(p.perturbed) and differentiable(x) for p, x in zip(primals, leaves))
-        packed = self.inner(*leaves)  # the operation itself: outer derivatives see its rules
+        packed = call_inner(*leaves)  # the operation itself: outer derivatives see its rules
         out_tree, out_leaves = packed[0], packed[1]
         mem_static, mem_arrays = (packed[2], packed[3]) if self.flags.num_memory else (None, ())
         flags = self.flags
@@ -343,7 +332,7 @@ class Operation:
             extra_inputs,
             static,
         )
-        return (packed if inner else (out_tree, out_leaves)), residuals
+        return packed, residuals
 
     def _bwd(self, inner: bool, residuals, cotangents):
         saved_inputs, saved_outputs, mem_arrays, extra_inputs, static = residuals
