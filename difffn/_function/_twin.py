@@ -10,6 +10,11 @@ users call) returns only ``(a, b)``. ``fwd`` always calls the inner twin, so fir
 residuals are exactly what the rule keeps, and what the memory's derivative needs is kept only
 by the inner twin, which exists only under an outer derivative.
 
+Under an outer *forward* mode (``jax.hessian`` is forward over reverse), the outputs ``fwd``
+computes need tangents, which a ``jax.custom_vjp`` gets by autodiff of its fwd's body: with
+``inner_jvp``, ``fwd`` then calls a third twin, whose forward-mode rule is ``inner_jvp`` (difffn's
+primitive, ``_primitive.custom_vjp`` with a ``jvp``), while reverse mode keeps the plain twins.
+
 Both ``DifferentiableFunction`` (``_function_rules.Operation``) and a layer's custom backward
 (``_layer._layer_backward``) are built with :func:`twin_custom_vjp`.
 """
@@ -18,6 +23,9 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from typing import Any, NamedTuple
+
+import jax
+from jax._src.interpreters.ad import JVPTracer as _JVPTracer
 
 from .._core import DifferentiableFunctionError
 from ._primitive import custom_vjp
@@ -38,6 +46,7 @@ def twin_custom_vjp(
     *,
     memory: bool = True,
     jvp: Callable[..., Any] | None = None,
+    inner_jvp: Callable[..., Any] | None = None,
     name: str,
     forward_mode_message: str | None = None,
     error: type[Exception] = DifferentiableFunctionError,
@@ -55,12 +64,19 @@ def twin_custom_vjp(
       memory: whether the operation may return memory values (``False``: the inner twin is the
         outer one).
       jvp: optional ``jvp(inner, primals, tangents, out_avals)``, the forward-mode rule.
+      inner_jvp: optional forward-mode rule of the operation *inside* ``fwd`` only, for an
+        operation without ``jvp``: under an outer forward mode (``jax.hessian``, ``jax.jvp`` of a
+        gradient) the outputs ``fwd`` computes get their tangents from it, as the outputs of a
+        ``jax.custom_vjp`` fwd get theirs by autodiff of fwd's body, while the operation's
+        backward is differentiated as usual. Reverse mode still uses ``bwd`` at every order.
       name, forward_mode_message, error: as for ``_primitive.custom_vjp``.
     """
     twins: list[Callable[..., Any]] = []
 
     def call_inner(*values):
-        return twins[-1](*values)
+        if len(twins) == 2 and _under_derivative(values):
+            return twins[1](*values)
+        return twins[0](*values)
 
     def outer_primal(*args):
         return tuple(full(*args)[:2])
@@ -69,23 +85,44 @@ def twin_custom_vjp(
         result, residuals = fwd(False, call_inner, *primals)
         return tuple(result[:2]), residuals
 
-    def rule(inner: bool):
-        if jvp is None:
+    def rule(given, inner: bool):
+        if given is None:
             return None
-        return lambda primals, tangents, avals: jvp(inner, primals, tangents, avals)
+        return lambda primals, tangents, avals: given(inner, primals, tangents, avals)
 
-    options = dict(name=name, forward_mode_message=forward_mode_message, error=error)
-    outer = custom_vjp(
-        outer_primal, outer_fwd, lambda r, c: bwd(False, r, c), jvp=rule(False), **options
-    )
-    inner = outer
-    if memory:
-        inner = custom_vjp(
+    def make(primal, fwd_, bwd_, jvp_):
+        return custom_vjp(
+            primal,
+            fwd_,
+            bwd_,
+            jvp=jvp_,
+            name=name,
+            forward_mode_message=forward_mode_message,
+            error=error,
+        )
+
+    def build(jvp_rule):
+        if not memory:
+            return make(
+                outer_primal, outer_fwd, lambda r, c: bwd(False, r, c), rule(jvp_rule, False)
+            )
+        return make(
             full,
             lambda *primals: fwd(True, call_inner, *primals),
             lambda r, c: bwd(True, r, c),
-            jvp=rule(True),
-            **options,
+            rule(jvp_rule, True),
         )
+
+    outer = make(outer_primal, outer_fwd, lambda r, c: bwd(False, r, c), rule(jvp, False))
+    inner = build(jvp) if memory else outer
     twins.append(inner)
+    if inner_jvp is not None and inner_jvp is not jvp:
+        twins.append(build(inner_jvp))
     return Twin(outer, inner)
+
+
+def _under_derivative(values) -> bool:
+    """Whether an outer *forward* mode (a JVP trace: ``jax.hessian``, ``jax.jvp`` of a
+    gradient) differentiates ``values``. Reverse mode (a linearize trace, or the jaxpr a
+    ``jax.checkpoint`` or ``jax.jit`` traces) keeps ``jax.custom_vjp``'s rules."""
+    return any(isinstance(v, _JVPTracer) for v in jax.tree.leaves(values))
