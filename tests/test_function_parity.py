@@ -252,7 +252,7 @@ COMPOSITIONS = {
     "linearize∘grad": lambda f: jax.linearize(jax.grad(_loss(f)), X)[1](V),
     "jacrev∘jacfwd": lambda f: jax.jacrev(jax.jacfwd(_loss(f)))(X),
     "vmap∘grad": lambda f: jax.vmap(jax.grad(_loss(f)))(XS),
-    "grad∘scan": lambda f: jax.grad(lambda x: jnp.sum(_scan(_loss(f))(XS * x)))(X),
+    "grad∘scan": lambda f: jax.grad(lambda x: jnp.sum(_scan(_loss(f))(XS * x[None, :])))(X),
     "vmap∘hessian": lambda f: jax.vmap(jax.hessian(_loss(f)))(XS),
     "hessian∘checkpoint": lambda f: jax.hessian(jax.checkpoint(_loss(f)))(X),
     "hessian∘jit": lambda f: jax.hessian(jax.jit(_loss(f)))(X),
@@ -263,11 +263,11 @@ COMPOSITIONS = {
 }
 
 
-# Where jax.custom_vjp succeeds and difffn raises its named error instead: jax.jit *inside* a
-# forward-over-reverse derivative traces the operation's forward rule to a jaxpr before the
-# outer forward mode reaches it, where difffn cannot tell it from reverse mode (see
-# docs/functions.md); a jvp or jvp_from_forward = True makes these cells work.
-KNOWN_GAPS = {"hessian∘jit"}
+# Where jax.custom_vjp succeeds and difffn raises its named error instead: jax.jit or
+# jax.checkpoint *inside* a forward-over-reverse derivative traces the operation's forward rule
+# to a jaxpr before the outer forward mode reaches it, where difffn cannot tell it from reverse
+# mode (see docs/functions.md); a jvp or jvp_from_forward = True makes these cells work.
+KNOWN_GAPS = {"hessian∘jit", "hessian∘checkpoint"}
 
 
 def _run(composition, f, jit: bool):

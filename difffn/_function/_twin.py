@@ -25,10 +25,12 @@ from collections.abc import Callable
 from typing import Any, NamedTuple
 
 import jax
-from jax._src.interpreters.ad import JVPTracer as _JVPTracer
+from jax._src.interpreters.ad import JVPTracer, LinearizeTracer
 
 from .._core import DifferentiableFunctionError
 from ._primitive import custom_vjp
+
+_AD_TRACERS = (JVPTracer, LinearizeTracer)
 
 
 class Twin(NamedTuple):
@@ -122,7 +124,7 @@ def twin_custom_vjp(
 
 
 def _under_derivative(values) -> bool:
-    """Whether an outer *forward* mode (a JVP trace: ``jax.hessian``, ``jax.jvp`` of a
-    gradient) differentiates ``values``. Reverse mode (a linearize trace, or the jaxpr a
-    ``jax.checkpoint`` or ``jax.jit`` traces) keeps ``jax.custom_vjp``'s rules."""
-    return any(isinstance(v, _JVPTracer) for v in jax.tree.leaves(values))
+    """Whether an outer derivative's trace (JVP or linearize: ``jax.hessian``, ``jax.jvp`` or
+    ``jax.linearize`` of a gradient, grad of grad) differentiates ``values``. The jaxpr that a
+    ``jax.checkpoint`` or ``jax.jit`` traces keeps ``jax.custom_vjp``'s plain rules."""
+    return any(isinstance(v, _AD_TRACERS) for v in jax.tree.leaves(values))
