@@ -48,6 +48,7 @@ from ._layer import InputLayer as InputLayer
 from ._layer import Layer as Layer
 from ._layer import ParameterTable as ParameterTable
 from ._layer import learnable as learnable
+from ._layer import learnables_grad as learnables_grad
 from ._layer import state as state
 from ._network import Network as Network
 from ._network import RetraceWarning as RetraceWarning

@@ -257,16 +257,46 @@ def test_memory_values_in_forward_mode_over_reverse(x64):
         lambda f, x: jax.jvp(f, (x,), (x,)),
         lambda f, x: jax.jit(lambda x: jax.jvp(f, (x,), (x,)))(x),
         lambda f, x: jax.jacfwd(f)(x),
-        lambda f, x: jax.hessian(f)(x),
-        lambda f, x: jax.jvp(jax.grad(f), (x,), (x,)),
+        lambda f, x: jax.jit(jax.jacfwd(f))(x),
+        lambda f, x: jax.jacrev(jax.jacfwd(f))(x),
         lambda f, x: jax.vmap(lambda x: jax.jvp(f, (x,), (x,)))(jnp.full(3, x)),
         lambda f, x: jax.jit(jax.linearize(f, x)[1])(x),
     ],
-    ids=["jvp", "jit-of-jvp", "jacfwd", "hessian", "jvp-of-grad", "vmap-of-jvp", "jit-linearized"],
+    ids=[
+        "jvp",
+        "jit-of-jvp",
+        "jacfwd",
+        "jit-of-jacfwd",
+        "jacrev-of-jacfwd",
+        "vmap-of-jvp",
+        "jit-linearized",
+    ],
 )
 def test_forward_mode_without_jvp_is_a_named_error(transform):
     with pytest.raises(df.ForwardModeError, match=r"Square was differentiated in forward mode"):
         transform(Square(), 1.0)
+
+
+@pytest.mark.parametrize(
+    "transform",
+    [
+        lambda f, x: jax.hessian(f)(x),
+        lambda f, x: jax.jvp(jax.grad(f), (x,), (x,)),
+        lambda f, x: jax.jit(jax.hessian(f))(x),
+    ],
+    ids=["hessian", "jvp-of-grad", "jit-of-hessian"],
+)
+def test_forward_over_reverse_without_jvp_works_as_with_custom_vjp(transform):
+    """Issue 23: jax.custom_vjp allows forward over reverse (it differentiates bwd, and fwd's
+    body); so does difffn, with the same numbers as the same rule written as a custom_vjp whose
+    fwd computes the forward itself."""
+
+    @jax.custom_vjp
+    def square(x):
+        return x**2
+
+    square.defvjp(lambda x: (x**2, None), lambda _, dy: (3.0 * dy,))
+    assert_tree_allclose(transform(Square(), 1.0), transform(square, 1.0), rtol=1e-6)
 
 
 def test_linearize_without_jvp_fails_when_its_linear_function_runs():

@@ -140,6 +140,7 @@ class _FunctionChecker:
             "backward_returns_valid_gradients": self.test_backward_valid,
             "gradients_are_correct": self.run_gradient_tests,
             "second_order_gradients_are_correct": self.test_second_order,
+            "forward_mode_is_correct": self.test_forward_mode,
             "compute_gradients_is_respected": self.test_compute_gradients,
             "jit_agrees_with_eager": self.test_jit,
             "vmap_agrees_with_eager": self.test_vmap,
@@ -276,6 +277,53 @@ class _FunctionChecker:
             return blocked
         with jax.enable_x64(True):
             return self.gradients.second_order(checked, trust_reference=not self.surrogates)
+
+    def test_forward_mode(self):
+        if not callable(getattr(self.cls, "jvp", None)) and not self.fcn.jvp_from_forward:
+            return skipped(
+                "no jvp and jvp_from_forward = False: forward mode is a df.ForwardModeError"
+            )
+        self._require_forward()
+        checked = self.inputs.differentiable()
+        if not checked:
+            return skipped("no input is differentiable")
+        with jax.enable_x64(True):
+            return self._forward_mode(checked)
+
+    def _forward_mode(self, checked):
+        leaves = [x.astype(jnp.float64) if k in checked else x for k, x in enumerate(self.leaves)]
+        tangents = [self.data.normal(500 + k, leaves[k].shape, jnp.float64) for k in checked]
+
+        def f(*values):
+            full = list(leaves)
+            for k, v in zip(checked, values, strict=True):
+                full[k] = v
+            return [y for y in jax.tree.leaves(self._call(*full)) if differentiable(y)]
+
+        primals = [leaves[k] for k in checked]
+        _, jvp_out = jax.jvp(f, primals, tangents)
+        eps = 1e-6
+        plus = f(*(x + eps * t for x, t in zip(primals, tangents, strict=True)))
+        minus = f(*(x - eps * t for x, t in zip(primals, tangents, strict=True)))
+        numerical = [(a - b) / (2 * eps) for a, b in zip(plus, minus, strict=True)]
+        problems = compare_trees(
+            "jvp against finite differences", numerical, jvp_out, lambda _: 1e-5
+        )
+        if self.surrogates:  # a surrogate backward is not the derivative, by design
+            return failed("; ".join(problems)) if problems else None
+        cotangents = [self.data.normal(600 + i, y.shape, y.dtype) for i, y in enumerate(jvp_out)]
+        _, vjp = jax.vjp(f, *primals)
+        lhs = sum(jnp.vdot(a, b) for a, b in zip(jvp_out, cotangents, strict=True))
+        rhs = sum(jnp.vdot(a, b) for a, b in zip(tangents, vjp(cotangents), strict=True))
+        problems += compare("<jvp(t), c> against <t, backward(c)>", lhs, rhs, 1e-8)
+        if problems:
+            how = "jvp" if callable(getattr(self.cls, "jvp", None)) else "autodiff of forward"
+            return failed(
+                f"forward mode ({how}) disagrees: "
+                + "; ".join(problems)
+                + ". Fix: make jvp (or forward) and backward compute the same derivative."
+            )
+        return None
 
     # -- flags and transformations: the function of its input leaves --
 

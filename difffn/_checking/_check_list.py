@@ -194,6 +194,13 @@ TESTS: tuple[CheckTest, ...] = (
         skipped="the class sets `once_differentiable = True`, or the layer `acceleratable = False`",
     ),
     CheckTest(
+        "forward_mode_is_correct",
+        "with `jvp` or `jvp_from_forward = True`: `jax.jvp` along random tangents agrees with "
+        "finite differences of the call and with the backward (`<jvp(t), c> = <t, vjp(c)>`)",
+        (FUNCTION,),
+        skipped="no `jvp` and `jvp_from_forward = False` (forward mode is a `df.ForwardModeError`)",
+    ),
+    CheckTest(
         "compute_gradients_is_respected",
         "one input's gradient asked for alone is the same; `backward` copes with False flags",
         (FUNCTION,),

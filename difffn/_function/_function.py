@@ -24,6 +24,8 @@ import inspect
 from typing import ClassVar
 
 import jax
+import jax.numpy as jnp
+import numpy as np
 
 from .._core import DifferentiableFunctionError, positional
 from . import _function_rules as rules
@@ -37,8 +39,10 @@ class DifferentiableFunction:
 
     Subclasses set the class attributes below and define ``forward`` and ``backward``; an
     optional ``jvp`` adds forward-mode differentiation and an optional ``vmap`` a batching rule.
-    Instances are static configuration: attributes set in ``__init__`` must be hashable, and two
-    instances with equal attributes share compiled code.
+    Instances are static configuration: hashable attributes set in ``__init__`` are
+    configuration, and two instances with equal ones share compiled code; an attribute holding
+    arrays (a pytree of them, traced values included) is a constant of the operation, never
+    differentiated (like a value a ``jax.custom_vjp`` closes over).
 
     Attributes:
       num_outputs: number of primary outputs (memory values not counted).
@@ -51,6 +55,11 @@ class DifferentiableFunction:
         raises ``df.HigherOrderError`` instead of differentiating it; ``backward`` may then use
         non-differentiable code, and ``df.check_function`` reports
         ``second_order_gradients_are_correct`` Skipped.
+      jvp_from_forward: ``True``: forward mode (``jax.jvp``, ``jax.jacfwd``, ``jax.linearize``,
+        ``jax.hessian``) differentiates ``forward`` by autodiff, for a class without ``jvp``;
+        reverse mode still uses ``backward``. ``False`` (default): forward mode of the operation
+        itself is a ``df.ForwardModeError`` (forward-over-reverse, as in ``jax.hessian`` of a
+        loss, works either way, as with ``jax.custom_vjp``).
       surrogate_gradients: optional ``{forward input name: reason}`` for inputs whose backward
         is intentionally not the derivative (a straight-through estimator, gradient reversal):
         ``df.check_function`` reports their ``gradients_are_correct[name]`` Skipped with the
@@ -61,12 +70,15 @@ class DifferentiableFunction:
 
     ``forward(self, *X)`` returns ``Y`` (one output, no memory) or the tuple
     ``(Y1, ..., YM, mem1, ..., memK)``. Inputs and outputs may be arrays or pytrees of arrays;
-    trailing parameters with defaults (``b=None``) are optional inputs.
+    trailing parameters with defaults (``b=None``) are optional inputs. A call passes the inputs
+    positionally or by keyword, bound against ``forward``'s signature.
 
     ``backward(self, *dLdY, compute_gradients, *X, *Y, *memory)`` receives the output gradients,
     the ``compute_gradients`` flags (per input: a bool, or a pytree of bools for a pytree input),
     then the inputs if saved, the outputs if saved, and the memory values; it returns one
-    gradient per input with that input's structure (a single value when there is one input).
+    gradient per input with that input's structure (a single value when there is one input);
+    with optional inputs left out, either one per parameter of ``forward`` (``None`` for those)
+    or one per input given (PyTorch's habit).
     ``None``, for a leaf or a subtree, means no gradient (zeros), as in JAX.
 
     ``jvp(self, primals, tangents)`` (optional) returns ``(Y, dY)`` like a ``jax.custom_jvp``
@@ -100,6 +112,7 @@ class DifferentiableFunction:
     num_memory_values: ClassVar[int] = 0
     materialize_zero_gradients: ClassVar[bool] = True
     once_differentiable: ClassVar[bool] = False
+    jvp_from_forward: ClassVar[bool] = False
     surrogate_gradients: ClassVar[dict[str, str] | None] = None
 
     def __init_subclass__(cls, **kwargs):
@@ -143,29 +156,53 @@ class DifferentiableFunction:
 
     # -- configuration identity -------------------------------------------------------------
 
-    def _config(self) -> tuple:
-        items = []
+    def _attributes(self) -> tuple[tuple, dict]:
+        """(static items, array attributes): hashable attributes are static configuration; an
+        attribute holding arrays (a pytree of them, traced values included) is a constant of
+        the operation, an input that is never differentiated."""
+        items, arrays = [], {}
         for name, value in sorted(vars(self).items()):
             try:
                 hash(value)
             except TypeError:
+                leaves = jax.tree.leaves(value)
+                if leaves and all(isinstance(v, (jax.Array, np.ndarray)) for v in leaves):
+                    arrays[name] = value
+                    continue
                 raise DifferentiableFunctionError(
                     f"{type(self).__name__} attribute {name!r} holds an unhashable "
                     f"{type(value).__name__}; instance attributes of a DifferentiableFunction "
-                    "are static configuration and must be hashable so equal configurations can "
-                    "share compiled code. Fix: use a tuple instead of a list, a string or number "
-                    "instead of an array, or pass arrays as inputs to the call."
+                    "are static configuration (hashable, so equal configurations share "
+                    "compiled code) or arrays (constants of the operation, never "
+                    "differentiated). Fix: use a tuple instead of a list, or arrays (a pytree "
+                    "of arrays), or pass the value as an input of the call."
                 ) from None
             items.append((name, type(value), value))
-        return (type(self), tuple(items))
+        return tuple(items), arrays
+
+    def _config(self) -> tuple:
+        items, arrays = self._attributes()
+        shapes = tuple(
+            (name, jax.tree.structure(value), tuple(map(jax.typeof, jax.tree.leaves(value))))
+            for name, value in arrays.items()
+        )
+        return (type(self), items, shapes)
+
+    # An instance holding arrays equals only itself: as a static jit argument (or pytree
+    # structure) its arrays are baked into the trace, so another instance must not reuse it.
+    # Calls still share one operation per configuration and array shapes (``_config``).
 
     def __hash__(self):
-        return hash(self._config())
+        config = self._config()
+        return id(self) if config[2] else hash(config)
 
     def __eq__(self, other):
         if type(self) is not type(other):
             return NotImplemented
-        return self._config() == other._config()
+        config = self._config()
+        if config[2]:
+            return self is other
+        return config == other._config()
 
     def __repr__(self):
         args = ", ".join(f"{k}={v!r}" for k, v in sorted(vars(self).items()))
@@ -177,15 +214,7 @@ class DifferentiableFunction:
         cls = type(self)
         _check_methods(cls)
         names, required, variadic = _signature(cls)
-        if kwargs:
-            raise DifferentiableFunctionError(
-                f"{cls.__name__} was called with keyword arguments {sorted(kwargs)}; a "
-                "DifferentiableFunction takes its inputs positionally, in forward's order: "
-                f"{cls.__name__}()({_signature_text(names, required, variadic)}). Fix: pass them "
-                "positionally (an optional input left out takes its default) and put "
-                "configuration in the constructor."
-            )
-        inputs = _complete(cls, inputs, names, required, variadic)
+        inputs, given = _bind(cls, inputs, kwargs, names, required, variadic)
         flags = rules.flags_of(self)
         all_names = _input_names(cls, len(inputs))
         key = (flags, len(inputs))
@@ -197,7 +226,12 @@ class DifferentiableFunction:
             for i, x in enumerate(inputs)
         )
         leaves, in_tree = jax.tree.flatten(xs)
-        op = rules.operation(self, flags, in_tree, all_names)
+        op = rules.operation(self, flags, in_tree, all_names, given)
+        if op.constants is not None:
+            values = tuple(vars(self)[name] for name in op.constants[0])
+            leaves += [
+                jnp.asarray(v) if isinstance(v, np.ndarray) else v for v in jax.tree.leaves(values)
+            ]
         out_tree, out_leaves = op.outer(*leaves)
         outputs = jax.tree.unflatten(out_tree.value, list(out_leaves))
         return outputs[0] if flags.num_outputs == 1 else tuple(outputs)
@@ -245,6 +279,53 @@ def what(cls, index: int, count: int) -> str:
 def _signature_text(names, required: int, variadic: bool) -> str:
     parts = [n if i < required else f"{n}=<default>" for i, n in enumerate(names)]
     return ", ".join(parts + (["*inputs"] if variadic else []))
+
+
+def _bind(cls, inputs: tuple, kwargs: dict, names, required: int, variadic: bool):
+    """The inputs in forward's order (keywords bound to forward's parameters, left-out optional
+    ones filled with their defaults), and which of them the caller gave."""
+    signature = _signature_text(names, required, variadic)
+    for name in kwargs:
+        if name not in names:
+            raise DifferentiableFunctionError(
+                f"{cls.__name__} was called with keyword argument {name!r}, which is not an "
+                f"input of its forward: {cls.__name__}()({signature}). Fix: use one of forward's "
+                "input names, or put configuration in the constructor."
+            )
+        if names.index(name) < len(inputs):
+            raise DifferentiableFunctionError(
+                f"{cls.__name__} got input {name!r} both positionally (input "
+                f"{names.index(name) + 1}) and as a keyword: {cls.__name__}()({signature}). "
+                "Fix: give it once."
+            )
+    if not kwargs:
+        completed = _complete(cls, inputs, names, required, variadic)
+        return completed, (True,) * len(inputs) + (False,) * (len(completed) - len(inputs))
+    last = max(names.index(name) for name in kwargs)
+    parameters = list(inspect.signature(cls.forward).parameters.values())[1:]
+    bound, given = list(inputs), [True] * len(inputs)
+    for i in range(len(inputs), last + 1):
+        if names[i] in kwargs:
+            bound.append(kwargs[names[i]])
+            given.append(True)
+        elif i < required:
+            missing = [n for n in names[len(inputs) : required] if n not in kwargs]
+            raise _missing(cls, missing, signature)
+        else:
+            bound.append(parameters[i].default)
+            given.append(False)
+    if len(bound) < required:
+        raise _missing(cls, names[len(bound) : required], signature)
+    inputs = _complete(cls, tuple(bound), names, required, variadic)
+    return inputs, tuple(given) + (False,) * (len(inputs) - len(given))
+
+
+def _missing(cls, missing, signature: str) -> DifferentiableFunctionError:
+    return DifferentiableFunctionError(
+        f"{cls.__name__} was called without its required input(s) "
+        f"{', '.join(map(repr, missing))}: {cls.__name__}()({signature}). Fix: pass every "
+        "required input, positionally or by name."
+    )
 
 
 def _complete(cls, inputs: tuple, names, required: int, variadic: bool) -> tuple:

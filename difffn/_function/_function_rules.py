@@ -1,6 +1,6 @@
 r"""How a ``DifferentiableFunction`` becomes one JAX operation: primal, fwd, bwd, jvp and vmap.
 
-One ``Operation`` per (configuration, input structure), built on ``_primitive.custom_vjp`` over
+One ``Operation`` per (configuration, input structure), built by ``_twin.twin_custom_vjp`` over
 the flat leaves of the inputs (so user pytree types never see JAX's perturbation records):
 
 * the **primal** runs ``forward`` and returns the outputs' leaves, with their structure carried
@@ -32,16 +32,25 @@ the flat leaves of the inputs (so user pytree types never see JAX's perturbation
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 
-from .._core import DifferentiableFunctionError, FormattedArray, ForwardError, is_array
+from .._core import (
+    BackwardError,
+    DifferentiableFunctionError,
+    FormattedArray,
+    ForwardError,
+    ForwardModeError,
+    is_array,
+)
 from .._core import user_code as _user_code
 from . import _cotangents as ct
-from ._primitive import custom_vjp, once_differentiable_guard
+from ._primitive import once_differentiable_guard
+from ._twin import twin_custom_vjp
 
 _MAX_OPERATIONS_PER_CLASS = 256
 
@@ -56,6 +65,7 @@ class Flags:
     num_memory: int
     materialize_zero_gradients: bool
     once_differentiable: bool
+    jvp_from_forward: bool = False
 
 
 _FLAG_ATTRIBUTES = {
@@ -65,6 +75,7 @@ _FLAG_ATTRIBUTES = {
     "save_outputs_for_backward": "True or False",
     "materialize_zero_gradients": "True or False",
     "once_differentiable": "True or False",
+    "jvp_from_forward": "True or False",
 }
 
 
@@ -101,6 +112,7 @@ def flags_of_class(owner) -> Flags:
         int(owner.num_memory_values),
         bool(owner.materialize_zero_gradients),
         bool(owner.once_differentiable),
+        bool(owner.jvp_from_forward),
     )
 
 
@@ -221,24 +233,46 @@ def user_call(fcn, method: str, *args):
 # -- the operation ----------------------------------------------------------------------------
 
 
-def operation(fcn, flags: Flags, in_tree, names: tuple[str, ...]) -> Operation:
+def operation(
+    fcn, flags: Flags, in_tree, names: tuple[str, ...], given: tuple[bool, ...] | None = None
+) -> Operation:
     """The shared ``Operation`` for this configuration and input structure (cached on the class,
     so it goes away with the class)."""
     cache = type(fcn).__dict__["_difffn_operations"]
-    key = (fcn, in_tree)
+    given = (True,) * len(names) if given is None else given
+    config = fcn._config()
+    key = (config, in_tree, given)
     op = cache.get(key)
     if op is None:
         if len(cache) >= _MAX_OPERATIONS_PER_CLASS:
             cache.pop(next(iter(cache)))
-        op = cache[key] = Operation(fcn, flags, in_tree, names)
+        constants = None
+        if config[2]:  # array attributes: the operation keeps a template without them
+            names_ = tuple(name for name, _, _ in config[2])
+            template = copy.copy(fcn)
+            for name in names_:
+                vars(template)[name] = None
+            values = tuple(vars(fcn)[n] for n in names_)
+            labels = tuple(
+                f"{names_[path[0].idx]!r}{ct.path_text(path[1:])}"
+                for path, _ in jax.tree_util.tree_flatten_with_path(values)[0]
+            )
+            constants = (names_, jax.tree.structure(values), labels)
+            fcn = template
+        op = cache[key] = Operation(fcn, flags, in_tree, names, given, constants)
     return op
 
 
 class Operation:
     """``outer(*leaves)`` computes the outputs; see the module docstring for the rules."""
 
-    def __init__(self, fcn, flags: Flags, in_tree, names):
+    def __init__(self, fcn, flags: Flags, in_tree, names, given=None, constants=None):
         self.fcn, self.flags, self.in_tree, self.names = fcn, flags, in_tree, names
+        # Array-valued attributes: (names, pytree structure) of the constants that follow the
+        # inputs' leaves; ``fcn`` is then a template without them (see ``instance``).
+        self.constants = constants
+        self.n_x = in_tree.num_leaves
+        self.given = (True,) * len(names) if given is None else tuple(given)
         cls = type(fcn)
         self.cls_name = cls.__name__
         self.n_in = len(names)
@@ -248,35 +282,58 @@ class Operation:
             primal.def_vmap(self._vmap_rule)
         self.primal = primal
         has_jvp = callable(getattr(cls, "jvp", None))
-        message = forward_mode_message(self.cls_name)
-        self.outer = custom_vjp(
-            self._outer_primal,
-            lambda *p: self._fwd(False, p),
-            lambda r, c: self._bwd(False, r, c),
-            jvp=(lambda p, t, a: self._jvp(False, p, t, a)) if has_jvp else None,
-            name=self.cls_name,
-            forward_mode_message=message,
-        )
-        self.inner = self.outer
-        if flags.num_memory:
-            self.inner = custom_vjp(
-                self.primal,
-                lambda *p: self._fwd(True, p),
-                lambda r, c: self._bwd(True, r, c),
-                jvp=(lambda p, t, a: self._jvp(True, p, t, a)) if has_jvp else None,
-                name=self.cls_name,
-                forward_mode_message=message,
+        if has_jvp and flags.jvp_from_forward:
+            raise DifferentiableFunctionError(
+                f"{self.cls_name} defines jvp and sets jvp_from_forward = True; forward mode "
+                "takes one rule. Fix: remove jvp (forward is then differentiated by autodiff in "
+                "forward mode) or set jvp_from_forward = False (jvp is used)."
             )
+        jvp = self._jvp if has_jvp else (self._autodiff_jvp if flags.jvp_from_forward else None)
+        twin = twin_custom_vjp(
+            self.primal,
+            lambda inner, call_inner, *p: self._fwd(inner, call_inner, p),
+            self._bwd,
+            memory=bool(flags.num_memory),
+            jvp=jvp,
+            inner_jvp=jvp or self._autodiff_jvp,
+            name=self.cls_name,
+            forward_mode_message=forward_mode_message(self.cls_name),
+        )
+        self.outer, self.inner = twin
 
     # -- primal --
 
     def inputs(self, leaves):
-        return jax.tree.unflatten(self.in_tree, list(leaves))
+        return jax.tree.unflatten(self.in_tree, list(leaves[: self.n_x]))
+
+    def instance(self, leaves):
+        """The user's object, with its array attributes from the constants among ``leaves``."""
+        if self.constants is None:
+            return self.fcn
+        names, tree, _ = self.constants
+        fcn = copy.copy(self.fcn)
+        vars(fcn).update(zip(names, jax.tree.unflatten(tree, list(leaves[self.n_x :]))))
+        return fcn
+
+    def _check_constants(self, perturbed, what: str) -> None:
+        """A differentiated array attribute is an error, as JAX's custom_vjp refuses a
+        derivative with respect to a closed-over value."""
+        if self.constants is None or not any(perturbed[self.n_x :]):
+            return
+        labels = self.constants[2]
+        k = [i for i, p in enumerate(perturbed[self.n_x :]) if p][0]
+        raise DifferentiableFunctionError(
+            f"{self.cls_name} attribute {labels[k]} was differentiated ({what}); an "
+            "array attribute is a constant of the operation, never differentiated, as a value "
+            "a jax.custom_vjp closes over is. Fix: pass it as an input of the call, so that "
+            "backward returns its gradient."
+        )
 
     def _primal(self, *leaves):
         who = f"{self.cls_name}.forward"
-        result = user_call(self.fcn, "forward", *self.inputs(leaves))
-        outputs, memory = split_forward_result(self.fcn, self.flags, result, who)
+        fcn = self.instance(leaves)
+        result = user_call(fcn, "forward", *self.inputs(leaves))
+        outputs, memory = split_forward_result(fcn, self.flags, result, who)
         return self._pack(check_outputs(outputs, who), memory, who)
 
     def _pack(self, outputs, memory, who):
@@ -284,13 +341,10 @@ class Operation:
         mem_static, mem_arrays = ct.split_memory(memory, who)
         return ct.Static(out_tree), tuple(out_leaves), mem_static, mem_arrays
 
-    def _outer_primal(self, *leaves):
-        return self.primal(*leaves)[:2]
-
     def _vmap_rule(self, axis_size, in_batched, *leaves):
         who = f"{self.cls_name}.vmap"
         batched = self.inputs(in_batched)
-        result = user_call(self.fcn, "vmap", axis_size, batched, *self.inputs(leaves))
+        result = user_call(self.instance(leaves), "vmap", axis_size, batched, *self.inputs(leaves))
         if not isinstance(result, (tuple, list)) or len(result) != 2:
             raise ForwardError(
                 f"{who} returned a {type(result).__name__}; expected a pair (outputs, "
@@ -316,10 +370,11 @@ class Operation:
 
     # -- reverse mode --
 
-    def _fwd(self, inner: bool, primals):
+    def _fwd(self, inner: bool, call_inner, primals):
         leaves = tuple(p.value for p in primals)
         perturbed = tuple(bool(p.perturbed) and differentiable(x) for p, x in zip(primals, leaves))
-        packed = self.inner(*leaves)  # the operation itself: outer derivatives see its rules
+        self._check_constants(perturbed, "reverse mode")
+        packed = call_inner(*leaves)  # the operation itself: outer derivatives see its rules
         out_tree, out_leaves = packed[0], packed[1]
         mem_static, mem_arrays = (packed[2], packed[3]) if self.flags.num_memory else (None, ())
         flags = self.flags
@@ -342,11 +397,12 @@ class Operation:
             mem_arrays,
             extra_inputs,
             static,
+            leaves[self.n_x :],
         )
-        return (packed if inner else (out_tree, out_leaves)), residuals
+        return packed, residuals
 
     def _bwd(self, inner: bool, residuals, cotangents):
-        saved_inputs, saved_outputs, mem_arrays, extra_inputs, static = residuals
+        saved_inputs, saved_outputs, mem_arrays, extra_inputs, static, _ = residuals
         perturbed, in_specs, out_specs, out_tree, mem_static = static.value
         grads = [None] * len(in_specs)
         if not any(perturbed):
@@ -370,8 +426,9 @@ class Operation:
         return tuple(grads)
 
     def _user_backward(self, residuals, out_cts, perturbed, in_specs, out_specs, out_tree, mem):
-        saved_inputs, saved_outputs, mem_arrays, _, _ = residuals
-        flags, fcn = self.flags, self.fcn
+        saved_inputs, saved_outputs, mem_arrays, _, _, constants = residuals
+        flags = self.flags
+        fcn = self.instance((None,) * self.n_x + tuple(constants))
         dys = [
             _cotangent(c, spec, flags.materialize_zero_gradients)
             for c, spec in zip(out_cts, out_specs)
@@ -400,6 +457,7 @@ class Operation:
             args += ct.join_memory(mem, mem_arrays)
         result = user_call(fcn, "backward", *args)
         grads = self._check_gradients(result, perturbed, in_specs)
+        grads += [None] * (len(in_specs) - len(grads))  # the constants' (never differentiated)
         if flags.once_differentiable:
             present = [g for g in grads if g is not None]
             guarded = iter(once_differentiable_guard(present, depends_on, self._once_message()))
@@ -413,7 +471,7 @@ class Operation:
             result = (result[0],)
         elif self.n_in == 1:
             result = (result,)
-        grads = ct.normalize_returns(result, self.n_in, who=who, names=self.names)
+        grads = self._per_parameter(result, who)
         flat_required = iter(perturbed)
         checked = []
         for i, (g, template) in enumerate(zip(grads, templates)):
@@ -433,6 +491,25 @@ class Operation:
                 )
         return checked
 
+    def _per_parameter(self, result, who: str) -> tuple:
+        """One gradient per parameter of ``forward``: with optional inputs left out, a backward
+        may also return one per input given (PyTorch's rule); ``None`` fills the others."""
+        given = [n for n, g in zip(self.names, self.given) if g]
+        if all(self.given) or not isinstance(result, (tuple, list)):
+            return ct.normalize_returns(result, self.n_in, who=who, names=self.names)
+        if len(result) == len(given) and len(result) != self.n_in:
+            it = iter(result)
+            return tuple(next(it) if g else None for g in self.given)
+        if len(result) == self.n_in:
+            return tuple(result)
+        raise BackwardError(
+            f"{who} returned {len(result)} gradients; expected either {self.n_in}, one per "
+            f"parameter of forward ({', '.join(self.names)}; None for the left-out "
+            f"{', '.join(n for n, g in zip(self.names, self.given) if not g)}), or "
+            f"{len(given)}, one per input given ({', '.join(given)}). Fix: return one of "
+            "these forms, None where a gradient is not needed."
+        )
+
     def _memory_of(self, leaves, chosen):
         """The memory values' arrays as a function of the leaves at positions ``chosen``."""
 
@@ -441,10 +518,9 @@ class Operation:
             for i, v in zip(chosen, values):
                 full[i] = v
             who = f"{self.cls_name}.forward"
-            result = user_call(self.fcn, "forward", *self.inputs(full))
-            return ct.split_memory(split_forward_result(self.fcn, self.flags, result, who)[1], who)[
-                1
-            ]
+            fcn = self.instance(full)
+            result = user_call(fcn, "forward", *self.inputs(full))
+            return ct.split_memory(split_forward_result(fcn, self.flags, result, who)[1], who)[1]
 
         return memory_of
 
@@ -474,7 +550,8 @@ class Operation:
             None if not differentiable(x) else ct.instantiate(t, ct.Spec.of(x))
             for x, t in zip(primals, tangents)
         ]
-        result = user_call(self.fcn, "jvp", self.inputs(primals), self.inputs(ts))
+        self._check_constants(_nonzero(primals, tangents), "forward mode")
+        result = user_call(self.instance(primals), "jvp", self.inputs(primals), self.inputs(ts))
         if not isinstance(result, (tuple, list)) or len(result) != 2:
             raise DifferentiableFunctionError(
                 f"{who} returned {type(result).__name__}; expected a pair (outputs, "
@@ -498,10 +575,61 @@ class Operation:
         mem_tangents = self._memory_jvp(primals, ts)
         return out_avals[0], tuple(leaves), out_avals[2], mem_tangents
 
+    def _autodiff_jvp(self, inner: bool, primals, tangents, out_avals):
+        """Forward mode by autodiff of ``forward`` (``jvp_from_forward``; and, for the outputs a
+        fwd rule computes, under an outer forward mode: as a ``jax.custom_vjp`` fwd's body)."""
+        self._check_constants(_nonzero(primals, tangents), "forward mode")
+        ts = [
+            None if not differentiable(x) else ct.instantiate(t, ct.Spec.of(x))
+            for x, t in zip(primals, tangents)
+        ]
+        chosen = [i for i, t in enumerate(ts[: self.n_x]) if t is not None]
+
+        def outputs_of(*values):
+            full = list(primals)
+            for i, v in zip(chosen, values):
+                full[i] = v
+            packed = self._primal(*full)
+            return packed[1], packed[3]
+
+        try:
+            _, (out_t, mem_t) = jax.jvp(
+                outputs_of, [primals[i] for i in chosen], [ts[i] for i in chosen]
+            )
+        except DifferentiableFunctionError:
+            raise
+        except Exception as error:  # JAX's own error about forward's body
+            needs = (
+                "jvp_from_forward = True"
+                if self.flags.jvp_from_forward
+                else ("forward-over-reverse (jax.hessian, jax.jvp of a gradient)")
+            )
+            raise ForwardModeError(
+                f"{self.cls_name}.forward could not be differentiated in forward mode, which "
+                f"{needs} "
+                f"needs: {type(error).__name__}: {error}. Fix: define "
+                f"{self.cls_name}.jvp(self, primals, tangents), or make forward differentiable "
+                "JAX code."
+            ) from error
+        leaves = tuple(
+            _tangent(t, aval, f"{self.cls_name}.forward", "the tangent of an output", ())
+            for t, aval in zip(out_t, out_avals[1])
+        )
+        if not inner or not self.flags.num_memory:
+            return out_avals[0], leaves
+        return out_avals[0], leaves, out_avals[2], tuple(mem_t)
+
     def _memory_jvp(self, primals, tangents):
         chosen = [i for i, t in enumerate(tangents) if t is not None]
         memory_of = self._memory_of(primals, chosen)
         return jax.jvp(memory_of, [primals[i] for i in chosen], [tangents[i] for i in chosen])[1]
+
+
+def _nonzero(primals, tangents) -> list[bool]:
+    return [
+        differentiable(x) and t is not None and not ct.is_symbolic_zero(t)
+        for x, t in zip(primals, tangents)
+    ]
 
 
 def _is_none(value) -> bool:
@@ -557,7 +685,9 @@ def describe_input(names, index: int) -> str:
 def forward_mode_message(class_name: str) -> str:
     return (
         f"{class_name} was differentiated in forward mode (jax.jvp, jax.jacfwd, jax.linearize "
-        "or jax.hessian), but it defines only a reverse-mode backward. Fix: define "
-        f"{class_name}.jvp(self, primals, tangents) returning (outputs, output_tangents), or use "
-        "reverse mode (jax.grad, jax.vjp, jax.jacrev)."
+        "or jax.jacrev of jax.jacfwd), but it defines only a reverse-mode backward. Fix: define "
+        f"{class_name}.jvp(self, primals, tangents) returning (outputs, output_tangents), set "
+        f"jvp_from_forward = True in {class_name} to differentiate forward by autodiff there, or "
+        "use reverse mode (jax.grad, jax.vjp, jax.jacrev, and jax.hessian, which differentiates "
+        "backward in forward mode)."
     )

@@ -40,12 +40,12 @@ from jax.interpreters import ad, batching, mlir
 
 try:
     from jax._src import ad_util
-    from jax._src.hijax import VJPHiPrimitive, fake_linear_op
+    from jax._src.hijax import VJPHiPrimitive, VmapOf, fake_linear_op
     from jax._src.interpreters.batching import batch_jaxpr2
     from jax._src.tree_util import broadcast_prefix
 except ImportError as error:  # pragma: no cover - depends on the JAX version
     _IMPORT_ERROR: ImportError | None = error
-    VJPHiPrimitive = object  # type: ignore[assignment,misc]
+    VJPHiPrimitive = VmapOf = object  # type: ignore[assignment,misc]
 else:
     _IMPORT_ERROR = None
 
@@ -186,10 +186,36 @@ class _CustomVJPPrimitive(VJPHiPrimitive):  # type: ignore[misc,valid-type]
     def linearized(self, primals, *tangents):
         return self.jvp_rule(primals, tangents, self.out_aval)
 
+    def batch(self, axis_data, args, dims):
+        out_dim = self.batch_dim_rule(axis_data, dims)
+        return _VmapOf(self, axis_data, dims, out_dim)(*args), out_dim
+
     def batch_dim_rule(self, axis_data, in_dims):
         in_dims_flat = self.in_tree.flatten_up_to(in_dims)
         _, out_dims = batch_jaxpr2(self._traced.jaxpr, axis_data, tuple(in_dims_flat))
         return jax.tree.unflatten(self.out_tree, out_dims)
+
+
+class _VmapOf(VmapOf):  # type: ignore[misc,valid-type]
+    """JAX's ``VmapOf`` (a batched ``VJPHiPrimitive``), batched again (``jax.vmap`` of
+    ``jax.hessian``: nested vmaps) with unbatched outputs: JAX's own rule compares ``None``
+    with an axis there (jax 0.10.2); an unbatched axis stays unbatched here."""
+
+    def batch(self, axis_data, args, dims):
+        out_dim = self.batch_dim_rule(axis_data, dims)
+        return _VmapOf(self, axis_data, dims, out_dim)(*args), out_dim
+
+    def batch_dim_rule(self, axis_data, in_dims):
+        def fix(d, d_):
+            return d if (d is None or d_ is None) else d - (d_ < d)
+
+        def unfix(d, d_):
+            return d if (d is None or d_ is None) else d + (d_ < d)
+
+        is_none = lambda x: x is None  # noqa: E731
+        in_dims_ = jax.tree.map(fix, in_dims, self.in_dims, is_leaf=is_none)
+        out_dim = self.prim.batch_dim_rule(axis_data, in_dims_)
+        return jax.tree.map(unfix, out_dim, self.out_dim, is_leaf=is_none)
 
 
 def once_differentiable_guard(values: list, depends_on: list, message: str) -> list:
@@ -296,7 +322,10 @@ def _batch_identity(primitive):
 
 def _reverse_only_jvp(primals, tangents, *, message: _Message):
     (x,), (t,) = primals, tangents
-    y = _reverse_only_p.bind(x, message=message)
+    # The primal passes unguarded: an outer forward mode over this derivative (jax.hessian as
+    # jacfwd of jacrev) differentiates the operation's fwd and bwd rules, as JAX's custom_vjp
+    # allows; only this level's tangent, which would enter the operation, is guarded.
+    y = x
     if type(t) is ad.Zero:
         return y, t
     return y, _forward_tangent_p.bind(t, message=message)
@@ -314,7 +343,9 @@ _forward_tangent_p = jax_core.Primitive("difffn_forward_tangent")
 _forward_tangent_p.def_impl(_raise_forward_mode)
 _forward_tangent_p.def_abstract_eval(lambda aval, *, message: aval)
 mlir.register_lowering(_forward_tangent_p, _raise_forward_mode)
-batching.primitive_batchers[_forward_tangent_p] = _batch_identity(_forward_tangent_p)
+# Batching a tangent is jax.jacfwd (vmap of jvp): under jax.jit that is found at trace time, where
+# JAX's custom_vjp would raise its TypeError when batching its own tangent map.
+batching.primitive_batchers[_forward_tangent_p] = _raise_forward_mode
 ad.deflinear2(_forward_tangent_p, lambda ct, x, *, message: [ct])
 # Under JAX_CUSTOM_VJP3=1, jax.jit first rewrites "high" primitives to plain JAX, in program
 # order, and JAX's custom_vjp tangent raises its TypeError there, before any lowering: the

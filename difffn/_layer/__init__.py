@@ -20,6 +20,7 @@ from ._input_layer import InputLayer as InputLayer
 from ._layer import Layer as Layer
 from ._layer_call import call_layer as call_layer
 from ._layer_call import run_user as run_user
+from ._learnables_grad import learnables_grad as learnables_grad
 from ._parameters import leaf_kinds as leaf_kinds
 from ._parameters import learnable_mask as learnable_mask
 from ._parameters import walk as walk
@@ -38,6 +39,7 @@ __all__ = [
     "leaf_kinds",
     "learnable",
     "learnable_mask",
+    "learnables_grad",
     "parameters",
     "run_user",
     "state",

@@ -12,8 +12,9 @@ outputs and memory value that ``backward`` takes. A parameter whose name starts 
 (``def backward(self, x, _y, dLdY, _memory)``, MATLAB's ``~``) receives ``None`` and its value
 is not kept: a residual that costs no memory.
 
-Second order follows ``DifferentiableFunction``'s rule (``_function_rules.py``): the forward
-rule calls the operation itself, so an outer derivative of the outputs uses ``backward`` again;
+Second order follows ``DifferentiableFunction``'s rule, with the same builder
+(``_function.twin_custom_vjp``): the forward rule calls the operation itself, so an outer
+derivative of the outputs uses ``backward`` again;
 the memory value is differentiated by autodiff of the user's method, through an *inner* twin
 that also returns it (and keeps what that needs, only under an outer derivative).
 
@@ -41,7 +42,7 @@ from .._core import (
     who,
 )
 from .._function import cotangents as ct
-from .._function import custom_vjp
+from .._function import twin_custom_vjp
 from ._fields import LEARNABLE, STATE, is_network
 
 
@@ -111,10 +112,7 @@ def call_with_backward(layer, inputs, training: bool, key, run_user):
         mem_static, mem_arrays = ct.split_memory(memory, who(layer, method))
         return tuple(outputs), tuple(new_state), mem_static, mem_arrays
 
-    def run(ws, ss, cs, xs, k):
-        return run_full(ws, ss, cs, xs, k)[:2]
-
-    def fwd(inner, ws, ss, cs, xs, k):
+    def fwd(inner, run_inner, ws, ss, cs, xs, k):
         is_primal = lambda x: hasattr(x, "perturbed")  # noqa: E731
         values = jax.tree.map(lambda p: p.value, (ws, ss, cs, xs, k), is_leaf=is_primal)
         flags = jax.tree.map(lambda p: bool(p.perturbed), (ws, ss, xs), is_leaf=is_primal)
@@ -147,8 +145,7 @@ def call_with_backward(layer, inputs, training: bool, key, run_user):
             for_memory,
             specs,
         )
-        result = (outputs, new_state, mem_static, mem_arrays) if inner else (outputs, new_state)
-        return result, residuals
+        return (outputs, new_state, mem_static, mem_arrays), residuals
 
     def bwd(inner, residuals, cotangents):
         ws, ss, cs, xs, outputs, mem_arrays, for_memory, specs = residuals
@@ -257,21 +254,9 @@ def call_with_backward(layer, inputs, training: bool, key, run_user):
         dws, dss, dxs = vjp(tuple(ct.instantiate(c, s) for c, s in zip(mem_cts, mem_specs)))
         return dws, dss, _none_like(cs), dxs, None
 
-    name = f"{cls.__name__}.backward"
-    run_with_backward = custom_vjp(
-        run,
-        lambda *a: fwd(False, *a),
-        lambda r, c: bwd(False, r, c),
-        name=name,
-        error=LayerError,
-    )
-    run_inner = custom_vjp(
-        run_full,
-        lambda *a: fwd(True, *a),
-        lambda r, c: bwd(True, r, c),
-        name=name,
-        error=LayerError,
-    )
+    run_with_backward = twin_custom_vjp(
+        run_full, fwd, bwd, name=f"{cls.__name__}.backward", error=LayerError
+    ).outer
     outputs, new_state = run_with_backward(learnables, states, consts, tuple(inputs), key)
     return outputs, new_state
 
