@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+from typing import Any
 
 import jax
 import jax.numpy as jnp
@@ -40,13 +41,13 @@ BASE_FIELDS = (
 
 
 def learnable(
-    default=None,
+    default: Any = None,
     *,
     learn_rate_factor: float = 1.0,
     l2_factor: float = 1.0,
     sharding: PartitionSpec | None = None,
-    **kwargs,
-):
+    **kwargs: Any,
+) -> Any:
     """Declare a learnable parameter field (MATLAB ``properties (Learnable)``).
 
     Args:
@@ -86,7 +87,7 @@ def learnable(
     return dataclasses.field(default=default, metadata=metadata, **kwargs)
 
 
-def state(default=None, **kwargs):
+def state(default: Any = None, **kwargs: Any) -> Any:
     """Declare a state parameter field (MATLAB ``properties (State)``).
 
     ``predict`` and ``forward`` return the new value of every state field after their outputs.

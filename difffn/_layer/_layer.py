@@ -29,7 +29,7 @@ import dataclasses
 import functools
 import inspect
 from collections.abc import Sequence
-from typing import Any, ClassVar
+from typing import Any, ClassVar, Self, TypeVar, dataclass_transform
 
 import jax
 
@@ -58,8 +58,12 @@ from ._fields import (
     check_assigned,
     field_kind,
     is_network,
+    learnable,
+    state,
 )
 from ._layer_call import call_layer
+
+_L = TypeVar("_L", bound="Layer")
 
 
 def _guarded(initialize):
@@ -112,6 +116,9 @@ def _as_layout(layer, i: int, value) -> Layout:
     )
 
 
+# dataclass_transform: type checkers see each layer class as the dataclass that the metaclass
+# makes of it (constructors with the real fields; df.learnable()/df.state() as field specifiers).
+@dataclass_transform(eq_default=False, field_specifiers=(dataclasses.field, learnable, state))
 class _LayerMeta(type):
     """Turns each subclass into a dataclass pytree and controls construction."""
 
@@ -139,7 +146,7 @@ class _LayerMeta(type):
             )
         return cls
 
-    def __call__(cls, *args, **kwargs):
+    def __call__(cls: type[_L], *args: Any, **kwargs: Any) -> _L:
         self = cls.__new__(cls)
         object.__setattr__(self, "_initializing", True)
         if cls._user_init:
@@ -251,7 +258,7 @@ class Layer(metaclass=_LayerMeta):
 
     # -- the public surface ------------------------------------------------------------------
 
-    def replace(self, **changes) -> Layer:
+    def replace(self, **changes: Any) -> Self:
         """A new layer with some fields replaced (layers are immutable).
 
         Raises:
@@ -266,7 +273,7 @@ class Layer(metaclass=_LayerMeta):
             )
         return self._copy(changes)
 
-    def initialize(self, *layouts, key):
+    def initialize(self, *layouts: Any, **kwargs: Any) -> Self:
         """Fill parameters that are still ``None``; the default does nothing.
 
         Args:
@@ -278,17 +285,23 @@ class Layer(metaclass=_LayerMeta):
           LayerError: a layout that is not a ``df.Layout`` (a tuple of sizes has no format), or
             an exception raised by the class's ``initialize`` (chained to it).
         """
-        del layouts, key
+        del layouts, kwargs
         return self
 
-    def predict(self, *inputs):
+    def predict(self, *inputs: Any, **kwargs: Any) -> Any:
+        """The layer's outputs ``Y1..YM``, then the new values of its state fields.
+
+        Every layer class defines it (MATLAB's ``predict``); ``*inputs`` are its inputs
+        (``def predict(self, x)``, ``def predict(self, x1, x2)``), and a keyword ``mask``
+        receives the padding mask of sequence data.
+        """
         raise NotImplementedError
 
-    def reset_state(self):
+    def reset_state(self) -> Self:
         """A layer with its state reset; the default (as in MATLAB) leaves the state as it is."""
         return self
 
-    def __call__(self, *inputs, key=None):
+    def __call__(self, *inputs: Any, key: jax.Array | None = None) -> Any:
         """Run ``predict`` with the custom backward (if any) wired in.
 
         Returns what ``predict`` returns: ``Y`` alone (one output, no state) or the tuple
@@ -338,7 +351,7 @@ class Layer(metaclass=_LayerMeta):
 
     # -- the package-internal API --------------------------------------------------------------
 
-    def _copy(self, changes: dict[str, Any], *, factors=None, assigned: bool = False) -> Layer:
+    def _copy(self, changes: dict[str, Any], *, factors=None, assigned: bool = False) -> Self:
         """The one constructor of layer copies (``replace``, networks, factors, loading, state).
 
         The copy is validated by :func:`_validate`, for what changed.

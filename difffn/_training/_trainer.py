@@ -17,6 +17,8 @@ from __future__ import annotations
 import os
 import time
 import warnings
+from collections.abc import Callable, Iterable, Sequence
+from typing import Any, overload
 
 import jax
 import jax.numpy as jnp
@@ -35,7 +37,7 @@ from .._batching import sequence_source as _seq
 from .._core import FormattedArray, Layout, OptionsError, check_key
 from .._core import batches as _batches
 from .._devices import Placement, agree, learnable_layout
-from .._layer import learnable_mask
+from .._layer import Layer, learnable_mask
 from .._network import L2, LEARN_RATE, Network, leaf_factors
 from .._scoring import Metric, get_loss, loss_name
 from . import _checkpoint, _compilation_cache, _fingerprint, _options, _progress
@@ -48,8 +50,43 @@ from ._state import History, TrainingInfo, TrainingState, split
 from ._step import cached_steps
 from ._train_args import form_of, layer_arrays_as_networks
 
+Data = jax.typing.ArrayLike | tuple[Any, ...] | list[Any]
+"""Inputs or targets: an array, a tuple of them (one per network input or loss target), or a
+list of sequences of different lengths."""
 
-def trainnet(*args, key=None, resume_from=None):
+Loss = str | Callable[..., Any]
+"""A loss: a name (``"crossentropy"``, ``"mse"``, ...), ``loss(Y1.., T1..)`` returning a scalar,
+or a ``df.DifferentiableFunction``."""
+
+
+@overload
+def trainnet(
+    X: Data,
+    T: Data,
+    net: Network | Sequence[Layer],
+    loss: Loss,
+    options: TrainingOptions,
+    /,
+    *,
+    key: jax.Array | None = None,
+    resume_from: str | os.PathLike[str] | None = None,
+) -> tuple[Network, TrainingInfo]: ...
+@overload
+def trainnet(
+    data: Iterable[Any],
+    net: Network | Sequence[Layer],
+    loss: Loss,
+    options: TrainingOptions,
+    /,
+    *,
+    key: jax.Array | None = None,
+    resume_from: str | os.PathLike[str] | None = None,
+) -> tuple[Network, TrainingInfo]: ...
+def trainnet(
+    *args: Any,
+    key: jax.Array | None = None,
+    resume_from: str | os.PathLike[str] | None = None,
+) -> tuple[Network, TrainingInfo]:
     """Train a network (MATLAB ``trainnet``).
 
     Two forms: ``trainnet(X, T, net, loss, options)`` with in-memory data, and
@@ -354,7 +391,7 @@ class _Run:
 
     # -- the loop --------------------------------------------------------------------------------
 
-    def train(self):
+    def train(self) -> tuple[Network, TrainingInfo]:
         options, state = self.options, self.state
         total = (
             options.max_epochs * self.iterations_per_epoch if self.iterations_per_epoch else None
@@ -548,7 +585,7 @@ class _Run:
 
     # -- the end ---------------------------------------------------------------------------------
 
-    def _finish(self):
+    def _finish(self) -> tuple[Network, TrainingInfo]:
         state, options = self.state, self.options
         last = state.training_rows[-1] if state.training_rows else None
         if (
