@@ -37,6 +37,7 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import numbers
+from typing import Any
 
 import numpy as np
 
@@ -292,13 +293,13 @@ def place(seqs, t_axis: int, window: Window, direction: str, value, dtype=None):
 
 
 def padsequences(
-    sequences,
+    sequences: Any,
     *,
-    length="longest",
-    padding_value=0.0,
+    length: str | int = "longest",
+    padding_value: float = 0.0,
     direction: str = "right",
     fmt: str = "BTC",
-):
+) -> Any:
     """Pad or truncate sequences to one length (MATLAB ``padsequences``), with their mask.
 
     Args:

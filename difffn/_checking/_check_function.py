@@ -11,6 +11,9 @@ float64, with random upstream gradients; see ``_numerical.py`` for the method an
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from typing import Any
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -56,7 +59,9 @@ GRADIENTS = "gradients_are_correct"
 TRANSFORM_RTOL = {"float16": 1e-2, "bfloat16": 1e-2, "float32": 1e-5, "float64": 1e-12}
 
 
-def check_function(fcn, *example_inputs, key=None) -> CheckReport:
+def check_function(
+    fcn: Callable[..., Any], *example_inputs: Any, key: jax.Array | None = None
+) -> CheckReport:
     """Check a ``DifferentiableFunction``: forward, backward, gradients, flags and transforms.
 
     Args:

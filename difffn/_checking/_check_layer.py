@@ -21,6 +21,10 @@ normal inputs and upstream gradients.
 
 from __future__ import annotations
 
+from typing import Any
+
+import jax
+
 from .._core import CheckError, FormattedArray, Layout, type_name
 from .._training import DTYPES
 from . import _check_layer_backward as backward
@@ -34,7 +38,11 @@ from ._check_report import CheckReport, Recorder, incomplete
 
 
 def check_layer(
-    layer, *layouts, check_export: bool = False, key=None, precision: str | None = None
+    layer: Any,
+    *layouts: Layout,
+    check_export: bool = False,
+    key: jax.Array | None = None,
+    precision: str | None = None,
 ) -> CheckReport:
     """Check a custom layer the way MATLAB's ``checkLayer`` does, and name what is wrong.
 

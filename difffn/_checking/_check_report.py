@@ -15,7 +15,9 @@ import os
 import textwrap
 import time
 import traceback
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
+from typing import Any
 
 import jax
 
@@ -41,7 +43,7 @@ class CheckResult:
     diagnostic: str = ""
     duration: float = 0.0
 
-    def __post_init__(self):
+    def __post_init__(self) -> None:
         if self.status not in STATUSES:
             raise ValueError(f"CheckResult status must be one of {STATUSES}, got {self.status!r}")
 
@@ -60,7 +62,20 @@ class CheckReport:
       elapsed: seconds the whole check took.
     """
 
-    def __init__(self, subject: str, inputs: str, results, elapsed: float, notes=()):
+    subject: str
+    inputs: str
+    results: tuple[CheckResult, ...]
+    elapsed: float
+    notes: tuple[str, ...]
+
+    def __init__(
+        self,
+        subject: str,
+        inputs: str,
+        results: Iterable[CheckResult],
+        elapsed: float,
+        notes: Iterable[str] = (),
+    ) -> None:
         self.subject = subject
         self.inputs = inputs
         self.results = tuple(results)
@@ -107,7 +122,7 @@ class CheckReport:
                 return r
         raise KeyError(f"no test named {name!r}; tests: {[r.name for r in self.results]}")
 
-    def __iter__(self):
+    def __iter__(self) -> Iterator[Any]:
         return iter(self.results)
 
     def __len__(self) -> int:

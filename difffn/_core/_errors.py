@@ -14,11 +14,11 @@ _CAUSE = BaseException.__cause__  # the built-in descriptors, which the property
 _JAX_FORWARD_TRACE = "JaxStackTraceBeforeTransformation"
 
 
-def _get_cause(self):
+def _get_cause(self: BaseException) -> BaseException | None:
     return _CAUSE.__get__(self)
 
 
-def _set_cause(self, value):
+def _set_cause(self: BaseException, value: BaseException | None) -> None:
     if type(value).__name__ == _JAX_FORWARD_TRACE:
         # JAX moves the error's own chain onto its record of the forward pass: take it back.
         _CAUSE.__set__(self, value.__cause__)
@@ -38,7 +38,7 @@ class Error(Exception):
     declines that record and keeps its own chain: one traceback. ``raise ... from`` is unchanged.
     """
 
-    __cause__ = property(_get_cause, _set_cause)  # type: ignore[assignment]
+    __cause__: BaseException | None = property(_get_cause, _set_cause)  # type: ignore[assignment]
 
 
 class FormatError(Error, ValueError):

@@ -19,7 +19,7 @@ from __future__ import annotations
 import math
 import operator
 from collections.abc import Callable, Iterable, Iterator
-from typing import Any
+from typing import Any, ClassVar
 
 import jax
 import jax.numpy as jnp
@@ -69,7 +69,13 @@ def asarray(data: Any) -> jax.Array:
     return to_device(data)
 
 
-def _binary(fn: Callable[[Any, Any], Any], symbol: str, *, reflected: bool = False):
+_Binary = Callable[["FormattedArray", Any], Any]
+_Unary = Callable[["FormattedArray"], "FormattedArray"]
+
+
+def _binary(
+    fn: Callable[[Any, Any], Any], symbol: str, *, reflected: bool = False
+) -> Callable[[FormattedArray, Any], Any]:
     def method(self: FormattedArray, other: Any) -> Any:
         return self._combine(other, fn, symbol, reflected)
 
@@ -78,7 +84,7 @@ def _binary(fn: Callable[[Any, Any], Any], symbol: str, *, reflected: bool = Fal
     return method
 
 
-def _unary(fn: Callable[[Any], Any], symbol: str):
+def _unary(fn: Callable[[Any], Any], symbol: str) -> Callable[[FormattedArray], FormattedArray]:
     def method(self: FormattedArray) -> FormattedArray:
         self._check_rank(f"'{symbol}'")
         return FormattedArray._wrap(fn(self._data), self._format)
@@ -122,11 +128,11 @@ class FormattedArray:
     """
 
     __slots__ = ("_data", "_format")
-    __hash__ = None  # type: ignore[assignment]  # ``==`` is elementwise
+    __hash__: ClassVar[None] = None  # type: ignore[assignment]  # ``==`` is elementwise
     # numpy defers ``ndarray OP x`` to our reflected operators, so the format survives.
     __array_ufunc__ = None
 
-    def __init__(self, data: Any, fmt: str):
+    def __init__(self, data: Any, fmt: str) -> None:
         if isinstance(data, FormattedArray):
             data = data._data
         data = asarray(data)
@@ -196,7 +202,9 @@ class FormattedArray:
         self._check_rank("astype")
         return FormattedArray._wrap(self._data.astype(dtype), self._format)
 
-    def _combine(self, other: Any, fn: Callable[[Any, Any], Any], symbol: str, reflected: bool):
+    def _combine(
+        self, other: Any, fn: Callable[[Any, Any], Any], symbol: str, reflected: bool
+    ) -> Any:
         self._check_rank(f"'{symbol}'")
         if isinstance(other, FormattedArray):
             other._check_rank(f"'{symbol}'")
@@ -237,37 +245,37 @@ class FormattedArray:
         result = fn(other, self._data) if reflected else fn(self._data, other)
         return FormattedArray._wrap(result, self._format)
 
-    __add__ = _binary(operator.add, "+")
-    __radd__ = _binary(operator.add, "+", reflected=True)
-    __sub__ = _binary(operator.sub, "-")
-    __rsub__ = _binary(operator.sub, "-", reflected=True)
-    __mul__ = _binary(operator.mul, "*")
-    __rmul__ = _binary(operator.mul, "*", reflected=True)
-    __truediv__ = _binary(operator.truediv, "/")
-    __rtruediv__ = _binary(operator.truediv, "/", reflected=True)
-    __floordiv__ = _binary(operator.floordiv, "//")
-    __rfloordiv__ = _binary(operator.floordiv, "//", reflected=True)
-    __mod__ = _binary(operator.mod, "%")
-    __rmod__ = _binary(operator.mod, "%", reflected=True)
-    __pow__ = _binary(operator.pow, "**")
-    __rpow__ = _binary(operator.pow, "**", reflected=True)
-    __and__ = _binary(operator.and_, "&")
-    __rand__ = _binary(operator.and_, "&", reflected=True)
-    __or__ = _binary(operator.or_, "|")
-    __ror__ = _binary(operator.or_, "|", reflected=True)
-    __xor__ = _binary(operator.xor, "^")
-    __rxor__ = _binary(operator.xor, "^", reflected=True)
+    __add__: ClassVar[_Binary] = _binary(operator.add, "+")
+    __radd__: ClassVar[_Binary] = _binary(operator.add, "+", reflected=True)
+    __sub__: ClassVar[_Binary] = _binary(operator.sub, "-")
+    __rsub__: ClassVar[_Binary] = _binary(operator.sub, "-", reflected=True)
+    __mul__: ClassVar[_Binary] = _binary(operator.mul, "*")
+    __rmul__: ClassVar[_Binary] = _binary(operator.mul, "*", reflected=True)
+    __truediv__: ClassVar[_Binary] = _binary(operator.truediv, "/")
+    __rtruediv__: ClassVar[_Binary] = _binary(operator.truediv, "/", reflected=True)
+    __floordiv__: ClassVar[_Binary] = _binary(operator.floordiv, "//")
+    __rfloordiv__: ClassVar[_Binary] = _binary(operator.floordiv, "//", reflected=True)
+    __mod__: ClassVar[_Binary] = _binary(operator.mod, "%")
+    __rmod__: ClassVar[_Binary] = _binary(operator.mod, "%", reflected=True)
+    __pow__: ClassVar[_Binary] = _binary(operator.pow, "**")
+    __rpow__: ClassVar[_Binary] = _binary(operator.pow, "**", reflected=True)
+    __and__: ClassVar[_Binary] = _binary(operator.and_, "&")
+    __rand__: ClassVar[_Binary] = _binary(operator.and_, "&", reflected=True)
+    __or__: ClassVar[_Binary] = _binary(operator.or_, "|")
+    __ror__: ClassVar[_Binary] = _binary(operator.or_, "|", reflected=True)
+    __xor__: ClassVar[_Binary] = _binary(operator.xor, "^")
+    __rxor__: ClassVar[_Binary] = _binary(operator.xor, "^", reflected=True)
     # Python reflects comparisons itself (``w < x`` calls ``x.__gt__(w)``).
-    __lt__ = _binary(operator.lt, "<")
-    __le__ = _binary(operator.le, "<=")
-    __gt__ = _binary(operator.gt, ">")
-    __ge__ = _binary(operator.ge, ">=")
-    __eq__ = _binary(operator.eq, "==")  # type: ignore[assignment]
-    __ne__ = _binary(operator.ne, "!=")  # type: ignore[assignment]
-    __neg__ = _unary(operator.neg, "-")
-    __pos__ = _unary(operator.pos, "+")
-    __abs__ = _unary(operator.abs, "abs")
-    __invert__ = _unary(operator.invert, "~")
+    __lt__: ClassVar[_Binary] = _binary(operator.lt, "<")
+    __le__: ClassVar[_Binary] = _binary(operator.le, "<=")
+    __gt__: ClassVar[_Binary] = _binary(operator.gt, ">")
+    __ge__: ClassVar[_Binary] = _binary(operator.ge, ">=")
+    __eq__: ClassVar[_Binary] = _binary(operator.eq, "==")  # type: ignore[assignment]
+    __ne__: ClassVar[_Binary] = _binary(operator.ne, "!=")  # type: ignore[assignment]
+    __neg__: ClassVar[_Unary] = _unary(operator.neg, "-")
+    __pos__: ClassVar[_Unary] = _unary(operator.pos, "+")
+    __abs__: ClassVar[_Unary] = _unary(operator.abs, "abs")
+    __invert__: ClassVar[_Unary] = _unary(operator.invert, "~")
 
     def __getitem__(self, key: Any) -> FormattedArray:
         """Basic indexing: an int drops its axis's label, a slice or ``...`` keeps labels."""

@@ -122,7 +122,9 @@ def _as_layout(layer, i: int, value) -> Layout:
 class _LayerMeta(type):
     """Turns each subclass into a dataclass pytree and controls construction."""
 
-    def __new__(mcls, name, bases, namespace, **kwargs):
+    def __new__(
+        mcls, name: str, bases: tuple[type, ...], namespace: dict[str, Any], **kwargs: Any
+    ) -> _LayerMeta:
         if "initialize" in namespace:
             namespace = {**namespace, "initialize": _guarded(namespace["initialize"])}
         cls = super().__new__(mcls, name, bases, namespace, **kwargs)
@@ -244,7 +246,7 @@ class Layer(metaclass=_LayerMeta):
 
     # -- immutability ----------------------------------------------------------------------
 
-    def __setattr__(self, name, value):
+    def __setattr__(self, name: str, value: Any) -> None:
         if self.__dict__.get("_initializing"):
             object.__setattr__(self, name, value)
             return
@@ -253,7 +255,7 @@ class Layer(metaclass=_LayerMeta):
             f"layer = layer.replace({name}=...)."
         )
 
-    def __delattr__(self, name):
+    def __delattr__(self, name: str) -> None:
         raise LayerError(f"{type(self).__name__} is immutable; cannot delete {name!r}.")
 
     # -- the public surface ------------------------------------------------------------------
@@ -340,7 +342,7 @@ class Layer(metaclass=_LayerMeta):
                 return False
         return True
 
-    def __repr__(self):
+    def __repr__(self) -> str:
         parts = []
         for n, kind in type(self)._field_kinds.items():
             value = getattr(self, n)

@@ -26,6 +26,7 @@ from __future__ import annotations
 import json
 import re
 from collections import defaultdict
+from typing import Any
 
 from .._core import NetworkError, ONNXImportError
 from .._network import Network
@@ -42,7 +43,11 @@ from ._ops import Attrs, FrozenArray, Unsupported, lookup
 
 
 def import_onnx(
-    path_or_model, *, placeholders=False, input_shapes=None, input_formats=None
+    path_or_model: Any,
+    *,
+    placeholders: Any = False,
+    input_shapes: Any = None,
+    input_formats: Any = None,
 ) -> Network:
     """Import an ONNX model as a ``df.Network`` (MATLAB's ``importNetworkFromONNX``).
 

@@ -50,7 +50,7 @@ def _as_path(path) -> Path:
     return Path(path)
 
 
-def write(path: str | os.PathLike, kind: str, payload: dict[str, Any]) -> Path:
+def write(path: str | os.PathLike[str], kind: str, payload: dict[str, Any]) -> Path:
     """Serialize ``payload`` and write it atomically to ``path``; returns the path."""
     path = _as_path(path)
     data = msgpack_codec().msgpack_serialize(payload)
@@ -126,7 +126,7 @@ def _fsync_folder(folder: Path) -> None:
         os.close(fd)
 
 
-def read(path: str | os.PathLike, kind: str | tuple[str, ...]) -> dict[str, Any]:
+def read(path: str | os.PathLike[str], kind: str | tuple[str, ...]) -> dict[str, Any]:
     """Read and verify a container written by :func:`write`; returns its payload.
 
     ``kind`` is the kind expected, or a tuple of the kinds accepted.

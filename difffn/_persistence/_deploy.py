@@ -28,9 +28,11 @@ import jax.numpy as jnp
 import numpy as np
 
 from .._core import (
+    Data,
     FormattedArray,
     Layout,
     NetworkError,
+    Output,
     SerializationError,
     __version__,
     as_numbers,
@@ -67,9 +69,9 @@ def _check_platforms(platforms) -> None:
 
 def export(
     net: Network,
-    *layouts_and_path,
-    path: str | os.PathLike | None = None,
-    dtype=jnp.float32,
+    *layouts_and_path: Any,
+    path: str | os.PathLike[str] | None = None,
+    dtype: Any = jnp.float32,
     platforms: Sequence[str] | None = None,
     vjp_order: int = 1,
 ) -> Path:
@@ -174,7 +176,7 @@ def export(
     return _container.write(path, KIND, payload)
 
 
-def load_exported(path: str | os.PathLike) -> ExportedNetwork:
+def load_exported(path: str | os.PathLike[str]) -> ExportedNetwork:
     """Load a network written by :func:`export`; no layer class is imported or run.
 
     Raises:
@@ -239,18 +241,18 @@ class ExportedNetwork:
 
     def __init__(
         self,
-        exported,
+        exported: Any,
         *,
-        input_names,
-        output_names,
-        input_layouts,
-        input_dtypes,
-        output_formats,
-        layers,
-        difffn_version,
-        source,
-        vjp_order=1,
-    ):
+        input_names: Sequence[str],
+        output_names: Sequence[str],
+        input_layouts: Any,
+        input_dtypes: Any,
+        output_formats: Any,
+        layers: Any,
+        difffn_version: str,
+        source: Any,
+        vjp_order: int = 1,
+    ) -> None:
         self.exported = exported
         self.input_names = input_names
         self.output_names = output_names
@@ -266,7 +268,7 @@ class ExportedNetwork:
     def platforms(self) -> tuple[str, ...]:
         return tuple(self.exported.platforms)
 
-    def __call__(self, *inputs):
+    def __call__(self, *inputs: Data) -> Output:
         xs = self._check_inputs(inputs)
         platform = jax.export.default_export_platform()
         if platform not in self.platforms:
@@ -323,7 +325,7 @@ class ExportedNetwork:
             xs.append(x)
         return xs
 
-    def __repr__(self):
+    def __repr__(self) -> str:
         ins = ", ".join(
             f"{n}: {lo}" for n, lo in zip(self.input_names, self.input_layouts, strict=True)
         )

@@ -31,7 +31,7 @@ _LIKE_FIX = (
 )
 
 
-def save(path: str | os.PathLike, net: Network) -> Path:
+def save(path: str | os.PathLike[str], net: Network) -> Path:
     """Save a network's parameters, factors and structure description to ``path``.
 
     The write is atomic: after a crash, ``path`` holds the old file or the new one.
@@ -58,7 +58,7 @@ def save(path: str | os.PathLike, net: Network) -> Path:
     return _container.write(path, "network", network_payload(net))
 
 
-def load(path: str | os.PathLike, *, like: Network | None = None) -> Network:
+def load(path: str | os.PathLike[str], *, like: Network | None = None) -> Network:
     """Load parameters saved by :func:`save` into a network of the same structure.
 
     ``like`` gives the structure (layer classes, names, connections); it may be uninitialized.

@@ -35,6 +35,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from .._core import (
+    Data,
     FormattedArray,
     OptionsError,
     as_mask,
@@ -204,7 +205,9 @@ def _pick_class_log_probability(who: str, y, labels):
     return jnp.take_along_axis(_safe_log(data), index, axis=c)
 
 
-def crossentropy(Y, T, *, normalization: str = "batch-size", mask=None):
+def crossentropy(
+    Y: Data, T: Data, *, normalization: str = "batch-size", mask: jax.Array | None = None
+) -> jax.Array:
     r"""Categorical cross-entropy :math:`-\frac{1}{N}\sum T \log Y` (MATLAB ``crossentropy``).
 
     ``Y`` holds probabilities (e.g. a softmax output); ``T`` is one-hot (``Y``'s shape) or
@@ -243,7 +246,9 @@ def crossentropy(Y, T, *, normalization: str = "batch-size", mask=None):
     return _normalize(who, total, Y, normalization, m)
 
 
-def index_crossentropy(Y, T, *, normalization: str = "batch-size", mask=None):
+def index_crossentropy(
+    Y: Data, T: Data, *, normalization: str = "batch-size", mask: jax.Array | None = None
+) -> jax.Array:
     r"""Cross-entropy with integer class labels (MATLAB ``indexcrossentropy``; labels from 0).
 
     Args:
@@ -275,7 +280,9 @@ def index_crossentropy(Y, T, *, normalization: str = "batch-size", mask=None):
     return crossentropy(Y, t, normalization=normalization, mask=mask)
 
 
-def binary_crossentropy(Y, T, *, normalization: str = "batch-size", mask=None):
+def binary_crossentropy(
+    Y: Data, T: Data, *, normalization: str = "batch-size", mask: jax.Array | None = None
+) -> jax.Array:
     r"""Binary cross-entropy :math:`-\frac{1}{N}\sum T\log Y + (1-T)\log(1-Y)`.
 
     For independent (multi-label) probabilities, e.g. a sigmoid output; ``T`` holds 0/1 values
@@ -296,7 +303,7 @@ def binary_crossentropy(Y, T, *, normalization: str = "batch-size", mask=None):
     return _normalize(who, total, Y, normalization, m)
 
 
-def mse(Y, T, *, mask=None):
+def mse(Y: Data, T: Data, *, mask: jax.Array | None = None) -> jax.Array:
     r"""MATLAB's half mean squared error :math:`\frac{1}{2N}\sum (Y - T)^2` (``N`` observations).
 
     Examples:
@@ -313,7 +320,9 @@ def mse(Y, T, *, mask=None):
     return _normalize(who, _sum(jnp.square(y - t), m), Y, "batch-size", m) / 2
 
 
-def l1loss(Y, T, *, normalization: str = "batch-size", mask=None):
+def l1loss(
+    Y: Data, T: Data, *, normalization: str = "batch-size", mask: jax.Array | None = None
+) -> jax.Array:
     r"""Absolute error :math:`\frac{1}{N}\sum |Y - T|` (MATLAB ``l1loss``; trainnet ``"mae"``).
 
     Examples:
@@ -330,7 +339,9 @@ def l1loss(Y, T, *, normalization: str = "batch-size", mask=None):
     return _normalize(who, _sum(jnp.abs(y - t), m), Y, normalization, m)
 
 
-def l2loss(Y, T, *, normalization: str = "batch-size", mask=None):
+def l2loss(
+    Y: Data, T: Data, *, normalization: str = "batch-size", mask: jax.Array | None = None
+) -> jax.Array:
     r"""Squared error :math:`\frac{1}{N}\sum (Y - T)^2` (MATLAB ``l2loss``; no half, unlike mse).
 
     Examples:
@@ -347,7 +358,14 @@ def l2loss(Y, T, *, normalization: str = "batch-size", mask=None):
     return _normalize(who, _sum(jnp.square(y - t), m), Y, normalization, m)
 
 
-def huber(Y, T, *, transition_point: float = 1.0, normalization: str = "batch-size", mask=None):
+def huber(
+    Y: Data,
+    T: Data,
+    *,
+    transition_point: float = 1.0,
+    normalization: str = "batch-size",
+    mask: jax.Array | None = None,
+) -> jax.Array:
     r"""Huber loss (MATLAB ``huber``), summed over elements and normalized.
 
     Per element, with :math:`z = Y - T`: :math:`\frac{1}{2}z^2` where :math:`|z| \le \delta`,

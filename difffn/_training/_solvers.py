@@ -37,7 +37,7 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 
-from .._core import OptionsError
+from .._core import Data, OptionsError
 from .._layer import ParameterTable, learnable_mask
 from .._network import LEARN_RATE, Network, leaf_factors
 
@@ -395,7 +395,13 @@ def _rmsprop_step(params, grads, nu, learn_rate, decay, eps, factors):
     return optax.apply_updates(params, updates), rms.nu
 
 
-def sgdmupdate(net, grad, vel=None, learn_rate=0.01, momentum=0.9):
+def sgdmupdate(
+    net: Network,
+    grad: Data,
+    vel: Data | None = None,
+    learn_rate: float = 0.01,
+    momentum: float = 0.9,
+) -> Any:
     r"""One SGDM step (MATLAB ``sgdmupdate``): :math:`v \leftarrow \gamma v - \alpha g`,
     :math:`\theta \leftarrow \theta + v`.
 
@@ -433,16 +439,16 @@ def sgdmupdate(net, grad, vel=None, learn_rate=0.01, momentum=0.9):
 
 
 def adamupdate(
-    net,
-    grad,
-    average_grad,
-    average_sq_grad,
-    iteration,
-    learn_rate=0.001,
-    gradient_decay_factor=0.9,
-    squared_gradient_decay_factor=0.999,
-    epsilon=1e-8,
-):
+    net: Network,
+    grad: Data,
+    average_grad: Data,
+    average_sq_grad: Data,
+    iteration: int,
+    learn_rate: float = 0.001,
+    gradient_decay_factor: float = 0.9,
+    squared_gradient_decay_factor: float = 0.999,
+    epsilon: float = 1e-08,
+) -> Any:
     r"""One Adam step (MATLAB ``adamupdate``), with bias correction by ``iteration`` (from 1).
 
     :math:`m \leftarrow \beta_1 m + (1-\beta_1) g`, :math:`v \leftarrow \beta_2 v + (1-\beta_2)
@@ -505,8 +511,13 @@ def adamupdate(
 
 
 def rmspropupdate(
-    net, grad, average_sq_grad, learn_rate=0.001, squared_gradient_decay_factor=0.9, epsilon=1e-8
-):
+    net: Network,
+    grad: Data,
+    average_sq_grad: Data,
+    learn_rate: float = 0.001,
+    squared_gradient_decay_factor: float = 0.9,
+    epsilon: float = 1e-08,
+) -> Any:
     r"""One RMSProp step (MATLAB ``rmspropupdate``): :math:`v \leftarrow \beta_2 v + (1-\beta_2)
     g^2`, :math:`\theta \leftarrow \theta - \alpha g / (\sqrt{v} + \epsilon)`.
 

@@ -17,6 +17,7 @@ import dataclasses
 import math
 import numbers
 import time
+from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -76,11 +77,13 @@ class History:
     ``len(history)`` counts rows; ``history.columns`` names the columns.
     """
 
-    def __init__(self, columns, rows=()):
+    columns: tuple[str, ...]
+
+    def __init__(self, columns: Iterable[str], rows: Iterable[Mapping[str, Any]] = ()) -> None:
         self.columns = tuple(columns)
         self._rows = [dict(r) for r in rows]
 
-    def __len__(self):
+    def __len__(self) -> int:
         return len(self._rows)
 
     def __getitem__(self, column: str) -> np.ndarray:
@@ -91,10 +94,10 @@ class History:
             return np.asarray(values, dtype=np.int64)
         return np.asarray([np.nan if v is None else v for v in values], dtype=np.float64)
 
-    def rows(self) -> list[dict]:
+    def rows(self) -> list[dict[str, Any]]:
         return [dict(r) for r in self._rows]
 
-    def __repr__(self):
+    def __repr__(self) -> str:
         return f"History({len(self)} rows, columns={list(self.columns)})"
 
 

@@ -4,12 +4,12 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from typing import Any, ClassVar
+from typing import Any, ClassVar, Self
 
 import jax
 import jax.numpy as jnp
 
-from .._core import FormatError, LayerError, Layout, OpError, as_mask
+from .._core import Data, FormatError, LayerError, Layout, OpError, Output, as_mask
 from .._layer import Layer, learnable
 from ..ops._attention import combined_mask, from_blc, is_attention_format, multi_head, to_blc
 from ..ops._format_args import float_dtype
@@ -144,7 +144,7 @@ class SelfAttention(Layer):
     weight_l2_factor: float = 1.0
     bias_l2_factor: float = 0.0
 
-    def __post_init__(self):
+    def __post_init__(self) -> None:
         fix = "e.g. SelfAttention(4, 64): 4 heads, 64 key channels."
         heads = self.num_heads = positive_int(self, "num_heads", self.num_heads, fix=fix)
         self.num_key_channels = positive_int(
@@ -248,7 +248,7 @@ class SelfAttention(Layer):
                     f"({channels}, {w.shape[1]}), or leave it None."
                 )
 
-    def initialize(self, *layouts, key):
+    def initialize(self, *layouts: Layout, key: jax.Array) -> Self:
         if len(layouts) != self.num_inputs:
             raise LayerError(
                 f"{who(self)}.initialize takes {self.num_inputs} layout(s) {self.input_names}; "
@@ -272,10 +272,12 @@ class SelfAttention(Layer):
         ]
         return init.fill(self, draws)
 
-    def predict(self, *inputs, mask=None):
+    def predict(self, *inputs: Data, mask: jax.Array | None = None) -> Output:
         return self._attend(inputs, probability=0.0, key=None, sequence_mask=mask)
 
-    def forward(self, *inputs, key=None, mask=None):
+    def forward(
+        self, *inputs: Data, key: jax.Array | None = None, mask: jax.Array | None = None
+    ) -> Output:
         if self.dropout_probability > 0 and key is None:
             raise LayerError(
                 f"{who(self)}: training-time dropout (dropout_probability="

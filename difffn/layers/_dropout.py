@@ -5,7 +5,7 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 
-from .._core import LayerError
+from .._core import Data, LayerError, Output
 from .._layer import Layer
 from ._checks import real, who
 
@@ -34,7 +34,7 @@ class Dropout(Layer):
 
     probability: float = 0.5
 
-    def __post_init__(self):
+    def __post_init__(self) -> None:
         self.probability = real(
             self,
             "probability",
@@ -46,10 +46,10 @@ class Dropout(Layer):
             fix="e.g. Dropout(0.5) (MATLAB's default); 1 would drop everything.",
         )
 
-    def predict(self, x):
+    def predict(self, x: Data) -> Output:
         return x
 
-    def forward(self, x, *, key=None):
+    def forward(self, x: Data, *, key: jax.Array | None = None) -> Output:
         if key is None:
             raise LayerError(
                 f"{who(self)}: training-time dropout needs randomness, but no key was given. "

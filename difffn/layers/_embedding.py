@@ -6,12 +6,12 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from typing import Any, ClassVar
+from typing import Any, ClassVar, Self
 
 import jax
 import jax.numpy as jnp
 
-from .._core import FormatError, LayerError, OpError
+from .._core import Data, FormatError, LayerError, Layout, OpError, Output
 from .._layer import Layer, learnable
 from ..ops._embedding import as_indices, embed
 from . import _factor_options as factors
@@ -104,7 +104,7 @@ class Embedding(_Table):
     weight_learn_rate_factor: float = 1.0
     weight_l2_factor: float = 1.0
 
-    def __post_init__(self):
+    def __post_init__(self) -> None:
         self.dimension = positive_int(
             self, "dimension", self.dimension, fix="e.g. Embedding(100, num_words)."
         )
@@ -114,7 +114,7 @@ class Embedding(_Table):
         choice(self, "oov_mode", self.oov_mode, ("map-to-last", "error"))
         self._check_table()
 
-    def initialize(self, layout, *, key):
+    def initialize(self, layout: Layout, *, key: jax.Array) -> Self:
         layout = layout_format(
             self,
             layout,
@@ -123,7 +123,7 @@ class Embedding(_Table):
         )
         return self._draw_table(key)
 
-    def predict(self, x):
+    def predict(self, x: Data) -> Output:
         require(self, "weights")
         data, fmt = data_and_format(x)
         if not fmt:
@@ -215,7 +215,7 @@ class PositionEmbedding(_Table):
     weight_learn_rate_factor: float = 1.0
     weight_l2_factor: float = 1.0
 
-    def __post_init__(self):
+    def __post_init__(self) -> None:
         self.output_size = positive_int(
             self, "output_size", self.output_size, fix="e.g. PositionEmbedding(64, 512)."
         )
@@ -235,12 +235,12 @@ class PositionEmbedding(_Table):
             )
         return axis
 
-    def initialize(self, layout, *, key):
+    def initialize(self, layout: Layout, *, key: jax.Array) -> Self:
         layout = layout_format(self, layout, lambda f: True, want="")
         self._axis(layout.format, f"the input layout {layout!r}")
         return self._draw_table(key)
 
-    def predict(self, x):
+    def predict(self, x: Data) -> Output:
         require(self, "weights")
         data, fmt = data_and_format(x)
         if not fmt:
@@ -288,7 +288,7 @@ class SinusoidalPositionEncoding(Layer):
     _: dataclasses.KW_ONLY
     positions: str = "auto"
 
-    def __post_init__(self):
+    def __post_init__(self) -> None:
         self.output_size = positive_int(
             self, "output_size", self.output_size, fix="e.g. SinusoidalPositionEncoding(64)."
         )
@@ -327,12 +327,12 @@ class SinusoidalPositionEncoding(Layer):
             )
         return None
 
-    def initialize(self, layout, *, key):
+    def initialize(self, layout: Layout, *, key: jax.Array) -> Self:
         layout = layout_format(self, layout, lambda f: True, want="")
         self._axis(layout.format, layout.shape, f"the input layout {layout!r}")
         return self
 
-    def encode(self, positions):
+    def encode(self, positions: Data) -> Any:
         """The ``(..., output_size)`` encoding of an array of positions."""
         half = self.output_size // 2
         dtype = positions.dtype
@@ -341,7 +341,7 @@ class SinusoidalPositionEncoding(Layer):
         pairs = jnp.stack([jnp.sin(angles), jnp.cos(angles)], axis=-1)
         return pairs.reshape(*positions.shape, self.output_size)
 
-    def predict(self, x):
+    def predict(self, x: Data) -> Output:
         data, fmt = data_and_format(x)
         if not fmt:
             fmt = "BTC" if data.ndim == 3 else ""

@@ -4,12 +4,12 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from typing import Any, ClassVar
+from typing import Any, ClassVar, Self
 
 import jax
 
 from .. import ops
-from .._core import FormatError, LayerError
+from .._core import Data, FormatError, LayerError, Layout, Output
 from .._layer import learnable
 from ._checks import data_and_format, layout_format, positive_int, relabel, require, who
 from ._weights_and_bias import WeightsAndBias
@@ -77,7 +77,7 @@ class FullyConnected(WeightsAndBias):
     bias_learn_rate_factor: float = 1.0
     bias_l2_factor: float = 0.0
 
-    def __post_init__(self):
+    def __post_init__(self) -> None:
         self.output_size = positive_int(
             self, "output_size", self.output_size, fix="e.g. FullyConnected(10)."
         )
@@ -92,7 +92,7 @@ class FullyConnected(WeightsAndBias):
                 f"{self.output_size}), or leave weights=None."
             )
 
-    def initialize(self, layout, *, key):
+    def initialize(self, layout: Layout, *, key: jax.Array) -> Self:
         layout = layout_format(self, layout, lambda f: True, want="any format")
         features = _input_size(self, layout)
         self._check_features(features, f"the input layout {layout!r}")
@@ -100,7 +100,7 @@ class FullyConnected(WeightsAndBias):
             key, (features, self.output_size), fan_in=features, fan_out=self.output_size
         )
 
-    def predict(self, x):
+    def predict(self, x: Data) -> Output:
         require(self, "weights", "bias")
         data, fmt = data_and_format(x)
         if not fmt:  # plain data is batch-first: axis 0 is kept, the others are flattened

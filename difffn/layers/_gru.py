@@ -8,6 +8,7 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 
+from .._core import Data, Output
 from .._layer import learnable, state
 from ..ops._recurrent import GATE_ACTIVATIONS, RESET_GATE_MODES, STATE_ACTIVATIONS, gru_scan
 from . import _initializers as init
@@ -96,11 +97,11 @@ class GRU(_Recurrent):
     def _bias_blocks(self) -> int:
         return 6 if self.reset_gate_mode == "recurrent-bias-after-multiplication" else 3
 
-    def __post_init__(self):
+    def __post_init__(self) -> None:
         choice(self, "reset_gate_mode", self.reset_gate_mode, RESET_GATE_MODES)
         self._check_options(init.BIAS)
 
-    def predict(self, x, *, mask=None):
+    def predict(self, x: Data, *, mask: jax.Array | None = None) -> Output:
         xs, fmt = self._time_major(x)
         batch, h = xs.shape[1], self.num_hidden_units
         (h0,) = self._initial_states(batch)

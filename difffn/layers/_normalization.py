@@ -9,13 +9,13 @@ learn-rate/L2 factor options; they share those checks here.
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, ClassVar
+from typing import Any, ClassVar, Self
 
 import jax
 import jax.numpy as jnp
 
 from .. import ops
-from .._core import FormatError, LayerError
+from .._core import Data, FormatError, LayerError, Layout, Output
 from .._layer import Layer, learnable, state
 from . import _factor_options as factor_options
 from . import _initializers as init
@@ -81,7 +81,7 @@ class _PerChannel(Layer):
                     "it None so that initialize fills it."
                 )
 
-    def initialize(self, layout, *, key):
+    def initialize(self, layout: Layout, *, key: jax.Array) -> Self:
         layout = layout_format(self, layout, lambda f: "C" in f, want="a format with a 'C' axis")
         channels = known_size(self, layout, "C", "number of channels")
         self._check_channels(channels, f"the input layout {layout!r}")
@@ -182,7 +182,7 @@ class BatchNorm(_PerChannel):
     scale_learn_rate_factor: float = 1.0
     scale_l2_factor: float = 1.0
 
-    def __post_init__(self):
+    def __post_init__(self) -> None:
         for name in ("mean_decay", "variance_decay"):
             setattr(
                 self,
@@ -235,10 +235,10 @@ class BatchNorm(_PerChannel):
             return relabel(x, y, fmt), mean, variance
         return relabel(x, result, fmt), self.trained_mean, self.trained_variance
 
-    def predict(self, x):
+    def predict(self, x: Data) -> Output:
         return self._batchnorm(x, training=False)
 
-    def forward(self, x):
+    def forward(self, x: Data) -> Output:
         return self._batchnorm(x, training=True)
 
 
@@ -295,7 +295,7 @@ class LayerNorm(_PerChannel):
     scale_learn_rate_factor: float = 1.0
     scale_l2_factor: float = 1.0
 
-    def __post_init__(self):
+    def __post_init__(self) -> None:
         self.operation_dimension = choice(
             self,
             "operation_dimension",
@@ -312,7 +312,7 @@ class LayerNorm(_PerChannel):
                 "batch axis, or use operation_dimension='auto'."
             )
 
-    def predict(self, x):
+    def predict(self, x: Data) -> Output:
         data, fmt = self._prepare(x)
         y = ops.layernorm(
             data,
@@ -366,7 +366,7 @@ class GroupNorm(_PerChannel):
     scale_learn_rate_factor: float = 1.0
     scale_l2_factor: float = 1.0
 
-    def __post_init__(self):
+    def __post_init__(self) -> None:
         if not (
             isinstance(self.num_groups, str) and self.num_groups in ("all-channels", "channel-wise")
         ):
@@ -397,7 +397,7 @@ class GroupNorm(_PerChannel):
     def _check_layout(self, layout, channels: int) -> None:
         self._groups(channels, f"the input layout {layout!r}")
 
-    def predict(self, x):
+    def predict(self, x: Data) -> Output:
         data, fmt = self._prepare(x)
         groups = self._groups(data.shape[fmt.index("C")], "the input")
         y = ops.groupnorm(data, groups, self.offset, self.scale, epsilon=self.epsilon, fmt=fmt)
@@ -443,10 +443,10 @@ class InstanceNorm(_PerChannel):
     scale_learn_rate_factor: float = 1.0
     scale_l2_factor: float = 1.0
 
-    def __post_init__(self):
+    def __post_init__(self) -> None:
         self._check_per_channel_options()
 
-    def predict(self, x):
+    def predict(self, x: Data) -> Output:
         data, fmt = self._prepare(x)
         y = ops.instancenorm(data, self.offset, self.scale, epsilon=self.epsilon, fmt=fmt)
         return relabel(x, y, fmt)

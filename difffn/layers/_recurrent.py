@@ -8,12 +8,12 @@ state and its reset, the ``"sequence"``/``"last"`` output and the initializers.
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, ClassVar
+from typing import Any, ClassVar, Self
 
 import jax
 import jax.numpy as jnp
 
-from .._core import FormatError, LayerError, OpError
+from .._core import Data, FormatError, LayerError, Layout, OpError, Output
 from .._layer import Layer, learnable, state
 from ..ops._format_args import float_dtype, from_time_major, to_time_major
 from ..ops._recurrent import (
@@ -125,7 +125,7 @@ class _Recurrent(Layer):
                 f"({input_size}, {w.shape[1]}), or leave it None."
             )
 
-    def initialize(self, layout, *, key):
+    def initialize(self, layout: Layout, *, key: jax.Array) -> Self:
         layout = layout_format(
             self, layout, is_sequence_format, want="a 'C' axis and optionally 'B' and 'T'"
         )
@@ -151,7 +151,7 @@ class _Recurrent(Layer):
                 changes[name] = jnp.zeros((1, self._width()), jnp.float32)
         return init.fill(self, draws, **changes)
 
-    def reset_state(self):
+    def reset_state(self) -> Self:
         """The layer with zero states of shape ``(1, channels)`` (they broadcast over batches)."""
         zeros = {}
         for name in self._state_fields:
@@ -247,7 +247,7 @@ class _LSTMFields(_Recurrent):
     recurrent_weights_l2_factor: float = 1.0
     bias_l2_factor: float = 0.0
 
-    def __post_init__(self):
+    def __post_init__(self) -> None:
         self._check_options(init.LSTM_BIAS)
 
 
@@ -308,7 +308,7 @@ class LSTM(_LSTMFields):
     """
     )
 
-    def predict(self, x, *, mask=None):
+    def predict(self, x: Data, *, mask: jax.Array | None = None) -> Output:
         xs, fmt = self._time_major(x)
         batch, h = xs.shape[1], self.num_hidden_units
         h0, c0 = self._initial_states(batch)
@@ -372,7 +372,7 @@ class BiLSTM(_LSTMFields):
 
     _DIRECTIONS = 2
 
-    def predict(self, x, *, mask=None):
+    def predict(self, x: Data, *, mask: jax.Array | None = None) -> Output:
         xs, fmt = self._time_major(x)
         batch, h = xs.shape[1], self.num_hidden_units
         h0, c0 = self._initial_states(batch)

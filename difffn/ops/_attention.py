@@ -19,7 +19,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from .._core import OpError
+from .._core import Data, OpError, Output
 from ._format_args import float_dtype, label, read, read_like, require
 
 _FORMAT = (
@@ -34,19 +34,19 @@ def is_attention_format(fmt: str) -> bool:
 
 
 def attention(
-    queries,
-    keys,
-    values,
+    queries: Data,
+    keys: Data,
+    values: Data,
     num_heads: int,
     *,
     fmt: str | None = None,
-    scale="auto",
-    padding_mask=None,
-    attention_mask="none",
+    scale: Data | str = "auto",
+    padding_mask: jax.Array | None = None,
+    attention_mask: jax.Array | str = "none",
     dropout_probability: float = 0.0,
-    key=None,
+    key: jax.Array | None = None,
     return_weights: bool = False,
-):
+) -> Output:
     r"""Multi-head scaled dot-product attention (MATLAB's ``attention`` function).
 
     The channels of the queries, keys and values are split into ``num_heads`` contiguous

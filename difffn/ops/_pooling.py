@@ -6,10 +6,13 @@ for convolution); global pooling reduces those axes to size 1.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+from typing import Any
+
 import jax
 import jax.numpy as jnp
 
-from .._core import OpError
+from .._core import Data, OpError, Output
 from ._common import floating, ints, pack, pairs, same_padding, unpack, who, window_axes
 
 
@@ -38,7 +41,14 @@ def _window(op, data, fmt, pool_size, stride, padding):
     return axes, (tuple(window), tuple(step), tuple(padding))
 
 
-def max_pool(x, pool_size, *, stride=1, padding=0, fmt: str | None = None):
+def max_pool(
+    x: Data,
+    pool_size: int | Sequence[int],
+    *,
+    stride: int | Sequence[int] = 1,
+    padding: Any = 0,
+    fmt: str | None = None,
+) -> Output:
     """Max pooling over the ``S`` axes (MATLAB's ``maxpool``); padding never wins.
 
     Args:
@@ -81,7 +91,15 @@ def max_pool(x, pool_size, *, stride=1, padding=0, fmt: str | None = None):
     return pack(jax.lax.reduce_window(data, lowest, jax.lax.max, *spec), fmt, formatted)
 
 
-def avg_pool(x, pool_size, *, stride=1, padding=0, padding_value=0, fmt: str | None = None):
+def avg_pool(
+    x: Data,
+    pool_size: int | Sequence[int],
+    *,
+    stride: int | Sequence[int] = 1,
+    padding: Any = 0,
+    padding_value: float = 0,
+    fmt: str | None = None,
+) -> Output:
     """Average pooling over the ``S`` axes (MATLAB's ``avgpool``).
 
     Args:

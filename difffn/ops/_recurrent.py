@@ -17,7 +17,7 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 
-from .._core import FormattedArray, OpError
+from .._core import Data, FormattedArray, OpError, Output
 from ._format_args import (
     check_choice,
     float_dtype,
@@ -137,18 +137,18 @@ def gru_scan(xs, h0, w, r, b, *, mode, gate, act, reverse=False, sequence=True, 
 
 
 def lstm(
-    x,
-    hidden_state,
-    cell_state,
-    weights,
-    recurrent_weights,
-    bias,
+    x: Data,
+    hidden_state: Data,
+    cell_state: Data,
+    weights: Data,
+    recurrent_weights: Data,
+    bias: Data,
     *,
     fmt: str | None = None,
-    mask=None,
+    mask: jax.Array | None = None,
     state_activation_function: str = "tanh",
     gate_activation_function: str = "sigmoid",
-):
+) -> Output:
     r"""Long short-term memory over the ``T`` axis (MATLAB's ``lstm`` function).
 
     With :math:`z = x_t W + h_{t-1} R + b` split into four blocks of ``H`` in MATLAB's gate
@@ -234,18 +234,18 @@ def lstm(
 
 
 def gru(
-    x,
-    hidden_state,
-    weights,
-    recurrent_weights,
-    bias,
+    x: Data,
+    hidden_state: Data,
+    weights: Data,
+    recurrent_weights: Data,
+    bias: Data,
     *,
     fmt: str | None = None,
-    mask=None,
+    mask: jax.Array | None = None,
     reset_gate_mode: str = "after-multiplication",
     state_activation_function: str = "tanh",
     gate_activation_function: str = "sigmoid",
-):
+) -> Output:
     r"""Gated recurrent unit over the ``T`` axis (MATLAB's ``gru`` function).
 
     With the blocks of ``H`` in MATLAB's order (reset :math:`r`, update :math:`z`, candidate):
