@@ -15,6 +15,7 @@ iterable of its own share of every batch, whose shares are joined in process ord
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
@@ -55,7 +56,7 @@ def _check_size(who: str, mini_batch_size) -> int:
 
 def minibatchpredict(
     net: Network,
-    *X: Data,
+    *X: Data | Sequence[Any],
     mini_batch_size: int = 128,
     outputs: Any = None,
     acceleration: str = "auto",
