@@ -64,6 +64,8 @@ from ._fields import (
 from ._layer_call import call_layer
 
 _L = TypeVar("_L", bound="Layer")
+# The default of the port fields: None, resolved when the layer is made (``_resolve_ports``).
+_RESOLVED: Any = None
 
 
 def _guarded(initialize):
@@ -232,10 +234,11 @@ class Layer(metaclass=_LayerMeta):
     name: str = dataclasses.field(default="", kw_only=True)
     description: str = dataclasses.field(default="", kw_only=True)
     type: str = dataclasses.field(default="", kw_only=True)
-    num_inputs: int | None = dataclasses.field(default=None, kw_only=True)
-    input_names: tuple[str, ...] | None = dataclasses.field(default=None, kw_only=True)
-    num_outputs: int | None = dataclasses.field(default=None, kw_only=True)
-    output_names: tuple[str, ...] | None = dataclasses.field(default=None, kw_only=True)
+    # The ports are resolved by MATLAB's rules when a layer is made: never None on a layer.
+    num_inputs: int = dataclasses.field(default=_RESOLVED, kw_only=True)
+    input_names: tuple[str, ...] = dataclasses.field(default=_RESOLVED, kw_only=True)
+    num_outputs: int = dataclasses.field(default=_RESOLVED, kw_only=True)
+    output_names: tuple[str, ...] = dataclasses.field(default=_RESOLVED, kw_only=True)
 
     # Filled by the metaclass.
     _field_kinds: ClassVar[dict[str, str]]

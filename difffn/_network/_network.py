@@ -89,7 +89,7 @@ class Network(NetworkBase):
 
     def __init__(
         self,
-        layers: Sequence[Layer],
+        layers: Layer | Sequence[Layer | Sequence[Layer]],
         *,
         connections: Sequence[tuple[str, str]] = (),
         outputs: Sequence[str] | None = None,

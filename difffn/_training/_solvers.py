@@ -30,14 +30,14 @@ from __future__ import annotations
 
 import functools
 import numbers
-from typing import Any, NamedTuple
+from typing import Any, NamedTuple, TypeVar
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 import optax
 
-from .._core import Data, OptionsError
+from .._core import OptionsError, PyTree
 from .._layer import ParameterTable, learnable_mask
 from .._network import LEARN_RATE, Network, leaf_factors
 
@@ -395,13 +395,16 @@ def _rmsprop_step(params, grads, nu, learn_rate, decay, eps, factors):
     return optax.apply_updates(params, updates), rms.nu
 
 
+_Params = TypeVar("_Params")  # a df.Network, or a pytree of parameters
+
+
 def sgdmupdate(
-    net: Network,
-    grad: Data,
-    vel: Data | None = None,
+    net: _Params,
+    grad: PyTree,
+    vel: PyTree | None = None,
     learn_rate: float = 0.01,
     momentum: float = 0.9,
-) -> Any:
+) -> tuple[_Params, PyTree]:
     r"""One SGDM step (MATLAB ``sgdmupdate``): :math:`v \leftarrow \gamma v - \alpha g`,
     :math:`\theta \leftarrow \theta + v`.
 
@@ -439,16 +442,16 @@ def sgdmupdate(
 
 
 def adamupdate(
-    net: Network,
-    grad: Data,
-    average_grad: Data,
-    average_sq_grad: Data,
+    net: _Params,
+    grad: PyTree,
+    average_grad: PyTree | None,
+    average_sq_grad: PyTree | None,
     iteration: int,
     learn_rate: float = 0.001,
     gradient_decay_factor: float = 0.9,
     squared_gradient_decay_factor: float = 0.999,
     epsilon: float = 1e-08,
-) -> Any:
+) -> tuple[_Params, PyTree, PyTree]:
     r"""One Adam step (MATLAB ``adamupdate``), with bias correction by ``iteration`` (from 1).
 
     :math:`m \leftarrow \beta_1 m + (1-\beta_1) g`, :math:`v \leftarrow \beta_2 v + (1-\beta_2)
@@ -511,13 +514,13 @@ def adamupdate(
 
 
 def rmspropupdate(
-    net: Network,
-    grad: Data,
-    average_sq_grad: Data,
+    net: _Params,
+    grad: PyTree,
+    average_sq_grad: PyTree | None,
     learn_rate: float = 0.001,
     squared_gradient_decay_factor: float = 0.9,
     epsilon: float = 1e-08,
-) -> Any:
+) -> tuple[_Params, PyTree]:
     r"""One RMSProp step (MATLAB ``rmspropupdate``): :math:`v \leftarrow \beta_2 v + (1-\beta_2)
     g^2`, :math:`\theta \leftarrow \theta - \alpha g / (\sqrt{v} + \epsilon)`.
 

@@ -137,8 +137,8 @@ class FromEquinox(_foreign.ForeignModule):
       ('BC', (4, 2))
     """
 
-    params: dict | None = learnable(default=None)
-    state: dict | None = state_field(default=None)
+    params: dict[str, Any] = learnable(default=None)  # set by __init__ from the module
+    state: dict[str, Any] = state_field(default=None)
     constants: dict | None = None
     fmt: str | tuple[str, ...] | None = None
     output_format: str | tuple[str, ...] | None = None

@@ -123,8 +123,8 @@ class FromNNX(_foreign.ForeignModule):
       ('BC', (4, 2))
     """
 
-    params: dict | None = learnable(default=None)
-    batch_stats: dict | None = state(default=None)
+    params: dict[str, Any] = learnable(default=None)  # set by __init__ from the module
+    batch_stats: dict[str, Any] = state(default=None)
     constants: dict | None = None
     fmt: str | tuple[str, ...] | None = None
     output_format: str | tuple[str, ...] | None = None
