@@ -7,7 +7,8 @@ bundled digits, ``examples/00_elu_digits.py``), as ``make demo`` does.
 
 ``difffn check MODULE:FACTORY --layout "128,24,24,20:BSSC" [--layout ...] [--export] [--seed N]``
 imports ``MODULE`` (from the current directory too, as ``python -m`` would), gets ``FACTORY`` (a
-layer, or a callable returning one), runs :func:`difffn.check_layer` and prints the report. Exit
+layer, or a callable returning one), runs [`df.check_layer`][difffn.check_layer] and prints the
+report. Exit
 status: 0 when every test passed or was skipped, 1 when one failed or was left incomplete, 2 for a
 usage error.
 

@@ -28,9 +28,10 @@ __all__ = ["assert_function_valid", "assert_layer_valid"]
 def assert_layer_valid(
     layer: Any, *layouts: Layout, check_export: bool = False, key: jax.Array | None = None
 ) -> CheckReport:
-    """Run :func:`difffn.check_layer` and raise if any test failed or was left incomplete.
+    """Run [`df.check_layer`][difffn.check_layer] and raise if any test failed or was left
+    incomplete.
 
-    Args: as :func:`difffn.check_layer`.
+    Args: as [`df.check_layer`][difffn.check_layer].
 
     Returns:
       The report, when the layer is valid.
@@ -58,9 +59,10 @@ def assert_layer_valid(
 def assert_function_valid(
     fcn: Callable[..., Any], *example_inputs: Any, key: jax.Array | None = None
 ) -> CheckReport:
-    """Run :func:`difffn.check_function` and raise if any test failed or was left incomplete.
+    """Run [`df.check_function`][difffn.check_function] and raise if any test failed or was left
+    incomplete.
 
-    Args: as :func:`difffn.check_function`.
+    Args: as [`df.check_function`][difffn.check_function].
 
     Returns:
       The report, when the function is valid.

@@ -230,7 +230,8 @@ def testnet(
         ``"recall"``, ``"fscore"``, ``"auc"``, ``"rmse"``), losses (``"crossentropy"``,
         ``"mse"``, ...), callables ``fn(Y, T)`` or ``df.metrics.Metric`` objects.
       mini_batch_size: observations per prediction batch (128).
-      execution_environment: as in :func:`minibatchpredict`; in a multi-host run every process
+      execution_environment: as in [`minibatchpredict`][difffn.minibatchpredict]; in a multi-host
+        run every process
         passes the same ``X`` and ``T``, or an iterable of its own share of every batch (the
         processes' shares, in process order, make each batch), and every process gets the
         metrics of all the data.

@@ -8,7 +8,7 @@ C)`` for ``"BTC"``), of any lengths ``T_i``. Targets are then an array with one 
 and time step (sequence-to-sequence: ``(T_i,)`` labels or ``(T_i, K)``).
 
 Each mini-batch is made rectangular as MATLAB's ``trainingOptions`` say, with the same names
-(:class:`SequenceOptions`):
+(`SequenceOptions`):
 
 * ``sequence_length="longest"`` (default): pad to the longest sequence of the mini-batch;
   ``"shortest"``: truncate to the shortest; an int ``L``: pad to the longest, then split into

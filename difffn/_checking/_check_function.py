@@ -2,7 +2,8 @@
 
 ``check_function(fcn, *example_inputs)`` runs the tests of ``_check_list`` that
 ``check_function`` runs (forward, backward, gradients per input, ``compute_gradients``, jit and
-vmap), in that order, and returns a :class:`~difffn.CheckReport`. Pytree inputs are checked leaf by
+vmap), in that order, and returns a [`CheckReport`][difffn.CheckReport]. Pytree inputs are checked
+leaf by
 leaf (``_check_function_inputs``).
 
 The gradient tests run in float64 (enabled only inside the check) on the example inputs cast to
@@ -73,7 +74,7 @@ def check_function(
         ``jax.random.key(0)``.
 
     Returns:
-      A :class:`~difffn.CheckReport` (see :func:`difffn.check_layer`).
+      A [`CheckReport`][difffn.CheckReport] (see [`df.check_layer`][difffn.check_layer]).
 
     Raises:
       CheckError: ``fcn`` is not a DifferentiableFunction instance, the example inputs do

@@ -1,7 +1,7 @@
 """``check_layer``: MATLAB's ``checkLayer`` for difffn layers.
 
 ``check_layer(layer, *layouts)`` runs the tests of ``_check_list`` that ``check_layer`` runs, in
-that order, and returns a :class:`~difffn.CheckReport`. The tests live by concern:
+that order, and returns a [`CheckReport`][difffn.CheckReport]. The tests live by concern:
 
 * ``_check_layer_subject``: the layer under check, its data, its methods run as the runtime does;
 * ``_check_layer_structure``: what the methods take and return (sizes, dtypes, state, formats);
@@ -62,7 +62,7 @@ def check_layer(
         (float16's largest value is 65504) is named. Default None: not run (Skipped).
 
     Returns:
-      A :class:`~difffn.CheckReport`; ``print(report)`` shows every test, MATLAB's
+      A [`CheckReport`][difffn.CheckReport]; ``print(report)`` shows every test, MATLAB's
       ``Test Summary:`` and the diagnostics of failures. ``report.ok`` is True when nothing failed
       or was left incomplete.
 

@@ -49,7 +49,8 @@ class CheckResult:
 
 
 class CheckReport:
-    """The results of :func:`difffn.check_layer` or :func:`difffn.check_function`.
+    """The results of [`df.check_layer`][difffn.check_layer] or
+    [`df.check_function`][difffn.check_function].
 
     ``print(report)`` shows one line per test (``.`` passed, ``F`` failed, ``I`` incomplete,
     ``S`` skipped), then MATLAB's ``Test Summary:`` with the counts and the elapsed time, then the
@@ -58,7 +59,7 @@ class CheckReport:
     Attributes:
       subject: what was checked, e.g. ``"SReLULayer (layer 'srelu')"``.
       inputs: how it was called, e.g. ``"Layout((128, 24, 24, 20), 'BSSC')"``.
-      results: the :class:`CheckResult` of every test, in the order they ran.
+      results: the `CheckResult` of every test, in the order they ran.
       elapsed: seconds the whole check took.
     """
 
@@ -203,7 +204,7 @@ class Recorder:
         self.start = time.perf_counter()
 
     def run(self, name: str, body, *args, **kwargs) -> CheckResult:
-        """Run ``body``; it returns an :class:`Outcome` (``None`` means Passed) or raises one.
+        """Run ``body``; it returns an `Outcome` (``None`` means Passed) or raises one.
 
         Any other exception fails the test, with the exception described.
         """

@@ -1,6 +1,7 @@
 """The difffn exception family.
 
-Every error difffn raises for a user's mistake is a subclass of :class:`Error`. Each also derives
+Every error difffn raises for a user's mistake is a subclass of [`Error`][difffn.Error]. Each also
+derives
 from the built-in exception a Python user would expect (``ValueError`` for a bad value,
 ``TypeError`` for a bad type), so ``except ValueError`` keeps working.
 
@@ -46,7 +47,8 @@ class FormatError(Error, ValueError):
 
 
 class DifferentiableFunctionError(Error, TypeError):
-    """A :class:`~difffn.DifferentiableFunction` subclass is defined or called incorrectly."""
+    """A [`DifferentiableFunction`][difffn.DifferentiableFunction] subclass is defined or called
+    incorrectly."""
 
 
 class ForwardError(Error, ValueError):
@@ -66,7 +68,7 @@ class HigherOrderError(DifferentiableFunctionError):
 
 
 class LayerError(Error, TypeError):
-    """A :class:`~difffn.Layer` subclass is defined or used incorrectly."""
+    """A [`Layer`][difffn.Layer] subclass is defined or used incorrectly."""
 
 
 class AccelerationError(Error, TypeError):
@@ -74,7 +76,7 @@ class AccelerationError(Error, TypeError):
 
 
 class NetworkError(Error, ValueError):
-    """A :class:`~difffn.Network` is built or called incorrectly."""
+    """A [`Network`][difffn.Network] is built or called incorrectly."""
 
 
 class OptionsError(Error, ValueError):

@@ -97,7 +97,8 @@ def _unary(fn: Callable[[Any], Any], symbol: str) -> Callable[[FormattedArray], 
 class FormattedArray:
     """An array plus a format string: MATLAB's formatted ``dlarray``.
 
-    Build one with :func:`dlarray` (or this constructor, which validates the same way). The array
+    Build one with [`dlarray`][difffn.dlarray] (or this constructor, which validates the same way).
+    The array
     is the pytree's only leaf and the format is static, so ``jax.jit`` caches on the format and
     ``jax.grad`` returns gradients with the input's format.
 

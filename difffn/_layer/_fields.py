@@ -2,13 +2,15 @@
 
 A layer class declares its fields like a dataclass. Each field has a kind:
 
-* ``learnable``: trained (MATLAB ``properties (Learnable)``), declared with :func:`learnable`;
-* ``state``: updated by ``predict``/``forward`` (MATLAB ``properties (State)``), :func:`state`;
+* ``learnable``: trained (MATLAB ``properties (Learnable)``), declared with
+  [`learnable`][difffn.learnable];
+* ``state``: updated by ``predict``/``forward`` (MATLAB ``properties (State)``),
+  [`state`][difffn.state];
 * ``property``: a plain field; hashable values are static configuration, arrays are leaves;
 * ``base``: the base properties every layer has (``name``, ``num_inputs``, ...).
 
 Learnable and state fields hold parameter values: an array, a pytree of arrays, ``None`` (not
-initialized yet) or, for learnables, a nested ``df.Network``. :func:`as_parameter` coerces and
+initialized yet) or, for learnables, a nested ``df.Network``. `as_parameter` coerces and
 checks one such value;
 ``NetworkBase`` lets this floor recognise a nested network without importing ``_network``.
 """

@@ -15,7 +15,7 @@ one. The method contract:
 Calling a layer (formats, the user's methods, their returns) lives in ``_layer_call.py``.
 
 Construction: every new layer object, from the class call or a copy (``replace``), passes
-:func:`_validate`, which checks what is new: parameter values, ports, hashability of static
+`_validate`, which checks what is new: parameter values, ports, hashability of static
 fields. Only the pytree unflatten (JAX's hot path) rebuilds a layer without it.
 
 Package-internal API (per class) ``_field_kinds``, ``_learnable_fields``, ``_state_fields``,
@@ -187,7 +187,7 @@ class Layer(metaclass=_LayerMeta):
     ``initialize``, ``forward``, ``reset_state`` and ``backward``. See the module docstring for
     the method contract and ``docs/layers.md`` for a guide.
 
-    Class attributes:
+    Attributes:
       formattable: ``False`` (default): ``predict`` receives plain arrays and its outputs take
         the input's format. ``True``: it receives and returns ``df.FormattedArray``.
       acceleratable: ``True`` (default): networks compile the layer into their trace. ``False``:
@@ -359,7 +359,7 @@ class Layer(metaclass=_LayerMeta):
     def _copy(self, changes: dict[str, Any], *, factors=None, assigned: bool = False) -> Self:
         """The one constructor of layer copies (``replace``, networks, factors, loading, state).
 
-        The copy is validated by :func:`_validate`, for what changed.
+        The copy is validated by `_validate`, for what changed.
 
         Args:
           changes: field name -> new value.

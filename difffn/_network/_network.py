@@ -449,7 +449,7 @@ class Network(NetworkBase):
     ) -> tuple[Any, ParameterTable]:
         """Outputs at training time and the updated state (MATLAB ``forward``).
 
-        ``mask`` is as for :meth:`predict`.
+        ``mask`` is as for `predict`.
 
         Returns:
           ``(outputs, state)``: one output or a tuple, and a ``ParameterTable`` of the new state

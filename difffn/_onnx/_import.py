@@ -107,7 +107,7 @@ def import_onnx(
 
 
 def import_model(path_or_model, *, placeholders=False, input_shapes=None, input_formats=None):
-    """``import_onnx``, returning an :class:`ImportResult`."""
+    """``import_onnx``, returning an `ImportResult`."""
     model = load_model(path_or_model)
     spec = _mapping_attention.fuse(read_graph(model))
     if input_formats is None:  # a file df.export_onnx wrote says its inputs' formats

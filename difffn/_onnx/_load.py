@@ -3,7 +3,8 @@
 The ``onnx`` package is imported here, lazily: ``import difffn`` never needs it. A model is read
 with protobuf (no code in it is ever run), external data is read only from files next to the
 model (no absolute paths, no ``..``), checked with ``onnx.checker``, and its shapes are inferred
-with ``onnx.shape_inference``. Every failure is a :class:`~difffn.ONNXImportError` that says what
+with ``onnx.shape_inference``. Every failure is a [`ONNXImportError`][difffn.ONNXImportError] that
+says what
 is wrong with the file and how to fix it.
 """
 

@@ -127,7 +127,7 @@ def _fsync_folder(folder: Path) -> None:
 
 
 def read(path: str | os.PathLike[str], kind: str | tuple[str, ...]) -> dict[str, Any]:
-    """Read and verify a container written by :func:`write`; returns its payload.
+    """Read and verify a container written by `write`; returns its payload.
 
     ``kind`` is the kind expected, or a tuple of the kinds accepted.
     """
@@ -215,8 +215,8 @@ def check_schema(value, schema, *, source: str, where: str = "the payload") -> N
     """Check a decoded payload against ``schema`` before anything reads it.
 
     A schema is a type or a tuple of types; a dict ``{key: schema}`` of required keys (others are
-    allowed); a one-item list ``[schema]`` for a list of such items; :class:`Optional` or
-    :class:`Each`. A file that passed its checksum but does not fit was written so (by another
+    allowed); a one-item list ``[schema]`` for a list of such items; `Optional` or
+    `Each`. A file that passed its checksum but does not fit was written so (by another
     program, or a difffn bug): a named error, never a ``KeyError`` deep in the reader.
 
     Raises:

@@ -11,7 +11,8 @@ output formats, the layer names and classes, the difffn and jax versions) to a d
 of kind ``"exported"`` (``_container.py``: msgpack, checksum, atomic write).
 
 The file holds StableHLO bytecode and data, never Python code or pickle:
-``df.load_exported(path)`` returns an :class:`ExportedNetwork` that runs without the network's
+``df.load_exported(path)`` returns an [`ExportedNetwork`][difffn.ExportedNetwork] that runs without
+the network's
 layer classes being importable. It uses the same export core (``_export.py``) as
 ``check_layer(..., check_export=True)``.
 """
@@ -177,7 +178,7 @@ def export(
 
 
 def load_exported(path: str | os.PathLike[str]) -> ExportedNetwork:
-    """Load a network written by :func:`export`; no layer class is imported or run.
+    """Load a network written by [`export`][difffn.export]; no layer class is imported or run.
 
     Raises:
       SerializationError: the file is damaged, not a difffn export, from a newer difffn, or
@@ -219,7 +220,8 @@ def load_exported(path: str | os.PathLike[str]) -> ExportedNetwork:
 
 
 class ExportedNetwork:
-    """A network loaded by :func:`load_exported`: its compiled predict, callable like ``predict``.
+    """A network loaded by [`load_exported`][difffn.load_exported]: its compiled predict, callable
+    like ``predict``.
 
     ``model(*inputs)`` takes one array per input (plain, or formatted with the input's format)
     with any size where the export's layout said ``None``; it returns the outputs like

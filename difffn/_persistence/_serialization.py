@@ -59,7 +59,7 @@ def save(path: str | os.PathLike[str], net: Network) -> Path:
 
 
 def load(path: str | os.PathLike[str], *, like: Network | None = None) -> Network:
-    """Load parameters saved by :func:`save` into a network of the same structure.
+    """Load parameters saved by [`save`][difffn.save] into a network of the same structure.
 
     ``like`` gives the structure (layer classes, names, connections); it may be uninitialized.
     ``path`` may also be a training checkpoint (``net_checkpoint__*.difffn``): its network is

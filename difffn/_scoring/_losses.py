@@ -19,8 +19,8 @@ over real steps of the per-step loss (MATLAB's ``Mask`` with ``NormalizationFact
 "mask-included"``, and ``trainnet``'s rule for padded sequences); ``"all-elements"`` divides by
 the real steps' elements. Note the two squared-error losses:
 
-* ``mse`` is MATLAB's half mean squared error, :math:`\frac{1}{2N}\sum (Y - T)^2`;
-* ``l2loss`` has no half, :math:`\frac{1}{N}\sum (Y - T)^2`.
+* ``mse`` is MATLAB's half mean squared error, $\frac{1}{2N}\sum (Y - T)^2$;
+* ``l2loss`` has no half, $\frac{1}{N}\sum (Y - T)^2$.
 
 ``trainnet`` and ``testnet`` accept these functions, their names (``"crossentropy"``,
 ``"index-crossentropy"``, ``"binary-crossentropy"``, ``"mse"``, ``"l1loss"``/``"mae"``,
@@ -84,7 +84,7 @@ def _observations(y) -> int:
 
 
 def _normalize(who: str, total, y, normalization: str, mask=None):
-    """``total`` normalized; with a ``mask`` (from :func:`_mask_of`), over the real steps."""
+    """``total`` normalized; with a ``mask`` (from `_mask_of`), over the real steps."""
     if normalization not in _NORMALIZATIONS:
         raise OptionsError(
             f"{who}: normalization must be one of {list(_NORMALIZATIONS)}; got {normalization!r}."
@@ -208,7 +208,7 @@ def _pick_class_log_probability(who: str, y, labels):
 def crossentropy(
     Y: Data, T: Data, *, normalization: str = "batch-size", mask: jax.Array | None = None
 ) -> jax.Array:
-    r"""Categorical cross-entropy :math:`-\frac{1}{N}\sum T \log Y` (MATLAB ``crossentropy``).
+    r"""Categorical cross-entropy $-\frac{1}{N}\sum T \log Y$ (MATLAB ``crossentropy``).
 
     ``Y`` holds probabilities (e.g. a softmax output); ``T`` is one-hot (``Y``'s shape) or
     integer class labels (``Y``'s shape without the ``C`` axis). Probabilities are bounded
@@ -283,7 +283,7 @@ def index_crossentropy(
 def binary_crossentropy(
     Y: Data, T: Data, *, normalization: str = "batch-size", mask: jax.Array | None = None
 ) -> jax.Array:
-    r"""Binary cross-entropy :math:`-\frac{1}{N}\sum T\log Y + (1-T)\log(1-Y)`.
+    r"""Binary cross-entropy $-\frac{1}{N}\sum T\log Y + (1-T)\log(1-Y)$.
 
     For independent (multi-label) probabilities, e.g. a sigmoid output; ``T`` holds 0/1 values
     of ``Y``'s shape.
@@ -304,7 +304,7 @@ def binary_crossentropy(
 
 
 def mse(Y: Data, T: Data, *, mask: jax.Array | None = None) -> jax.Array:
-    r"""MATLAB's half mean squared error :math:`\frac{1}{2N}\sum (Y - T)^2` (``N`` observations).
+    r"""MATLAB's half mean squared error $\frac{1}{2N}\sum (Y - T)^2$ (``N`` observations).
 
     Examples:
       >>> import jax.numpy as jnp
@@ -323,7 +323,7 @@ def mse(Y: Data, T: Data, *, mask: jax.Array | None = None) -> jax.Array:
 def l1loss(
     Y: Data, T: Data, *, normalization: str = "batch-size", mask: jax.Array | None = None
 ) -> jax.Array:
-    r"""Absolute error :math:`\frac{1}{N}\sum |Y - T|` (MATLAB ``l1loss``; trainnet ``"mae"``).
+    r"""Absolute error $\frac{1}{N}\sum |Y - T|$ (MATLAB ``l1loss``; trainnet ``"mae"``).
 
     Examples:
       >>> import jax.numpy as jnp
@@ -342,7 +342,7 @@ def l1loss(
 def l2loss(
     Y: Data, T: Data, *, normalization: str = "batch-size", mask: jax.Array | None = None
 ) -> jax.Array:
-    r"""Squared error :math:`\frac{1}{N}\sum (Y - T)^2` (MATLAB ``l2loss``; no half, unlike mse).
+    r"""Squared error $\frac{1}{N}\sum (Y - T)^2$ (MATLAB ``l2loss``; no half, unlike mse).
 
     Examples:
       >>> import jax.numpy as jnp
@@ -368,8 +368,8 @@ def huber(
 ) -> jax.Array:
     r"""Huber loss (MATLAB ``huber``), summed over elements and normalized.
 
-    Per element, with :math:`z = Y - T`: :math:`\frac{1}{2}z^2` where :math:`|z| \le \delta`,
-    else :math:`\delta(|z| - \frac{1}{2}\delta)`; :math:`\delta` is ``transition_point``.
+    Per element, with $z = Y - T$: $\frac{1}{2}z^2$ where $|z| \le \delta$,
+    else $\delta(|z| - \frac{1}{2}\delta)$; $\delta$ is ``transition_point``.
 
     Examples:
       >>> import jax.numpy as jnp

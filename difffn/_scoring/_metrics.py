@@ -6,7 +6,7 @@ validation set is scored as a whole (precision over all of it, not an average of
 precisions). All three are pure JAX and run inside ``jax.jit``. ``maximize`` says whether larger
 is better (used by ``objective_metric_name`` and ``output_network="best-validation"``).
 
-Conventions (as in :mod:`difffn._scoring._losses`): ``Y`` is formatted or plain
+Conventions (as in `df._scoring._losses`): ``Y`` is formatted or plain
 batch-first/classes-last; ``T`` is one-hot (or, for one output channel, 0/1) of ``Y``'s shape, or
 integer labels without the ``C`` axis.
 

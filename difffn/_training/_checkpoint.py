@@ -1,28 +1,29 @@
 """Checkpoints of ``trainnet``: find one to resume from, write them, and resume.
 
-``trainnet`` writes a checkpoint (:meth:`Writer.save`) after an iteration or a completed epoch
+``trainnet`` writes a checkpoint (`Writer.save`) after an iteration or a completed epoch
 when the unit matches ``checkpoint_frequency_unit`` and the count is a multiple of
-``checkpoint_frequency`` (:func:`due`), and one of the result when training ends
-(:meth:`Writer.save_final`), so that resuming a finished run returns its result.
+``checkpoint_frequency`` (`due`), and one of the result when training ends
+(`Writer.save_final`), so that resuming a finished run returns its result.
 
 A checkpoint is a difffn container (``_container.py``: msgpack, checksum, atomic write; never
 pickle, never code) of kind ``"checkpoint"`` named like MATLAB's,
 ``net_checkpoint__<iteration>__<yyyy_mm_dd__HH_MM_SS>.difffn``, holding the payload of a
-:class:`~difffn._training._state.TrainingState` (its schema is written and read in ``_state.py``)
+`TrainingState` (its schema is written and read in ``_state.py``)
 with a fingerprint of what the numbers depend on (``_fingerprint.py``), so that resuming with
 something else is a clear error rather than a silently different run.
 
 After a checkpoint is safely written (renamed into place and the folder fsync'ed), the oldest
 ones beyond ``checkpoint_keep`` are deleted. A write that fails (a full disk, a read-only folder)
-is a :class:`CheckpointWarning`: training goes on, and the older checkpoints stay as they were.
+is a [`CheckpointWarning`][difffn.CheckpointWarning]: training goes on, and the older checkpoints
+stay as they were.
 
 Resuming reads a file, or the newest valid checkpoint in a folder: a damaged newest checkpoint
 (truncated, corrupted, not a difffn file, from a newer difffn) is reported with a
-:class:`CheckpointWarning` and the previous good one is used.
+[`CheckpointWarning`][difffn.CheckpointWarning] and the previous good one is used.
 
 A multi-process run (``execution_environment="multi-host"``) writes its checkpoints through
 orbax instead, collectively (``_checkpoint_sharded``): folders ``<iteration>`` in
-``checkpoint_path``. :func:`find` reads either kind (the newer, when a folder holds both).
+``checkpoint_path``. `find` reads either kind (the newer, when a folder holds both).
 """
 
 from __future__ import annotations
@@ -113,7 +114,8 @@ class Writer:
         """Write a checkpoint of ``state``; return its path (None if it could not be written).
 
         A failed write (a full disk, a folder removed or read-only) warns with
-        :class:`CheckpointWarning` and returns None; the checkpoints written before are left as
+        [`CheckpointWarning`][difffn.CheckpointWarning] and returns None; the checkpoints written
+        before are left as
         they are.
         """
         self.iteration = state.iteration

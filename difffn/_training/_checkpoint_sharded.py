@@ -72,7 +72,7 @@ def _json_key(payload) -> dict:
 
 
 class ShardedWriter:
-    """Writes the checkpoints of one multi-process run (every process calls :meth:`save`).
+    """Writes the checkpoints of one multi-process run (every process calls [`save`][difffn.save]).
 
     The same interface as ``_checkpoint.Writer``.
     """
@@ -151,7 +151,7 @@ def steps(folder) -> list[int]:
 
 @dataclasses.dataclass(frozen=True)
 class ShardedCheckpoint(Checkpoint):
-    """A multi-process checkpoint: its progress read, its arrays read on :meth:`restore_arrays`."""
+    """A multi-process checkpoint: its progress read, its arrays read on `restore_arrays`."""
 
     folder: str = ""
     step: int = 0

@@ -1,9 +1,9 @@
 """``TrainingOptions``: MATLAB's ``trainingOptions``, in snake_case, with MATLAB's defaults.
 
-Every option is one row of :data:`OPTIONS`: its name, its default (per solver where the solvers
+Every option is one row of `OPTIONS`: its name, its default (per solver where the solvers
 differ), its validator, and what it affects: ``numbers`` (it changes a run's numbers, so a resume
-must not change it: the checkpoint fingerprint is :func:`fingerprint`) and ``step`` (it changes
-the solver, so it is part of the compiled step's cache key: :func:`step_key`). Nothing else lists
+must not change it: the checkpoint fingerprint is `fingerprint`) and ``step`` (it changes
+the solver, so it is part of the compiled step's cache key: `step_key`). Nothing else lists
 options: the valid names, the unknown-name suggestions, the per-solver defaults, ``repr``,
 ``replace``, the fingerprint and the step key all read the table, so adding a row is enough.
 
@@ -332,7 +332,7 @@ class TrainingOptions:
         transformation, the learning rate it was built with.
       learn_rate_schedule: ``"none"``, ``"piecewise"``, ``"warmup"``, ``"polynomial"``,
         ``"exponential"``, ``"cosine"``, ``"cyclical"``, a callable, or a sequence of them
-        (see :mod:`difffn._training._schedules`).
+        (see `df._training._schedules`).
       learn_rate_schedule_settings: settings of the named schedules, e.g.
         ``{"num_steps": 3}`` or ``{"warmup": {...}, "cosine": {"period": 20}}``.
       learn_rate_drop_factor, learn_rate_drop_period: the ``"piecewise"`` schedule's drop

@@ -3,18 +3,18 @@ r"""Solvers: MATLAB's SGDM, Adam and RMSProp as optax transformations, and the c
 MATLAB's update rules, which these follow exactly (``α`` learn rate times the parameter's
 learn-rate factor, ``g`` the gradient, ``t`` the iteration from 1):
 
-* SGDM: :math:`v \leftarrow \gamma v - \alpha g,\ \theta \leftarrow \theta + v`. The velocity
+* SGDM: $v \leftarrow \gamma v - \alpha g,\ \theta \leftarrow \theta + v$. The velocity
   accumulates learn-rate-scaled steps, so a learn-rate change affects only new steps (unlike
   ``optax.sgd``'s momentum, which scales the whole velocity). Built as
   ``chain(scale_by_learn_rate, optax.trace(γ))``.
-* Adam: :math:`m \leftarrow \beta_1 m + (1-\beta_1) g,\ v \leftarrow \beta_2 v + (1-\beta_2) g^2,\
-  \theta \leftarrow \theta - \alpha \frac{m / (1-\beta_1^t)}{\sqrt{v / (1-\beta_2^t)} + \epsilon}`
+* Adam: $m \leftarrow \beta_1 m + (1-\beta_1) g,\ v \leftarrow \beta_2 v + (1-\beta_2) g^2,\
+  \theta \leftarrow \theta - \alpha \frac{m / (1-\beta_1^t)}{\sqrt{v / (1-\beta_2^t)} + \epsilon}$
   (``optax.scale_by_adam``).
-* RMSProp: :math:`v \leftarrow \beta_2 v + (1-\beta_2) g^2,\
-  \theta \leftarrow \theta - \alpha \frac{g}{\sqrt{v} + \epsilon}` (``optax.scale_by_rms`` with
+* RMSProp: $v \leftarrow \beta_2 v + (1-\beta_2) g^2,\
+  \theta \leftarrow \theta - \alpha \frac{g}{\sqrt{v} + \epsilon}$ (``optax.scale_by_rms`` with
   ``eps_in_sqrt=False`` and no bias correction; optax's default puts ε under the root).
 
-``trainnet`` chains, in this order: coupled L2 regularization (:math:`g + \lambda f_{L2} W`, for
+``trainnet`` chains, in this order: coupled L2 regularization ($g + \lambda f_{L2} W$, for
 every solver), gradient clipping, then the solver with per-parameter learn-rate factors. The
 learn rate is an extra argument of ``update`` (``learn_rate=``), so schedules need no
 re-compilation.
@@ -222,7 +222,7 @@ def training_transform(options, lr_factors, l2_factors) -> optax.GradientTransfo
     """L2 regularization, clipping and the solver, as trainnet applies them.
 
     ``options.solver`` is a name, or any optax transformation: it then takes the place of the
-    solver, with the same L2, clipping and learn-rate factors (:func:`drive_learn_rate`).
+    solver, with the same L2, clipping and learn-rate factors (`drive_learn_rate`).
     """
     if isinstance(options.solver, optax.GradientTransformation):
         chosen = drive_learn_rate(options.solver, lr_factors)
@@ -405,8 +405,8 @@ def sgdmupdate(
     learn_rate: float = 0.01,
     momentum: float = 0.9,
 ) -> tuple[_Params, PyTree]:
-    r"""One SGDM step (MATLAB ``sgdmupdate``): :math:`v \leftarrow \gamma v - \alpha g`,
-    :math:`\theta \leftarrow \theta + v`.
+    r"""One SGDM step (MATLAB ``sgdmupdate``): $v \leftarrow \gamma v - \alpha g$,
+    $\theta \leftarrow \theta + v$.
 
     Args:
       net: a ``df.Network`` (its learnables are updated, each with its learn-rate factor), a
@@ -454,9 +454,9 @@ def adamupdate(
 ) -> tuple[_Params, PyTree, PyTree]:
     r"""One Adam step (MATLAB ``adamupdate``), with bias correction by ``iteration`` (from 1).
 
-    :math:`m \leftarrow \beta_1 m + (1-\beta_1) g`, :math:`v \leftarrow \beta_2 v + (1-\beta_2)
-    g^2`, :math:`\theta \leftarrow \theta - \alpha \hat m / (\sqrt{\hat v} + \epsilon)` with
-    :math:`\hat m = m / (1 - \beta_1^t)`, :math:`\hat v = v / (1 - \beta_2^t)`.
+    $m \leftarrow \beta_1 m + (1-\beta_1) g$, $v \leftarrow \beta_2 v + (1-\beta_2)
+    g^2$, $\theta \leftarrow \theta - \alpha \hat m / (\sqrt{\hat v} + \epsilon)$ with
+    $\hat m = m / (1 - \beta_1^t)$, $\hat v = v / (1 - \beta_2^t)$.
 
     Args:
       net, grad: as for ``sgdmupdate``.
@@ -521,8 +521,8 @@ def rmspropupdate(
     squared_gradient_decay_factor: float = 0.9,
     epsilon: float = 1e-08,
 ) -> tuple[_Params, PyTree]:
-    r"""One RMSProp step (MATLAB ``rmspropupdate``): :math:`v \leftarrow \beta_2 v + (1-\beta_2)
-    g^2`, :math:`\theta \leftarrow \theta - \alpha g / (\sqrt{v} + \epsilon)`.
+    r"""One RMSProp step (MATLAB ``rmspropupdate``): $v \leftarrow \beta_2 v + (1-\beta_2)
+    g^2$, $\theta \leftarrow \theta - \alpha g / (\sqrt{v} + \epsilon)$.
 
     Args:
       net, grad: as for ``sgdmupdate``.

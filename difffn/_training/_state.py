@@ -1,10 +1,10 @@
 """A training run's progress (``TrainingState``), its history and result, and their checkpoint form.
 
-All progress lives in a :class:`TrainingState` (network leaves, optimizer state, iteration,
+All progress lives in a `TrainingState` (network leaves, optimizer state, iteration,
 epoch, position in the epoch, PRNG key, the epoch's data order, best-validation bookkeeping,
 history), so a run can be checkpointed and resumed exactly. The checkpoint payload is one schema,
-written (:meth:`TrainingState.to_payload`) and read (:class:`Checkpoint`,
-:meth:`TrainingState.restore`) in this file: the network (as ``df.save`` writes it, so
+written (`TrainingState.to_payload`) and read (`Checkpoint`,
+`TrainingState.restore`) in this file: the network (as ``df.save`` writes it, so
 ``df.load`` reads a checkpoint's network), the optimizer state (leaves by their pytree paths),
 iteration, epoch, mini-batches done in the epoch, the epoch's data order, the step key and the
 shuffle seeds, best-validation bookkeeping, history rows, elapsed time, why training stopped,
@@ -458,7 +458,7 @@ def tree_payload(tree) -> dict[str, Any]:
 
 
 def restore_tree(data: dict[str, Any], template, *, what: str, source: str, fix: str):
-    """The arrays of a :func:`tree_payload` in the structure of ``template`` (checked first)."""
+    """The arrays of a `tree_payload` in the structure of ``template`` (checked first)."""
     expected = jax.tree_util.tree_flatten_with_path(template)[0]
     paths, shapes, dtypes = data["paths"], data["shapes"], data["dtypes"]
     if not len(paths) == len(shapes) == len(dtypes) == len(data["values"]):
@@ -507,7 +507,7 @@ def key_payload(key) -> dict[str, Any]:
 
 
 def restore_key(data: dict[str, Any]):
-    """The key of a :func:`key_payload`."""
+    """The key of a `key_payload`."""
     if data["impl"] is None:
         return jnp.asarray(data["data"])
     return jax.random.wrap_key_data(jnp.asarray(data["data"]), impl=data["impl"])

@@ -1,6 +1,6 @@
 """``trainnet``: MATLAB's training loop, one compiled step per iteration.
 
-``trainnet`` checks its arguments and hands a :class:`_Run` the data source (``_sources``), the
+``trainnet`` checks its arguments and hands a `_Run` the data source (``_sources``), the
 network, the loss and the options. The run sets up (input statistics, initialization, the resume
 checks of ``_checkpoint``, the compiled steps of ``_step``, a fresh ``TrainingState`` of
 ``_state``) and then loops: epochs of mini-batches, each one step whose results stay on the
@@ -128,7 +128,7 @@ def trainnet(
 
     Returns:
       ``(net, info)``: the trained network (per ``output_network``) and a
-      :class:`TrainingInfo`.
+      [`TrainingInfo`][difffn.TrainingInfo].
 
     Raises:
       OptionsError: bad arguments (the message says which and how to fix it).

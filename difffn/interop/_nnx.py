@@ -26,7 +26,7 @@ def _is_variable(x) -> bool:
 
 
 class NNXNetwork(nnx.Module):
-    """A ``df.Network`` as an ``nnx.Module`` (made by :func:`to_nnx`).
+    """A ``df.Network`` as an ``nnx.Module`` (made by [`to_nnx`][difffn.interop.to_nnx]).
 
     Attributes:
       network: the network, with nnx variables as its leaves: ``nnx.Param`` for learnables,
@@ -121,7 +121,7 @@ def to_nnx(net: Network, *, rngs: Any = None, deterministic: bool = False) -> NN
       deterministic: start in inference mode.
 
     Returns:
-      An :class:`NNXNetwork`.
+      An [`NNXNetwork`][difffn.interop.NNXNetwork].
 
     Raises:
       NetworkError: ``net`` is not an initialized network, or ``rngs`` is of another type.

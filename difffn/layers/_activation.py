@@ -84,7 +84,7 @@ class ClippedReLU(Layer):
 class ELU(Layer):
     r"""Exponential linear unit (MATLAB's ``eluLayer``); any format.
 
-    :math:`y = x` for :math:`x > 0`, :math:`\alpha (e^x - 1)` otherwise. ``alpha`` is a fixed
+    $y = x$ for $x > 0$, $\alpha (e^x - 1)$ otherwise. ``alpha`` is a fixed
     (not learnable) positive number, default 1, as in MATLAB.
 
     Examples:
@@ -112,7 +112,7 @@ class ELU(Layer):
 
 
 class GELU(Layer):
-    r"""Gaussian error linear unit, :math:`x \Phi(x)` (MATLAB's ``geluLayer``); any format.
+    r"""Gaussian error linear unit, $x \Phi(x)$ (MATLAB's ``geluLayer``); any format.
 
     Args:
       approximation: ``"none"`` (default: exact, with ``erf``) or ``"tanh"``.
@@ -134,7 +134,7 @@ class GELU(Layer):
 
 
 class Swish(Layer):
-    r"""Swish, :math:`x \sigma(x)` (MATLAB's ``swishLayer``); any format.
+    r"""Swish, $x \sigma(x)$ (MATLAB's ``swishLayer``); any format.
 
     Examples:
       >>> import jax.numpy as jnp
@@ -148,7 +148,7 @@ class Swish(Layer):
 
 
 class Sigmoid(Layer):
-    r"""Logistic sigmoid, :math:`1 / (1 + e^{-x})` (MATLAB's ``sigmoidLayer``); any format.
+    r"""Logistic sigmoid, $1 / (1 + e^{-x})$ (MATLAB's ``sigmoidLayer``); any format.
 
     Examples:
       >>> import jax.numpy as jnp

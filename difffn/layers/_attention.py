@@ -38,10 +38,10 @@ _FORMAT = "a 'C' axis, one 'T' or one 'S' axis and optionally 'B' (e.g. 'BTC', '
 class SelfAttention(Layer):
     r"""Multi-head self-attention (MATLAB's ``selfAttentionLayer``), on ``df.ops.attention``.
 
-    The layer projects its input :math:`X` to queries :math:`X W_Q + b_Q`, keys
-    :math:`X W_K + b_K` and values :math:`X W_V + b_V`, runs ``num_heads``-head scaled
-    dot-product attention (``df.ops.attention``, scale :math:`1/\sqrt{d}` with ``d`` the key
-    channels per head) and projects the concatenated heads: :math:`Y = A W_O + b_O`.
+    The layer projects its input $X$ to queries $X W_Q + b_Q$, keys
+    $X W_K + b_K$ and values $X W_V + b_V$, runs ``num_heads``-head scaled
+    dot-product attention (``df.ops.attention``, scale $1/\sqrt{d}$ with ``d`` the key
+    channels per head) and projects the concatenated heads: $Y = A W_O + b_O$.
 
     Input: a ``C`` axis, exactly one ``T`` or one ``S`` axis (the positions that attend to each
     other) and optionally ``B``, in any order; a plain input is ``(batch, time, channels)``.

@@ -259,9 +259,9 @@ class PositionEmbedding(_Table):
 class SinusoidalPositionEncoding(Layer):
     r"""Fixed sinusoidal position encoding (MATLAB's ``sinusoidalPositionEncodingLayer``).
 
-    For a position :math:`p` and channels :math:`k = 0 .. d/2 - 1` (``d = output_size``):
-    channel :math:`2k` is :math:`\sin(p / 10000^{2k/d})` and channel :math:`2k + 1` is
-    :math:`\cos(p / 10000^{2k/d})` ("Attention is all you need", section 3.5). With index
+    For a position $p$ and channels $k = 0 .. d/2 - 1$ (``d = output_size``):
+    channel $2k$ is $\sin(p / 10000^{2k/d})$ and channel $2k + 1$ is
+    $\cos(p / 10000^{2k/d})$ ("Attention is all you need", section 3.5). With index
     positions the output has the input's format with ``d`` channels, the same for every
     observation (add it to the input with ``Addition``); positions are ``0 .. length - 1``.
     With ``positions="data-values"`` the input's values are the positions: a ``C`` axis of size

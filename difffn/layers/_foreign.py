@@ -33,7 +33,7 @@ class ForeignModule(Layer):
     """Base of ``FromNNX`` and ``FromEquinox`` (never used alone).
 
     A subclass's hand-written ``__init__`` takes the module apart and ends with
-    :meth:`_finish_init`; ``structure`` holds what it keeps of the module (``module_type``,
+    `_finish_init`; ``structure`` holds what it keeps of the module (``module_type``,
     ``random``).
     """
 

@@ -31,7 +31,7 @@ def _input_size(layer, layout) -> int:
 
 
 class FullyConnected(WeightsAndBias):
-    r"""Fully connected layer, :math:`y = x W + b` (MATLAB's ``fullyConnectedLayer``).
+    r"""Fully connected layer, $y = x W + b$ (MATLAB's ``fullyConnectedLayer``).
 
     The ``S``, ``C`` and ``U`` axes are flattened into ``C`` in storage order (row-major, the last
     axis fastest) and ``B`` and ``T`` are kept, in their order: ``"BSSC" -> "BC"``,

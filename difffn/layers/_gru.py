@@ -24,13 +24,13 @@ class GRU(_Recurrent):
     output every step (``"sequence"``, the input's format with ``H`` channels) or the last
     (``"last"``, without ``T``).
 
-    With the blocks of ``H`` in MATLAB's order (reset :math:`r`, update :math:`z`, candidate):
-    :math:`r_t = \sigma(x_t W_r + h_{t-1} R_r + b_r)`,
-    :math:`z_t = \sigma(x_t W_z + h_{t-1} R_z + b_z)`,
-    :math:`h_t = (1 - z_t) \odot \tilde h_t + z_t \odot h_{t-1}`, with the candidate
-    :math:`\tilde h_t` given by ``reset_gate_mode`` (see ``df.ops.gru``):
-    ``"after-multiplication"`` (default) :math:`\tanh(x_t W_h + b_h + r_t \odot (h_{t-1} R_h))`,
-    ``"before-multiplication"`` :math:`\tanh(x_t W_h + b_h + (r_t \odot h_{t-1}) R_h)`, or
+    With the blocks of ``H`` in MATLAB's order (reset $r$, update $z$, candidate):
+    $r_t = \sigma(x_t W_r + h_{t-1} R_r + b_r)$,
+    $z_t = \sigma(x_t W_z + h_{t-1} R_z + b_z)$,
+    $h_t = (1 - z_t) \odot \tilde h_t + z_t \odot h_{t-1}$, with the candidate
+    $\tilde h_t$ given by ``reset_gate_mode`` (see ``df.ops.gru``):
+    ``"after-multiplication"`` (default) $\tanh(x_t W_h + b_h + r_t \odot (h_{t-1} R_h))$,
+    ``"before-multiplication"`` $\tanh(x_t W_h + b_h + (r_t \odot h_{t-1}) R_h)$, or
     ``"recurrent-bias-after-multiplication"``, which adds recurrent biases (``bias`` has ``6H``
     values: input biases, then recurrent biases).
 

@@ -6,8 +6,8 @@ An initializer is a name or a function ``fn(key, shape, dtype) -> array`` (the s
 ========================= ==================================================================
 name                      values
 ========================= ==================================================================
-``"glorot"``              uniform on :math:`\pm\sqrt{6 / (n_{in} + n_{out})}` (Xavier)
-``"he"``                  normal, mean 0, standard deviation :math:`\sqrt{2 / n_{in}}`
+``"glorot"``              uniform on $\pm\sqrt{6 / (n_{in} + n_{out})}$ (Xavier)
+``"he"``                  normal, mean 0, standard deviation $\sqrt{2 / n_{in}}$
 ``"narrow-normal"``       normal, mean 0, standard deviation 0.01
 ``"orthogonal"``          an orthogonal matrix: the Q of the QR decomposition of a unit-normal one
 ``"zeros"``, ``"ones"``   constants

@@ -117,20 +117,20 @@ class BatchNorm(_PerChannel):
     Works on any format with a ``C`` axis (``"BSSC"``, ``"BC"``, ``"BTC"``, ...); the output has the
     input's format. A plain input has its channels on the last axis.
 
-    Training (``forward``) normalizes with the mini-batch statistics :math:`\mu_B, \sigma_B^2`
+    Training (``forward``) normalizes with the mini-batch statistics $\mu_B, \sigma_B^2$
     (the biased variance, over every axis but ``C``):
-    :math:`y = \gamma (x - \mu_B) / \sqrt{\sigma_B^2 + \epsilon} + \beta`, and returns the
+    $y = \gamma (x - \mu_B) / \sqrt{\sigma_B^2 + \epsilon} + \beta$, and returns the
     updated running statistics with MATLAB's rule
     ``trained_mean = mean_decay * mu_B + (1 - mean_decay) * trained_mean`` and
     ``trained_variance = variance_decay * s2 + (1 - variance_decay) * trained_variance``, where
-    ``s2`` is the **unbiased** batch variance :math:`\sigma_B^2 \cdot m / (m - 1)` (``m`` values
+    ``s2`` is the **unbiased** batch variance $\sigma_B^2 \cdot m / (m - 1)$ (``m`` values
     per channel; ``s2 = sigma_B^2`` when ``m = 1``). MATLAB's documentation gives the update
     rule without naming the estimator; the unbiased one is the batch-normalization paper's
     estimate of the population variance, also used by PyTorch. Inference (``predict``)
     normalizes with ``trained_mean`` and ``trained_variance`` and returns them unchanged. The
     running statistics carry no gradient and keep their dtype.
 
-    Learnables ``offset`` (:math:`\beta`, zeros) and ``scale`` (:math:`\gamma`, ones); state
+    Learnables ``offset`` ($\beta$, zeros) and ``scale`` ($\gamma$, ones); state
     ``trained_mean`` (zeros) and ``trained_variance`` (ones); all of shape ``(C,)``.
 
     Args:
@@ -243,7 +243,7 @@ class BatchNorm(_PerChannel):
 
 
 _COMMON_ARGS = """
-      offset, scale: :math:`\\beta` and :math:`\\gamma`, shape ``(C,)``; ``None`` until
+      offset, scale: $\\beta$ and $\\gamma$, shape ``(C,)``; ``None`` until
         ``initialize``.
       offset_initializer: ``"zeros"`` (default), ``"ones"``, ``"narrow-normal"`` or a function.
       scale_initializer: ``"ones"`` (default), ``"zeros"``, ``"narrow-normal"`` or a function.

@@ -260,10 +260,10 @@ class LSTM(_LSTMFields):
     the input's format with ``num_hidden_units`` channels (``"BTC" -> "BTC"``); with ``"last"``
     the last time step, the input's format without ``T`` (``"BTC" -> "BC"``).
 
-    With :math:`z = x_t W + h_{t-1} R + b` split into four blocks of ``num_hidden_units`` in
-    MATLAB's gate order (input :math:`i`, forget :math:`f`, cell candidate :math:`g`, output
-    :math:`o`): :math:`c_t = \sigma(f) c_{t-1} + \sigma(i) \tanh(g)`,
-    :math:`h_t = \sigma(o) \tanh(c_t)` (:math:`\sigma`, :math:`\tanh`: the gate and state
+    With $z = x_t W + h_{t-1} R + b$ split into four blocks of ``num_hidden_units`` in
+    MATLAB's gate order (input $i$, forget $f$, cell candidate $g$, output
+    $o$): $c_t = \sigma(f) c_{t-1} + \sigma(i) \tanh(g)$,
+    $h_t = \sigma(o) \tanh(c_t)$ ($\sigma$, $\tanh$: the gate and state
     activations).
 
     Learnables: ``input_weights`` ``(input_size, 4H)``, ``recurrent_weights`` ``(H, 4H)``,
@@ -331,7 +331,8 @@ class BiLSTM(_LSTMFields):
 
     Two LSTMs read the sequence, one forward in time and one backward, and their hidden states
     are concatenated along ``C``: forward first, then backward (``2H`` channels). Formats and
-    ``output_mode`` as :class:`LSTM`; with ``output_mode="last"`` the output is the final
+    ``output_mode`` as [`LSTM`][difffn.layers.LSTM]; with ``output_mode="last"`` the output is the
+    final
     hidden state of each direction (the forward LSTM's after the last step, the backward
     LSTM's after the first), which is also the new ``hidden_state``.
 
@@ -339,14 +340,15 @@ class BiLSTM(_LSTMFields):
     ``bias`` ``(8H,)``: the forward direction's four gate blocks, then the backward
     direction's (MATLAB's ``8H x input_size`` and ``8H x H`` transposed, the same order).
     State: ``hidden_state`` and ``cell_state`` ``(batch, 2H)``, forward then backward; they
-    start as zeros ``(1, 2H)``, as :class:`LSTM`'s. Each direction starts from its half of the
+    start as zeros ``(1, 2H)``, as [`LSTM`][difffn.layers.LSTM]'s. Each direction starts from its
+    half of the
     state (MATLAB's rule), so a carried state is not "the same sequence continued" for the
     backward direction.
 
     Args:
       num_hidden_units: ``H``, per direction.
       output_mode: ``"sequence"`` (default) or ``"last"``.
-      state_activation_function, gate_activation_function: as :class:`LSTM`.
+      state_activation_function, gate_activation_function: as [`LSTM`][difffn.layers.LSTM].
       input_weights, recurrent_weights, bias, hidden_state, cell_state: as above; ``None``
         until ``initialize``.
       bias_initializer: ``"unit-forget-gate"`` (default; both directions), ``"zeros"``,

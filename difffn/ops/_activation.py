@@ -63,7 +63,7 @@ def clipped_relu(x: Data, ceiling: float, *, fmt: str | None = None) -> Output:
 
 
 def elu(x: Data, alpha: float = 1.0, *, fmt: str | None = None) -> Output:
-    r"""Exponential linear unit: ``x`` where positive, :math:`\alpha (e^x - 1)` elsewhere.
+    r"""Exponential linear unit: ``x`` where positive, $\alpha (e^x - 1)$ elsewhere.
 
     Examples:
       >>> import jax.numpy as jnp
@@ -76,12 +76,12 @@ def elu(x: Data, alpha: float = 1.0, *, fmt: str | None = None) -> Output:
 
 
 def gelu(x: Data, *, approximation: str = "none", fmt: str | None = None) -> Output:
-    r"""Gaussian error linear unit, :math:`x \Phi(x)` (MATLAB's ``gelu``).
+    r"""Gaussian error linear unit, $x \Phi(x)$ (MATLAB's ``gelu``).
 
     Args:
       x: any array; the format is kept.
       approximation: ``"none"`` (default: the exact form with ``erf``) or ``"tanh"``
-        (:math:`\frac{x}{2}(1 + \tanh(\sqrt{2/\pi}(x + 0.044715 x^3)))`).
+        ($\frac{x}{2}(1 + \tanh(\sqrt{2/\pi}(x + 0.044715 x^3)))$).
       fmt: the format of a plain ``x`` (only checked).
 
     Examples:
@@ -99,7 +99,7 @@ def gelu(x: Data, *, approximation: str = "none", fmt: str | None = None) -> Out
 
 
 def swish(x: Data, *, fmt: str | None = None) -> Output:
-    r"""Swish, :math:`x \sigma(x)` (MATLAB's ``swishLayer``).
+    r"""Swish, $x \sigma(x)$ (MATLAB's ``swishLayer``).
 
     Examples:
       >>> import jax.numpy as jnp
@@ -111,7 +111,7 @@ def swish(x: Data, *, fmt: str | None = None) -> Output:
 
 
 def sigmoid(x: Data, *, fmt: str | None = None) -> Output:
-    r"""Logistic sigmoid, :math:`1 / (1 + e^{-x})` (MATLAB's ``sigmoid``).
+    r"""Logistic sigmoid, $1 / (1 + e^{-x})$ (MATLAB's ``sigmoid``).
 
     Examples:
       >>> import jax.numpy as jnp

@@ -234,7 +234,8 @@ def conv_transpose(
     cropping: Any = 0,
     fmt: str | None = None,
 ) -> Output:
-    r"""Transposed convolution (MATLAB's ``dltranspconv``): the adjoint of :func:`conv`.
+    r"""Transposed convolution (MATLAB's ``dltranspconv``): the adjoint of
+    [`conv`][difffn.ops.conv].
 
     ``conv_transpose(x, w)`` is the gradient of ``conv(y, w)`` with respect to ``y`` (before
     cropping): each input value spreads ``w`` over the output, ``stride`` apart. Output size per
@@ -242,7 +243,7 @@ def conv_transpose(
 
     Args:
       x: a ``df.FormattedArray`` with a ``C`` axis, or a plain array with ``fmt``; the window
-        axes are chosen as in :func:`conv`.
+        axes are chosen as in [`conv`][difffn.ops.conv].
       weights: ``(*window, num_filters, in_channels)`` (MATLAB's
         ``filterSize x numFilters x numChannels``: the output channels come first).
       bias: ``(num_filters,)``, a scalar, or ``None``.

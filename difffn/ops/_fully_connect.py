@@ -13,7 +13,7 @@ from ._common import pack, plain, unpack, who
 def fully_connect(
     x: Data, weights: Data, bias: Data | None = None, *, fmt: str | None = None
 ) -> Output:
-    r"""Fully connected operation, :math:`y = x W + b`, per observation and time step.
+    r"""Fully connected operation, $y = x W + b$, per observation and time step.
 
     The ``S``, ``C`` and ``U`` axes are flattened into one ``C`` axis in storage order (row-major)
     and ``B`` and ``T`` are kept in their order: ``"BSSC" -> "BC"``, ``"BC" -> "BC"``,

@@ -1,8 +1,8 @@
 r"""Normalization: ``batchnorm``, ``layernorm``, ``groupnorm`` and ``instancenorm``.
 
-Every one computes :math:`y = \gamma (x - \mu) / \sqrt{\sigma^2 + \epsilon} + \beta` with a
-per-channel offset :math:`\beta` and scale :math:`\gamma`; they differ in the axes that the mean
-:math:`\mu` and the biased variance :math:`\sigma^2` are taken over (MATLAB's functions of the
+Every one computes $y = \gamma (x - \mu) / \sqrt{\sigma^2 + \epsilon} + \beta$ with a
+per-channel offset $\beta$ and scale $\gamma$; they differ in the axes that the mean
+$\mu$ and the biased variance $\sigma^2$ are taken over (MATLAB's functions of the
 same names).
 """
 
@@ -65,7 +65,7 @@ def batchnorm(
 
     Args:
       x: a ``df.FormattedArray`` with a ``C`` axis, or a plain array with ``fmt``.
-      offset, scale: :math:`\beta` and :math:`\gamma`, one value per channel (any shape).
+      offset, scale: $\beta$ and $\gamma$, one value per channel (any shape).
       mean, variance: running (or trained) statistics, one value per channel, or ``None``.
       training: update ``mean`` and ``variance`` with the batch's (see above).
       epsilon: added to the variance; default 1e-5.
@@ -160,7 +160,7 @@ def layernorm(
 
     Args:
       x: a ``df.FormattedArray`` with a ``C`` axis, or a plain array with ``fmt``.
-      offset, scale: :math:`\beta` and :math:`\gamma`, one value per channel.
+      offset, scale: $\beta$ and $\gamma$, one value per channel.
       epsilon: added to the variance; default 1e-5.
       operation_dimension: see above.
       fmt: the format of a plain ``x``.
@@ -221,7 +221,7 @@ def groupnorm(
       x: a ``df.FormattedArray`` with a ``C`` axis, or a plain array with ``fmt``.
       num_groups: a positive int that divides the channels, ``"all-channels"`` (one group) or
         ``"channel-wise"`` (one group per channel: instance normalization).
-      offset, scale: :math:`\beta` and :math:`\gamma`, one value per channel.
+      offset, scale: $\beta$ and $\gamma$, one value per channel.
       epsilon: added to the variance; default 1e-5.
       fmt: the format of a plain ``x``.
 
@@ -301,7 +301,7 @@ def instancenorm(
 
     Args:
       x: a ``df.FormattedArray`` with a ``C`` axis, or a plain array with ``fmt``.
-      offset, scale: :math:`\beta` and :math:`\gamma`, one value per channel.
+      offset, scale: $\beta$ and $\gamma$, one value per channel.
       epsilon: added to the variance; default 1e-5.
       fmt: the format of a plain ``x``.
 

@@ -53,7 +53,8 @@ def max_pool(
 
     Args:
       x: a ``df.FormattedArray``, or a plain array with ``fmt``. The window slides over the
-        ``S`` axes (over ``T`` for sequences without ``S``), as :func:`conv` chooses them.
+        ``S`` axes (over ``T`` for sequences without ``S``), as [`conv`][difffn.ops.conv] chooses
+        them.
       pool_size: an int (every window axis), one int per window axis, or ``"global"`` (the
         maximum over all of them; each becomes size 1, as MATLAB's ``maxpool(X, "global")``).
       stride: an int or one per window axis; default 1.
@@ -104,11 +105,11 @@ def avg_pool(
 
     Args:
       x: a ``df.FormattedArray``, or a plain array with ``fmt``; the window axes are chosen as
-        in :func:`max_pool`.
+        in [`max_pool`][difffn.ops.max_pool].
       pool_size: an int, one int per window axis, or ``"global"`` (the mean over all of them;
         each becomes size 1).
       stride: an int or one per window axis; default 1.
-      padding: as in :func:`max_pool`.
+      padding: as in [`max_pool`][difffn.ops.max_pool].
       padding_value: ``0`` (default: padded values count as zeros, every window divides by its
         full size) or ``"mean"`` (padding is left out: each window averages its input values
         only).
