@@ -139,7 +139,7 @@ def test_the_gallery_shows_every_example_with_its_output(site, pages):
         sha = recorded / "source.sha256"
         if not sha.exists() or sha.read_text().strip() != digest:
             stale.append(script.stem)
-        assert f"python examples/{script.name}" in text, f"{script.name}: no recorded output"
+        assert f"$ python examples/{script.name}" in text, f"{script.name}: no recorded output"
     assert not stale, f"outputs recorded from older scripts: {stale}. Fix: python tools/gallery.py"
 
 

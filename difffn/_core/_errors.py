@@ -115,3 +115,10 @@ class MissingDependencyError(Error, ImportError):
 def type_name(obj: object) -> str:
     """The name of ``obj``'s class, for messages (``'SReLUFunction'``)."""
     return type(obj).__name__
+
+
+# Tracebacks, reprs and pickles name the errors as users import them (``difffn.FormatError``),
+# not by this private module; each is exported by ``difffn/__init__.py``.
+for _error in [v for v in list(globals().values()) if isinstance(v, type) and issubclass(v, Error)]:
+    _error.__module__ = "difffn"
+del _error

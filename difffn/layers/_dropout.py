@@ -23,11 +23,10 @@ class Dropout(Layer):
     Examples:
       >>> import jax, jax.numpy as jnp
       >>> import difffn as df
-      >>> from difffn._layer._layer_call import call_layer
       >>> layer = df.layers.Dropout(0.5)
       >>> layer(jnp.ones(4))
       Array([1., 1., 1., 1.], dtype=float32)
-      >>> (y,), _ = call_layer(layer, (jnp.ones(1000),), training=True, key=jax.random.key(0))
+      >>> y = layer.forward(jnp.ones(1000), key=jax.random.key(0))  # training
       >>> sorted(set(y.tolist())), bool(abs(y.mean() - 1) < 0.1)
       ([0.0, 2.0], True)
     """

@@ -147,13 +147,12 @@ class BatchNorm(_PerChannel):
     Examples:
       >>> import jax, jax.numpy as jnp
       >>> import difffn as df
-      >>> from difffn._layer._layer_call import call_layer
       >>> layer = df.layers.BatchNorm()
       >>> layer = layer.initialize(df.Layout((None, 2), "BC"), key=jax.random.key(0))
       >>> layer.trained_mean, layer.trained_variance
       (Array([0., 0.], dtype=float32), Array([1., 1.], dtype=float32))
       >>> x = df.dlarray(jnp.array([[0.0, 10.0], [2.0, 30.0]]), "BC")
-      >>> (y,), (mean, variance) = call_layer(layer, (x,), training=True)  # forward
+      >>> y, mean, variance = layer.forward(x)  # training: the batch statistics
       >>> jnp.round(y.data, 4)
       Array([[-1., -1.],
              [ 1.,  1.]], dtype=float32)
