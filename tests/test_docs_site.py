@@ -116,7 +116,12 @@ def test_every_internal_link_and_anchor_resolves(site, pages):
             parts = urlsplit(href)
             if parts.scheme or parts.netloc or href.startswith("mailto:"):
                 continue
-            target = (path.parent / unquote(parts.path)).resolve() if parts.path else path
+            if not parts.path:
+                target = path
+            elif parts.path.startswith("/"):  # the 404 page links from the site's root
+                target = site / unquote(parts.path).lstrip("/")
+            else:
+                target = (path.parent / unquote(parts.path)).resolve()
             if target.is_dir():
                 target = target / "index.html"
             if not target.exists():
