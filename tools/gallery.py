@@ -43,7 +43,8 @@ def run(script: Path) -> None:
     if result.returncode != 0:
         raise SystemExit(f"{script.name} failed:\n{result.stdout[-2000:]}{result.stderr[-2000:]}")
     command = f"$ python examples/{script.name}{' ' + ' '.join(args) if args else ''}\n"
-    (out / "output.txt").write_text(command + result.stdout)
+    printed = result.stdout.replace(str(ROOT) + os.sep, "")  # paths as in a clone
+    (out / "output.txt").write_text(command + printed)
     (out / "source.sha256").write_text(source_hash(script) + "\n")
     print(f"{script.name}: {len(result.stdout.splitlines())} lines, "
           f"{len(list(out.glob('*.png')))} figure(s)")  # fmt: skip
