@@ -37,9 +37,10 @@ PREAMBLE = "import jax\nimport jax.numpy as jnp\nimport numpy as np\nimport diff
 # pyright --verifytypes difffn --ignoreexternal: the share of exported symbols with known types.
 # The figure only goes up: raise it when annotations improve it.
 MIN_COMPLETENESS = 0.81
-# pyright (standard mode) on difffn/: the errors left (560 on 2026-11-27, pyright 1.1.414). Only
+# pyright (standard mode) on difffn/: the errors left (553 on 2026-11-27, pyright 1.1.414; 603 before
+# the typing work). Only
 # goes down; 0 is the goal.
-MAX_LIBRARY_ERRORS = 560
+MAX_LIBRARY_ERRORS = 553
 
 PROBE = """
 from __future__ import annotations

@@ -123,14 +123,14 @@ class SelfAttention(Layer):
     has_scores_output: bool = False
     attention_mask: Any = "none"
     dropout_probability: float = 0.0
-    query_weights: jax.Array | None = learnable(default=None)
-    key_weights: jax.Array | None = learnable(default=None)
-    value_weights: jax.Array | None = learnable(default=None)
-    output_weights: jax.Array | None = learnable(default=None)
-    query_bias: jax.Array | None = learnable(default=None, l2_factor=0.0)
-    key_bias: jax.Array | None = learnable(default=None, l2_factor=0.0)
-    value_bias: jax.Array | None = learnable(default=None, l2_factor=0.0)
-    output_bias: jax.Array | None = learnable(default=None, l2_factor=0.0)
+    query_weights: jax.Array = learnable(default=None)
+    key_weights: jax.Array = learnable(default=None)
+    value_weights: jax.Array = learnable(default=None)
+    output_weights: jax.Array = learnable(default=None)
+    query_bias: jax.Array = learnable(default=None, l2_factor=0.0)
+    key_bias: jax.Array = learnable(default=None, l2_factor=0.0)
+    value_bias: jax.Array = learnable(default=None, l2_factor=0.0)
+    output_bias: jax.Array = learnable(default=None, l2_factor=0.0)
     query_weights_initializer: Any = "glorot"
     key_weights_initializer: Any = "glorot"
     value_weights_initializer: Any = "glorot"

@@ -159,8 +159,8 @@ class _UngroupedConvolution(_Convolution):
     padding: Any = 0
     dilation: Any = 1
     padding_value: Any = 0
-    weights: jax.Array | None = learnable(default=None)
-    bias: jax.Array | None = learnable(default=None, l2_factor=0.0)  # MATLAB: BiasL2Factor 0
+    weights: jax.Array = learnable(default=None)
+    bias: jax.Array = learnable(default=None, l2_factor=0.0)  # MATLAB: BiasL2Factor 0
     weights_initializer: Any = "glorot"
     bias_initializer: Any = "zeros"
     weight_learn_rate_factor: float = 1.0
@@ -328,8 +328,8 @@ class Conv2D(_Convolution):
     padding: Any = 0
     dilation: Any = 1
     groups: Any = 1
-    weights: jax.Array | None = learnable(default=None)
-    bias: jax.Array | None = learnable(default=None, l2_factor=0.0)  # MATLAB: BiasL2Factor 0
+    weights: jax.Array = learnable(default=None)
+    bias: jax.Array = learnable(default=None, l2_factor=0.0)  # MATLAB: BiasL2Factor 0
     weights_initializer: Any = "glorot"
     bias_initializer: Any = "zeros"
     padding_value: Any = 0

@@ -99,7 +99,7 @@ class Embedding(_Table):
     num_words: int
     _: dataclasses.KW_ONLY
     oov_mode: str = "map-to-last"
-    weights: jax.Array | None = learnable(default=None)
+    weights: jax.Array = learnable(default=None)
     weights_initializer: Any = "narrow-normal"
     weight_learn_rate_factor: float = 1.0
     weight_l2_factor: float = 1.0
@@ -210,7 +210,7 @@ class PositionEmbedding(_Table):
     max_position: int
     _: dataclasses.KW_ONLY
     position_dimension: str = "auto"
-    weights: jax.Array | None = learnable(default=None)
+    weights: jax.Array = learnable(default=None)
     weights_initializer: Any = "narrow-normal"
     weight_learn_rate_factor: float = 1.0
     weight_l2_factor: float = 1.0

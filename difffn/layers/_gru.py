@@ -80,10 +80,10 @@ class GRU(_Recurrent):
     reset_gate_mode: str = "after-multiplication"
     state_activation_function: str = "tanh"
     gate_activation_function: str = "sigmoid"
-    input_weights: jax.Array | None = learnable(default=None)
-    recurrent_weights: jax.Array | None = learnable(default=None)
-    bias: jax.Array | None = learnable(default=None, l2_factor=0.0)  # MATLAB: BiasL2Factor 0
-    hidden_state: jax.Array | None = state(default=None)
+    input_weights: jax.Array = learnable(default=None)
+    recurrent_weights: jax.Array = learnable(default=None)
+    bias: jax.Array = learnable(default=None, l2_factor=0.0)  # MATLAB: BiasL2Factor 0
+    hidden_state: jax.Array = state(default=None)
     input_weights_initializer: Any = "glorot"
     recurrent_weights_initializer: Any = "orthogonal"
     bias_initializer: Any = "zeros"

@@ -170,10 +170,10 @@ class BatchNorm(_PerChannel):
     epsilon: float = 1e-5
     mean_decay: float = 0.1
     variance_decay: float = 0.1
-    offset: jax.Array | None = learnable(default=None)
-    scale: jax.Array | None = learnable(default=None)
-    trained_mean: jax.Array | None = state(default=None)
-    trained_variance: jax.Array | None = state(default=None)
+    offset: jax.Array = learnable(default=None)
+    scale: jax.Array = learnable(default=None)
+    trained_mean: jax.Array = state(default=None)
+    trained_variance: jax.Array = state(default=None)
     offset_initializer: Any = "zeros"
     scale_initializer: Any = "ones"
     offset_learn_rate_factor: float = 1.0
@@ -285,8 +285,8 @@ class LayerNorm(_PerChannel):
     _: dataclasses.KW_ONLY
     epsilon: float = 1e-5
     operation_dimension: str = "auto"
-    offset: jax.Array | None = learnable(default=None)
-    scale: jax.Array | None = learnable(default=None)
+    offset: jax.Array = learnable(default=None)
+    scale: jax.Array = learnable(default=None)
     offset_initializer: Any = "zeros"
     scale_initializer: Any = "ones"
     offset_learn_rate_factor: float = 1.0
@@ -356,8 +356,8 @@ class GroupNorm(_PerChannel):
     num_groups: Any
     _: dataclasses.KW_ONLY
     epsilon: float = 1e-5
-    offset: jax.Array | None = learnable(default=None)
-    scale: jax.Array | None = learnable(default=None)
+    offset: jax.Array = learnable(default=None)
+    scale: jax.Array = learnable(default=None)
     offset_initializer: Any = "zeros"
     scale_initializer: Any = "ones"
     offset_learn_rate_factor: float = 1.0
@@ -433,8 +433,8 @@ class InstanceNorm(_PerChannel):
 
     _: dataclasses.KW_ONLY
     epsilon: float = 1e-5
-    offset: jax.Array | None = learnable(default=None)
-    scale: jax.Array | None = learnable(default=None)
+    offset: jax.Array = learnable(default=None)
+    scale: jax.Array = learnable(default=None)
     offset_initializer: Any = "zeros"
     scale_initializer: Any = "ones"
     offset_learn_rate_factor: float = 1.0

@@ -232,11 +232,11 @@ class _LSTMFields(_Recurrent):
     output_mode: str = "sequence"
     state_activation_function: str = "tanh"
     gate_activation_function: str = "sigmoid"
-    input_weights: jax.Array | None = learnable(default=None)
-    recurrent_weights: jax.Array | None = learnable(default=None)
-    bias: jax.Array | None = learnable(default=None, l2_factor=0.0)  # MATLAB: BiasL2Factor 0
-    hidden_state: jax.Array | None = state(default=None)
-    cell_state: jax.Array | None = state(default=None)
+    input_weights: jax.Array = learnable(default=None)
+    recurrent_weights: jax.Array = learnable(default=None)
+    bias: jax.Array = learnable(default=None, l2_factor=0.0)  # MATLAB: BiasL2Factor 0
+    hidden_state: jax.Array = state(default=None)
+    cell_state: jax.Array = state(default=None)
     input_weights_initializer: Any = "glorot"
     recurrent_weights_initializer: Any = "orthogonal"
     bias_initializer: Any = "unit-forget-gate"

@@ -70,8 +70,8 @@ class TransposedConv2D(WeightsAndBias):
     _: dataclasses.KW_ONLY
     stride: Any = 1
     cropping: Any = 0
-    weights: jax.Array | None = learnable(default=None)
-    bias: jax.Array | None = learnable(default=None, l2_factor=0.0)  # MATLAB: BiasL2Factor 0
+    weights: jax.Array = learnable(default=None)
+    bias: jax.Array = learnable(default=None, l2_factor=0.0)  # MATLAB: BiasL2Factor 0
     weights_initializer: Any = "glorot"
     bias_initializer: Any = "zeros"
     weight_learn_rate_factor: float = 1.0
