@@ -56,8 +56,8 @@ docs: $(VENV)/.installed-docs
 	NO_MKDOCS_2_WARNING=1 $(VENV)/bin/mkdocs build --strict
 
 lint: $(VENV)/.installed-dev
-	$(VENV)/bin/ruff check difffn tests examples benchmarks
-	$(VENV)/bin/ruff format --check difffn tests examples benchmarks
+	$(VENV)/bin/ruff check difffn tests examples benchmarks tools docs/hooks
+	$(VENV)/bin/ruff format --check difffn tests examples benchmarks tools docs/hooks
 
 clean:
 	rm -rf $(VENV) $(OLDEST) .pytest_cache .hypothesis site dist
