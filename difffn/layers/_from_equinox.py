@@ -139,7 +139,7 @@ class FromEquinox(_foreign.ForeignModule):
 
     params: dict[str, Any] = learnable(default=None)  # set by __init__ from the module
     state: dict[str, Any] = state_field(default=None)
-    constants: dict | None = None
+    constants: dict[str, Any] | None = None
     fmt: str | tuple[str, ...] | None = None
     output_format: str | tuple[str, ...] | None = None
     vmap: bool = True

@@ -48,8 +48,8 @@ class NNXStructure(_foreign.Structure):
 
     train: Any
     eval: Any
-    paths: tuple[tuple[tuple[str, tuple], ...], ...]
-    rng_streams: tuple[tuple[tuple, str, str, tuple[int, ...], Any], ...]
+    paths: tuple[tuple[tuple[str, tuple[Any, ...]], ...], ...]
+    rng_streams: tuple[tuple[tuple[Any, ...], str, str, tuple[int, ...], Any], ...]
     random: bool
     module_type: str
 
@@ -125,7 +125,7 @@ class FromNNX(_foreign.ForeignModule):
 
     params: dict[str, Any] = learnable(default=None)  # set by __init__ from the module
     batch_stats: dict[str, Any] = state(default=None)
-    constants: dict | None = None
+    constants: dict[str, Any] | None = None
     fmt: str | tuple[str, ...] | None = None
     output_format: str | tuple[str, ...] | None = None
     structure: NNXStructure | None = None
