@@ -2,12 +2,13 @@
 #   make demo   creates .venv, installs difffn with the example extras, runs the main example
 #   make test   creates .venv, installs difffn with the test extras, runs the whole suite
 #   make docs   builds the documentation site into site/ (mkdocs --strict: broken links fail)
+#   make test-oldest  the suite on the oldest versions pyproject.toml allows (its lower bounds)
 PYTHON ?= python3
 VENV   := .venv
 PY     := $(VENV)/bin/python
 PIP    := $(PY) -m pip
 
-.PHONY: demo test bench lint docs clean gpu-check
+.PHONY: demo test test-oldest bench lint docs clean gpu-check
 
 $(PY):
 	$(PYTHON) -m venv $(VENV)
@@ -28,6 +29,17 @@ demo: $(VENV)/.installed-examples
 test: $(VENV)/.installed-test
 	$(PY) -m pytest -q -n auto --maxprocesses=8 --dist worksteal --durations=25
 
+# The lower bounds of pyproject.toml are versions the suite has passed on: this installs exactly
+# them (tools/lower_bounds.py pins each requirement to its >= bound) in a venv of its own and runs
+# the suite there. Run it before lowering a bound, and after raising one.
+OLDEST := .venv-oldest
+test-oldest:
+	$(PYTHON) -m venv $(OLDEST)
+	$(OLDEST)/bin/python -m pip install --quiet --upgrade pip
+	$(OLDEST)/bin/python tools/lower_bounds.py > $(OLDEST)/constraints.txt
+	$(OLDEST)/bin/python -m pip install --quiet -c $(OLDEST)/constraints.txt -e ".[test]"
+	$(OLDEST)/bin/python -m pytest -q -n auto --maxprocesses=8 --dist worksteal
+
 bench: $(VENV)/.installed-bench
 	$(PY) -m benchmarks
 
@@ -44,8 +56,8 @@ docs: $(VENV)/.installed-docs
 	NO_MKDOCS_2_WARNING=1 $(VENV)/bin/mkdocs build --strict
 
 lint: $(VENV)/.installed-dev
-	$(VENV)/bin/ruff check difffn tests examples benchmarks
-	$(VENV)/bin/ruff format --check difffn tests examples benchmarks
+	$(VENV)/bin/ruff check difffn tests examples benchmarks tools docs/hooks
+	$(VENV)/bin/ruff format --check difffn tests examples benchmarks tools docs/hooks
 
 clean:
-	rm -rf $(VENV) .pytest_cache .hypothesis site
+	rm -rf $(VENV) $(OLDEST) .pytest_cache .hypothesis site dist

@@ -1,11 +1,14 @@
 """The ``difffn`` command line.
 
+``difffn --version`` prints difffn's version, with JAX's and Python's.
+
 ``difffn demo [--small]`` runs the main example (the custom ELU layer checked and trained on the
 bundled digits, ``examples/00_elu_digits.py``), as ``make demo`` does.
 
 ``difffn check MODULE:FACTORY --layout "128,24,24,20:BSSC" [--layout ...] [--export] [--seed N]``
 imports ``MODULE`` (from the current directory too, as ``python -m`` would), gets ``FACTORY`` (a
-layer, or a callable returning one), runs :func:`difffn.check_layer` and prints the report. Exit
+layer, or a callable returning one), runs [`df.check_layer`][difffn.check_layer] and prints the
+report. Exit
 status: 0 when every test passed or was skipped, 1 when one failed or was left incomplete, 2 for a
 usage error.
 
@@ -28,7 +31,7 @@ class UsageError(Exception):
     """A command-line argument that cannot be used; printed without a traceback."""
 
 
-def main(argv=None) -> int:
+def main(argv: list[str] | None = None) -> int:
     """Run the ``difffn`` command line; returns the exit status."""
     parser = build_parser()
     args = parser.parse_args(argv)
@@ -44,10 +47,25 @@ def build_parser() -> argparse.ArgumentParser:
         prog="difffn",
         description="MATLAB-style custom layers on JAX: tools for the command line.",
     )
+    parser.add_argument("--version", action="version", version=_version_line())
     subparsers = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     _add_check(subparsers)
     _add_demo(subparsers)
     return parser
+
+
+def _version_line() -> str:
+    """``difffn X.Y.Z (jax A.B.C, Python D.E.F)``: what ``difffn --version`` prints."""
+    import platform
+    from importlib.metadata import PackageNotFoundError, version
+
+    from ._core import __version__
+
+    try:
+        jax_version = version("jax")
+    except PackageNotFoundError:  # pragma: no cover - jax is a dependency
+        jax_version = "not installed"
+    return f"difffn {__version__} (jax {jax_version}, Python {platform.python_version()})"
 
 
 # -- difffn check ---------------------------------------------------------------------------------

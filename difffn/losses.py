@@ -1,6 +1,6 @@
 """Loss functions with MATLAB's definitions (``df.losses.crossentropy``, ``df.losses.mse``, ...).
 
-See :mod:`difffn._scoring._losses` for the conventions (formats, normalization, integer targets).
+See `df._scoring._losses` for the conventions (formats, normalization, integer targets).
 """
 
 from ._scoring import binary_crossentropy as binary_crossentropy

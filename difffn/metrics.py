@@ -1,6 +1,6 @@
 """Metrics for training and testing (``df.metrics.accuracy``, ..., and ``df.metrics.Metric``).
 
-See :mod:`difffn._scoring._metrics` for the definitions and the streaming ``Metric`` interface.
+See `df._scoring._metrics` for the definitions and the streaming ``Metric`` interface.
 """
 
 from ._scoring import AUC as AUC

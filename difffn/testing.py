@@ -14,15 +14,24 @@ diagnostic of each failure (which gradient is wrong, by how much, and where).
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from typing import Any
+
+import jax
+
 from ._checking import CheckReport, check_function, check_layer
+from ._core import Layout
 
 __all__ = ["assert_function_valid", "assert_layer_valid"]
 
 
-def assert_layer_valid(layer, *layouts, check_export: bool = False, key=None) -> CheckReport:
-    """Run :func:`difffn.check_layer` and raise if any test failed or was left incomplete.
+def assert_layer_valid(
+    layer: Any, *layouts: Layout, check_export: bool = False, key: jax.Array | None = None
+) -> CheckReport:
+    """Run [`df.check_layer`][difffn.check_layer] and raise if any test failed or was left
+    incomplete.
 
-    Args: as :func:`difffn.check_layer`.
+    Args: as [`df.check_layer`][difffn.check_layer].
 
     Returns:
       The report, when the layer is valid.
@@ -47,10 +56,13 @@ def assert_layer_valid(layer, *layouts, check_export: bool = False, key=None) ->
     return report
 
 
-def assert_function_valid(fcn, *example_inputs, key=None) -> CheckReport:
-    """Run :func:`difffn.check_function` and raise if any test failed or was left incomplete.
+def assert_function_valid(
+    fcn: Callable[..., Any], *example_inputs: Any, key: jax.Array | None = None
+) -> CheckReport:
+    """Run [`df.check_function`][difffn.check_function] and raise if any test failed or was left
+    incomplete.
 
-    Args: as :func:`difffn.check_function`.
+    Args: as [`df.check_function`][difffn.check_function].
 
     Returns:
       The report, when the function is valid.

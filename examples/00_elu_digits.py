@@ -43,7 +43,7 @@ import difffn as df
 class ELULayer(df.Layer):
     """Exponential linear unit with a learnable ``alpha`` per channel (format ``"...C"``)."""
 
-    alpha: jax.Array | None = df.learnable(default=None)
+    alpha: jax.Array = df.learnable(default=None)
     num_channels: int = 0
 
     def initialize(self, layout, *, key):
@@ -140,7 +140,9 @@ def main(small: bool) -> float:
     if options.log_dir is not None:
         print(f"TensorBoard: tensorboard --logdir {options.log_dir}")
     accuracy = df.testnet(net, X_test, T_test, "accuracy")
-    alpha = net.layer("elu").alpha.ravel()
+    elu = net.layer("elu")
+    assert isinstance(elu, ELULayer)
+    alpha = elu.alpha.ravel()
     print(
         f"\nlearned alpha per channel: min {float(alpha.min()):.3f}, max {float(alpha.max()):.3f}"
     )
@@ -150,6 +152,6 @@ def main(small: bool) -> float:
 
 
 if __name__ == "__main__":
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(description=str(__doc__).splitlines()[0])
     parser.add_argument("--small", action="store_true", help="tiny settings for the test suite")
     main(parser.parse_args().small)

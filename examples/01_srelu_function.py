@@ -121,17 +121,19 @@ def fit(key, *, steps: int, batch: int) -> tuple[float, float]:
         return jax.tree.map(lambda p, g: p - 0.5 * g, params, grads), loss
 
     params = init_params(channels)
-    first = last = None
+    first: float | None = None
+    last = float("nan")
     for i in range(steps):
         x = 2.0 * jax.random.normal(jax.random.fold_in(key, i), (batch, 8, 8, channels))
         params, loss = step(params, x)
         first = float(loss) if first is None else first
         last = float(loss)
+    assert first is not None
     return first, last
 
 
 def main(argv=None) -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(description=str(__doc__).splitlines()[0])
     parser.add_argument("--small", action="store_true", help="tiny settings (the test suite)")
     args = parser.parse_args(argv)
     key = jax.random.key(0)

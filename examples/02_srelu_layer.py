@@ -55,10 +55,10 @@ INITIAL_RANGES = {
 class SReLULayer(df.Layer):
     """SReLU with per-channel thresholds and slopes (size 1 on every axis but ``C``)."""
 
-    left_threshold: jax.Array | None = df.learnable()
-    left_slope: jax.Array | None = df.learnable()
-    right_threshold: jax.Array | None = df.learnable()
-    right_slope: jax.Array | None = df.learnable()
+    left_threshold: jax.Array = df.learnable(default=None)
+    left_slope: jax.Array = df.learnable(default=None)
+    right_threshold: jax.Array = df.learnable(default=None)
+    right_slope: jax.Array = df.learnable(default=None)
 
     def initialize(self, layout, *, key):
         shape = [1] * layout.ndim
@@ -100,7 +100,7 @@ def compare_with_autodiff(seed: int = 0) -> float:
     channels = 5
 
     def per_channel(low, high):
-        return rng.uniform(low, high, (1, 1, 1, channels))
+        return jnp.asarray(rng.uniform(low, high, (1, 1, 1, channels)))
 
     with jax.enable_x64(True):  # float64 arrays stay float64
         layer = SReLULayer(
@@ -146,7 +146,7 @@ def build_network(filters: int) -> df.Network:
 
 
 def main(argv=None) -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(description=str(__doc__).splitlines()[0])
     parser.add_argument("--small", action="store_true", help="tiny settings (the test suite)")
     args = parser.parse_args(argv)
     key = jax.random.key(0)

@@ -37,7 +37,7 @@ import difffn as df
 class PReLUAutodiff(df.Layer):
     """PReLU with one coefficient per channel; gradients by JAX autodiff of ``predict``."""
 
-    alpha: jax.Array | None = df.learnable()
+    alpha: jax.Array = df.learnable(default=None)
 
     def initialize(self, layout, *, key):
         if self.alpha is not None:  # fill only what is still empty
@@ -93,7 +93,7 @@ def compare_layer_gradients(seed: int = 0) -> float:
     """The layer's custom backward against autodiff of its predict, in float64."""
     rng = np.random.default_rng(seed)
     with jax.enable_x64(True):
-        alpha = rng.uniform(0.1, 0.5, (1, 1, 1, 6))
+        alpha = jnp.asarray(rng.uniform(0.1, 0.5, (1, 1, 1, 6)))
         x = rng.standard_normal((4, 5, 5, 6))
         dLdY = rng.standard_normal(x.shape)
 
@@ -141,7 +141,7 @@ def compare_network_gradients(X, T, filters: int) -> float:
 
 
 def main(argv=None) -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(description=str(__doc__).splitlines()[0])
     parser.add_argument("--small", action="store_true", help="tiny settings (the test suite)")
     args = parser.parse_args(argv)
     filters = 4 if args.small else 12
@@ -180,7 +180,9 @@ def main(argv=None) -> None:
     print()
     print(net.summary())
     for name in ("prelu1", "prelu2"):
-        alpha = np.asarray(net.layer(name).alpha).ravel()
+        prelu = net.layer(name)
+        assert isinstance(prelu, PReLUAutodiff)
+        alpha = np.asarray(prelu.alpha).ravel()
         print(f"  learned {name}.alpha: " + " ".join(f"{a:.2f}" for a in alpha))
     accuracy = df.testnet(net, X_test, T_test, "accuracy")
     iterations = len(info.training_history)

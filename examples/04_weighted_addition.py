@@ -39,14 +39,14 @@ import difffn as df
 class WeightedAddition(df.Layer):
     """``Y = sum_i weights[i] * X_i`` over ``num_inputs`` inputs of the same size."""
 
-    weights: jax.Array | None = df.learnable()
+    weights: jax.Array = df.learnable(default=None)
 
     def __init__(self, num_inputs: int, *, name: str = "", weights=None):
         self.num_inputs = num_inputs  # the input names follow: "in1", ..., "inN"
         self.name = name
         self.description = f"Weighted addition of {num_inputs} inputs"
         # Start as the plain average: the weights' size is known without any data.
-        self.weights = np.full(num_inputs, 1 / num_inputs) if weights is None else weights
+        self.weights = jnp.full(num_inputs, 1 / num_inputs) if weights is None else weights
 
     def predict(self, *inputs):
         return sum(w * x for w, x in zip(self.weights, inputs, strict=True))
@@ -64,7 +64,7 @@ def compare_with_autodiff(num_inputs: int = 3, seed: int = 0) -> float:
     """Largest relative difference between the custom backward and autodiff (float64)."""
     rng = np.random.default_rng(seed)
     with jax.enable_x64(True):
-        layer = WeightedAddition(num_inputs, weights=rng.uniform(-1, 1, num_inputs))
+        layer = WeightedAddition(num_inputs, weights=jnp.asarray(rng.uniform(-1, 1, num_inputs)))
         xs = tuple(rng.standard_normal((4, 5, 5, 3)) for _ in range(num_inputs))
         dLdY = rng.standard_normal((4, 5, 5, 3))
         argnums = tuple(range(num_inputs + 1))  # the layer, then every input
@@ -120,7 +120,7 @@ BRANCHES = ("3x3 conv + bn + relu", "5x5 conv + bn + relu", "1x1 conv")
 
 
 def main(argv=None) -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(description=str(__doc__).splitlines()[0])
     parser.add_argument("--small", action="store_true", help="tiny settings (the test suite)")
     args = parser.parse_args(argv)
     filters = 4 if args.small else 16
@@ -169,7 +169,9 @@ def main(argv=None) -> None:
     start = time.perf_counter()
     net, info = df.trainnet(X_train, T_train, net, "crossentropy", options, key=jax.random.key(0))
     seconds = time.perf_counter() - start
-    weights = np.asarray(net.layer("wadd").weights)
+    trained = net.layer("wadd")
+    assert isinstance(trained, WeightedAddition)
+    weights = np.asarray(trained.weights)
     print("\nlearned merge weights (they started at 1/3 each):")
     for name, branch, w in zip(wadd.input_names, BRANCHES, weights, strict=True):
         print(f"  {name}  {branch:<22} {w:+.3f}")

@@ -48,12 +48,12 @@ class PeepholeLSTM(df.Layer):
 
     num_hidden_units: int
     _: dataclasses.KW_ONLY
-    input_weights: jax.Array | None = df.learnable()  # (C, 4H): gates i, f, g, o
-    recurrent_weights: jax.Array | None = df.learnable()  # (H, 4H)
-    peephole_weights: jax.Array | None = df.learnable()  # (3, H): gates i, f, o
-    bias: jax.Array | None = df.learnable()  # (4H,)
-    hidden_state: jax.Array | None = df.state()  # (batch, H); (1, H) broadcasts
-    cell_state: jax.Array | None = df.state()
+    input_weights: jax.Array = df.learnable(default=None)  # (C, 4H): gates i, f, g, o
+    recurrent_weights: jax.Array = df.learnable(default=None)  # (H, 4H)
+    peephole_weights: jax.Array = df.learnable(default=None)  # (3, H): gates i, f, o
+    bias: jax.Array = df.learnable(default=None)  # (4H,)
+    hidden_state: jax.Array = df.state(default=None)  # (batch, H); (1, H) broadcasts
+    cell_state: jax.Array = df.state(default=None)
 
     def initialize(self, layout, *, key):
         channels, h = layout.size("C"), self.num_hidden_units
@@ -161,7 +161,9 @@ def show_state_carrying(net: df.Network, x) -> None:
     )
     assert stale > 1e-3
     for value in reset.state.values():
-        assert value.shape == (1, net.layer("lstm").num_hidden_units) and not np.any(value)
+        lstm = net.layer("lstm")
+        assert isinstance(lstm, PeepholeLSTM)
+        assert value.shape == (1, lstm.num_hidden_units) and not np.any(value)
 
 
 def accuracy(net, x, t) -> float:
@@ -196,7 +198,7 @@ def train(net, x, t, *, steps: int, batch: int, learn_rate: float):
 
 
 def main(argv=None) -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(description=str(__doc__).splitlines()[0])
     parser.add_argument("--small", action="store_true", help="tiny settings (the test suite)")
     args = parser.parse_args(argv)
     hidden, length = (8, 12) if args.small else (32, 40)

@@ -46,8 +46,8 @@ class SpatialProjection(df.Layer):
 
     output_size: int
     _: dataclasses.KW_ONLY
-    weights: jax.Array | None = df.learnable()  # (S1 * S2 * C, output_size), row-major S, S, C
-    bias: jax.Array | None = df.learnable()
+    weights: jax.Array = df.learnable(default=None)  # (S1 * S2 * C, output_size), row-major S, S, C
+    bias: jax.Array = df.learnable(default=None)
 
     def initialize(self, layout, *, key):
         features = math.prod(layout.size("S")) * layout.size("C")  # size("S"): one per S axis
@@ -139,7 +139,7 @@ def show_rank_error() -> None:
 
 
 def main(argv=None) -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(description=str(__doc__).splitlines()[0])
     parser.add_argument("--small", action="store_true", help="tiny settings (the test suite)")
     args = parser.parse_args(argv)
     filters, features = (4, 16) if args.small else (16, 64)

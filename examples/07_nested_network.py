@@ -58,7 +58,7 @@ class SiameseDistance(df.Layer):
 
     formattable = True  # it turns "BSSC" images into "BC" distances
 
-    encoder: df.Network | None = df.learnable()  # a nested network, trained with the layer
+    encoder: df.Network = df.learnable(default=None)  # a nested network, trained with the layer
 
     def initialize(self, left, right, *, key):
         if self.encoder.initialized:  # fill only what is still empty
@@ -187,7 +187,7 @@ def nearest_neighbour_accuracy(encoder, X_ref, T_ref, X, T) -> float:
 
 
 def main(argv=None) -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(description=str(__doc__).splitlines()[0])
     parser.add_argument("--small", action="store_true", help="tiny settings (the test suite)")
     args = parser.parse_args(argv)
     filters, embedding = (4, 8) if args.small else (16, 16)
@@ -230,7 +230,9 @@ def main(argv=None) -> None:
     d = np.asarray(df.stripdims(df.minibatchpredict(net, test_left, test_right)))[:, 0]
     mean_same, mean_other = d[test_same == 1].mean(), d[test_same == 0].mean()
     verified = 100 * np.mean((d < MARGIN / 2) == (test_same == 1))
-    encoder = net.layer("siamese").encoder  # the trained encoder, usable on its own
+    siamese = net.layer("siamese")
+    assert isinstance(siamese, SiameseDistance)
+    encoder = siamese.encoder  # the trained encoder, usable on its own
     knn = nearest_neighbour_accuracy(encoder, X_train, T_train, X_test, T_test)
     print(f"trained {len(info.training_history)} iterations in {seconds:.1f} s")
     print(f"test pairs: mean distance {mean_same:.2f} (same digit) vs {mean_other:.2f} (different)")

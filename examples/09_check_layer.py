@@ -38,10 +38,10 @@ import difffn as df
 class SReLULayer(df.Layer):
     """SReLU with per-channel thresholds and slopes (size 1 on every axis but C)."""
 
-    left_threshold: jax.Array | None = df.learnable()
-    left_slope: jax.Array | None = df.learnable()
-    right_threshold: jax.Array | None = df.learnable()
-    right_slope: jax.Array | None = df.learnable()
+    left_threshold: jax.Array = df.learnable(default=None)
+    left_slope: jax.Array = df.learnable(default=None)
+    right_threshold: jax.Array = df.learnable(default=None)
+    right_slope: jax.Array = df.learnable(default=None)
 
     def initialize(self, layout, *, key):
         shape = [1] * layout.ndim
@@ -103,7 +103,7 @@ def failed_names(report) -> set[str]:
 
 
 def main(argv=None) -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(description=str(__doc__).splitlines()[0])
     parser.add_argument("--small", action="store_true", help="a small layout (the test suite)")
     args = parser.parse_args(argv)
     shape = (8, 12, 12, 6) if args.small else (128, 24, 24, 20)

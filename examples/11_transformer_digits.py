@@ -111,6 +111,6 @@ def main(small: bool) -> float:
 
 
 if __name__ == "__main__":
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(description=str(__doc__).splitlines()[0])
     parser.add_argument("--small", action="store_true", help="tiny settings for the test suite")
     main(parser.parse_args().small)

@@ -51,7 +51,7 @@ def waveforms(n: int, *, seed: int) -> np.ndarray:
 
 
 def network(filters: int) -> df.Network:
-    layers = [L.SequenceInput(CHANNELS, name="input")]
+    layers: list[df.Layer] = [L.SequenceInput(CHANNELS, name="input")]
     for i, dilation in enumerate((1, 2, 4)):
         layers += [
             L.Conv1D(5, filters, dilation=dilation, padding="causal", name=f"conv{i}"),
@@ -117,6 +117,6 @@ def main(small: bool) -> float:
 
 
 if __name__ == "__main__":
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(description=str(__doc__).splitlines()[0])
     parser.add_argument("--small", action="store_true", help="tiny settings for the test suite")
     main(parser.parse_args().small)

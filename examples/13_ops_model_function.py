@@ -111,6 +111,7 @@ def main(small: bool) -> float:
     rng = np.random.default_rng(0)
     iteration = 0
     start = time.perf_counter()
+    loss = jnp.nan
     print("Epoch  Iteration  Loss")
     for epoch in range(1, epochs + 1):
         order = rng.permutation(len(X_train))
@@ -143,6 +144,6 @@ def main(small: bool) -> float:
 
 
 if __name__ == "__main__":
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(description=str(__doc__).splitlines()[0])
     parser.add_argument("--small", action="store_true", help="tiny settings for the test suite")
     main(parser.parse_args().small)

@@ -20,7 +20,8 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-from typing import NamedTuple
+from collections.abc import Callable
+from typing import Any, NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -30,8 +31,8 @@ import difffn as df
 
 
 class Params(NamedTuple):
-    w: jax.Array
-    b: jax.Array
+    w: Any  # an array; in a gradient, None stands for a zero leaf
+    b: Any
 
 
 class Dense(df.DifferentiableFunction):
@@ -78,10 +79,11 @@ def fit_bias_only(key, steps):
         value, grad = jax.value_and_grad(loss)(b)
         return b - 0.5 * grad, value
 
-    b, first = params.b, None
+    b, first, value = params.b, None, jnp.nan
     for i in range(steps):
         b, value = step(b, i)
         first = float(value) if first is None else first
+    assert first is not None
     return first, float(value), b
 
 
@@ -93,7 +95,7 @@ def tolerance(x):
 class AdjointStep:
     """u -> v + (df/dx)^T u at the fixed point: the adjoint equation, itself a fixed point."""
 
-    f: object
+    f: Callable[..., Any]
 
     def __call__(self, packed, u):
         a, x_star, v = packed
@@ -178,7 +180,7 @@ class HostCube(df.DifferentiableFunction):
 
 
 def main(argv=None) -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(description=str(__doc__).splitlines()[0])
     parser.add_argument("--small", action="store_true", help="tiny settings (the test suite)")
     args = parser.parse_args(argv)
     key = jax.random.key(0)

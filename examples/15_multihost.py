@@ -17,6 +17,7 @@ import os
 import socket
 import subprocess
 import sys
+from typing import Any
 
 
 def launch(small: bool) -> int:
@@ -54,7 +55,7 @@ def train(args) -> None:
 
     import difffn as df
 
-    digits = load_digits()
+    digits: Any = load_digits()  # a Bunch (sklearn's stubs say Bunch or tuple)
     X = (digits.data / 16.0).astype(np.float32)
     T = digits.target.astype(np.int32)
     n = 400 if args.small else 1500
@@ -79,7 +80,7 @@ def train(args) -> None:
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(description=str(__doc__).splitlines()[0])
     parser.add_argument("--small", action="store_true", help="tiny settings (the test suite)")
     parser.add_argument("--process-id", type=int)
     parser.add_argument("--processes", type=int, default=2)

@@ -82,7 +82,7 @@ def onnx_cnn(path: Path) -> Path:
 class ChannelLeakyReLU(df.Layer):
     """max(x, 0) + slope * min(x, 0), with one learnable slope per channel."""
 
-    slope: jax.Array | None = df.learnable()
+    slope: jax.Array = df.learnable(default=None)
 
     def initialize(self, layout, *, key):
         if self.slope is not None:
@@ -137,7 +137,7 @@ def main(small: bool) -> dict[str, float]:
 
     exported = df.export_onnx(net, folder / "digits_cnn_finetuned.onnx")
     session = onnxruntime.InferenceSession(str(exported))
-    (scores,) = session.run(None, {"image": X_test.astype(np.float32)})
+    scores = np.asarray(session.run(None, {"image": X_test.astype(np.float32)})[0])
     onnx_accuracy = 100.0 * float(np.mean(np.argmax(scores, axis=1) == T_test))
     difference = float(np.max(np.abs(scores - np.asarray(net.predict(X_test).data))))
     print(f"test accuracy: difffn {difffn_accuracy:.2f}%, ONNX Runtime {onnx_accuracy:.2f}% "
@@ -146,6 +146,6 @@ def main(small: bool) -> dict[str, float]:
 
 
 if __name__ == "__main__":
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(description=str(__doc__).splitlines()[0])
     parser.add_argument("--small", action="store_true", help="tiny settings for the test suite")
     main(parser.parse_args().small)

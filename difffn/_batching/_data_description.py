@@ -34,7 +34,7 @@ def describe_array(x) -> str:
 
 
 def describe_data(data, what: str) -> str:
-    """Describe training or validation data: arrays by :func:`describe_array`, else by type."""
+    """Describe training or validation data: arrays by `describe_array`, else by type."""
     if data is None:
         return "None"
     if (

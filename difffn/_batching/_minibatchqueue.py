@@ -25,7 +25,7 @@ _WHO = "df.minibatchqueue"
 
 class MiniBatchQueue:
     """Mini-batches of in-memory data (MATLAB's ``minibatchqueue``); made by
-    :func:`minibatchqueue`.
+    [`minibatchqueue`][difffn.minibatchqueue].
 
     Methods: ``has_data()`` (MATLAB's ``hasdata``), ``next()`` (the next mini-batch, one value per
     output), ``reset()`` (back to the first mini-batch), ``shuffle(key)`` (a new order drawn

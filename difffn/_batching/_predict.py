@@ -15,9 +15,12 @@ iterable of its own share of every batch, whose shares are joined in process ord
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+from typing import Any
+
 import numpy as np
 
-from .._core import FormattedArray, OptionsError, dlarray, stripdims
+from .._core import Data, FormattedArray, OptionsError, dlarray, stripdims
 from .._core import batches as _batches
 from .._devices import ENVIRONMENTS, Placement
 from .._network import Network
@@ -66,18 +69,18 @@ def _opening(
 
 
 def minibatchpredict(
-    net,
-    *X,
+    net: Network,
+    *X: Data | Sequence[Any],
     mini_batch_size: int = 128,
-    outputs=None,
-    acceleration="auto",
-    sequence_length="longest",
-    sequence_padding_value=0.0,
+    outputs: Any = None,
+    acceleration: str = "auto",
+    sequence_length: str | int = "longest",
+    sequence_padding_value: float = 0.0,
     sequence_padding_direction: str = "right",
-    sequence_bucketing="power-of-two",
+    sequence_bucketing: str | int = "power-of-two",
     uniform_output: bool = True,
     execution_environment: str = "auto",
-):
+) -> Any:
     """Predict in mini-batches (MATLAB ``minibatchpredict``).
 
     Args:
@@ -216,15 +219,15 @@ def _single_process_sequences(who: str, environment) -> None:
 
 
 def testnet(
-    net,
-    *args,
+    net: Network,
+    *args: Any,
     mini_batch_size: int = 128,
     execution_environment: str = "auto",
-    sequence_length="longest",
-    sequence_padding_value=0.0,
+    sequence_length: str | int = "longest",
+    sequence_padding_value: float = 0.0,
     sequence_padding_direction: str = "right",
-    sequence_bucketing="power-of-two",
-):
+    sequence_bucketing: str | int = "power-of-two",
+) -> Any:
     """Evaluate metrics of a network on test data (MATLAB ``testnet``).
 
     Two forms: ``testnet(net, X, T, metrics)`` and ``testnet(net, data, metrics)`` with an
@@ -241,7 +244,8 @@ def testnet(
         ``"recall"``, ``"fscore"``, ``"auc"``, ``"rmse"``), losses (``"crossentropy"``,
         ``"mse"``, ...), callables ``fn(Y, T)`` or ``df.metrics.Metric`` objects.
       mini_batch_size: observations per prediction batch (128).
-      execution_environment: as in :func:`minibatchpredict`; in a multi-host run every process
+      execution_environment: as in [`minibatchpredict`][difffn.minibatchpredict]; in a multi-host
+        run every process
         passes the same ``X`` and ``T``, or an iterable of its own share of every batch (the
         processes' shares, in process order, make each batch), and every process gets the
         metrics of all the data.
@@ -349,7 +353,9 @@ def _on_host(ys, environment: str) -> tuple:
     )
 
 
-def scores2label(scores, class_names=None, *, mode: str = "single-label", threshold: float = 0.5):
+def scores2label(
+    scores: Data, class_names: Any = None, *, mode: str = "single-label", threshold: float = 0.5
+) -> Any:
     """Labels from classification scores (MATLAB ``scores2label``).
 
     Args:

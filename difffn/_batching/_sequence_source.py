@@ -1,9 +1,9 @@
 """Sequence data in training: ``trainnet``'s data source for lists of sequences, and the masks
 in its compiled step.
 
-:class:`SequenceData` reads inputs (lists of sequences, or arrays for inputs that are not
+`SequenceData` reads inputs (lists of sequences, or arrays for inputs that are not
 sequences) and targets (one per sequence, or one per time step), checks them on the host, and
-makes each mini-batch rectangular (``_sequences``). :class:`SequenceSource` is the training
+makes each mini-batch rectangular (``_sequences``). `SequenceSource` is the training
 source ``trainnet`` uses when an input is a list of sequences: it feeds the compiled step the
 padded batches with their masks (spec ``"sequences"``), and, when sequences are split
 (``sequence_length=L``), the recurrent state from one chunk to the next. The functions at the end
@@ -174,7 +174,7 @@ _WHOLE = SequenceOptions("longest", 0.0, "right", "none")  # whole sequences, no
 
 class SequenceSource(ArraySource):
     """``trainnet``'s training data when an input is a list of sequences (in memory, as an
-    :class:`ArraySource`, with mini-batches padded on the host and fed with their masks)."""
+    `ArraySource`, with mini-batches padded on the host and fed with their masks)."""
 
     def __init__(self, who, X, T, net: Network, options: SequenceOptions):
         self.data = SequenceData(who, X, T, net, options)

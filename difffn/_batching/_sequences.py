@@ -8,7 +8,7 @@ C)`` for ``"BTC"``), of any lengths ``T_i``. Targets are then an array with one 
 and time step (sequence-to-sequence: ``(T_i,)`` labels or ``(T_i, K)``).
 
 Each mini-batch is made rectangular as MATLAB's ``trainingOptions`` say, with the same names
-(:class:`SequenceOptions`):
+(`SequenceOptions`):
 
 * ``sequence_length="longest"`` (default): pad to the longest sequence of the mini-batch;
   ``"shortest"``: truncate to the shortest; an int ``L``: pad to the longest, then split into
@@ -37,6 +37,7 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import numbers
+from typing import Any
 
 import numpy as np
 
@@ -292,13 +293,13 @@ def place(seqs, t_axis: int, window: Window, direction: str, value, dtype=None):
 
 
 def padsequences(
-    sequences,
+    sequences: Any,
     *,
-    length="longest",
-    padding_value=0.0,
+    length: str | int = "longest",
+    padding_value: float = 0.0,
     direction: str = "right",
     fmt: str = "BTC",
-):
+) -> Any:
     """Pad or truncate sequences to one length (MATLAB ``padsequences``), with their mask.
 
     Args:

@@ -1,7 +1,7 @@
 """Training and validation data behind one interface: in-memory arrays, or an iterable of batches.
 
-:func:`source` makes an :class:`ArraySource` from ``(X, T)`` arrays or an
-:class:`IterableSource` from an iterable of ``(inputs..., targets...)`` batches. Both answer what
+`source` makes an `ArraySource` from ``(X, T)`` arrays or an
+`IterableSource` from an iterable of ``(inputs..., targets...)`` batches. Both answer what
 training asks of data, for the training data and the validation data alike:
 
 * ``fingerprint()``: what the data is, for the checkpoint fingerprint;

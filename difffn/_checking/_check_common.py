@@ -2,18 +2,18 @@
 
 The two checkers are siblings over this module (neither imports the other):
 
-* :func:`as_key` and :class:`Data`: the caller's key, and deterministic test data drawn from it;
-* the value words: :func:`is_array`, :func:`is_floating`, :func:`shape_text`,
-  :func:`describe_value`, :func:`index_text`; :func:`cast_floating` for dtype tests;
-* :func:`positional_parameters`: the one reading of a user method's signature;
-* :func:`compare` and :func:`compare_trees`: values against expected values, with the place of the
+* `as_key` and `Data`: the caller's key, and deterministic test data drawn from it;
+* the value words: `is_array`, `is_floating`, `shape_text`,
+  `describe_value`, `index_text`; `cast_floating` for dtype tests;
+* `positional_parameters`: the one reading of a user method's signature;
+* `compare` and `compare_trees`: values against expected values, with the place of the
   largest difference;
-* :class:`CheckModel`: the base of the checkers' numerical models (the gradient sources);
-  :func:`gradients_or_without_autodiff`;
-* :func:`gradient_outcome` (with the swapped-order hint) and :func:`record_gradient_tests`: a
+* `CheckModel`: the base of the checkers' numerical models (the gradient sources);
+  `gradients_or_without_autodiff`;
+* `gradient_outcome` (with the swapped-order hint) and `record_gradient_tests`: a
   verdict of ``_numerical`` turned into a test result with the words a user needs;
-* :func:`declared_surrogates`: a class's ``surrogate_gradients``, validated;
-* :func:`narrowest_float` and :func:`reference_outcome`: a forward that computes in a narrower
+* `declared_surrogates`: a class's ``surrogate_gradients``, validated;
+* `narrowest_float` and `reference_outcome`: a forward that computes in a narrower
   dtype inside (mixed precision) is checked against JAX autodiff at that dtype's tolerance,
   because float64 finite differences cannot resolve it.
 """
@@ -169,7 +169,7 @@ def compare(what: str, expected, got, rtol: float, *, equal_nan: bool = False) -
 
 
 def compare_trees(what: str, expected, got, rtol_for, *, equal_nan: bool = False) -> list[str]:
-    """:func:`compare` leaf by leaf; ``rtol_for(expected leaf)`` gives each leaf's tolerance."""
+    """`compare` leaf by leaf; ``rtol_for(expected leaf)`` gives each leaf's tolerance."""
     leaves_e, leaves_g = jax.tree.leaves(expected), jax.tree.leaves(got)
     if len(leaves_e) != len(leaves_g):
         return [f"{what}: {len(leaves_g)} values, expected {len(leaves_e)}"]
@@ -229,7 +229,7 @@ def gradients_or_without_autodiff(model, args, parts, *, required: str = ""):
     as a reference, the model with it turned off and a note saying so.
 
     ``required``: when not empty, autodiff is the code under test, so its failure is not
-    recoverable: :class:`Unusable` with this text and the error's type.
+    recoverable: `Unusable` with this text and the error's type.
     """
     try:
         return model, numerical.compute_gradients(model, args, parts), ""
@@ -430,7 +430,7 @@ def _swap_hint(key, verdicts, labels) -> str:
 def record_gradient_tests(rec: Recorder, test: str, names, compute, *, fixed=None) -> None:
     """Record ``test[name]`` for each name from ``compute()`` (``{name: Outcome}``).
 
-    The time is shared among the results. :class:`Unusable` makes every one Incomplete; any other
+    The time is shared among the results. `Unusable` makes every one Incomplete; any other
     exception (the user's forward or backward raised) makes every one Failed. ``fixed``
     (``{name: Outcome}``, e.g. declared surrogates) holds outcomes decided whatever happens.
     """

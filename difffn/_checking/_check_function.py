@@ -2,7 +2,8 @@
 
 ``check_function(fcn, *example_inputs)`` runs the tests of ``_check_list`` that
 ``check_function`` runs (forward, backward, gradients per input, ``compute_gradients``, jit and
-vmap), in that order, and returns a :class:`~difffn.CheckReport`. Pytree inputs are checked leaf by
+vmap), in that order, and returns a [`CheckReport`][difffn.CheckReport]. Pytree inputs are checked
+leaf by
 leaf (``_check_function_inputs``).
 
 The gradient tests run in float64 (enabled only inside the check) on the example inputs cast to
@@ -10,6 +11,9 @@ float64, with random upstream gradients; see ``_numerical.py`` for the method an
 """
 
 from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
 
 import jax
 import jax.numpy as jnp
@@ -56,7 +60,9 @@ GRADIENTS = "gradients_are_correct"
 TRANSFORM_RTOL = {"float16": 1e-2, "bfloat16": 1e-2, "float32": 1e-5, "float64": 1e-12}
 
 
-def check_function(fcn, *example_inputs, key=None) -> CheckReport:
+def check_function(
+    fcn: Callable[..., Any], *example_inputs: Any, key: jax.Array | None = None
+) -> CheckReport:
     """Check a ``DifferentiableFunction``: forward, backward, gradients, flags and transforms.
 
     Args:
@@ -68,7 +74,7 @@ def check_function(fcn, *example_inputs, key=None) -> CheckReport:
         ``jax.random.key(0)``.
 
     Returns:
-      A :class:`~difffn.CheckReport` (see :func:`difffn.check_layer`).
+      A [`CheckReport`][difffn.CheckReport] (see [`df.check_layer`][difffn.check_layer]).
 
     Raises:
       CheckError: ``fcn`` is not a DifferentiableFunction instance, the example inputs do

@@ -1,7 +1,7 @@
 """``check_layer``: MATLAB's ``checkLayer`` for difffn layers.
 
 ``check_layer(layer, *layouts)`` runs the tests of ``_check_list`` that ``check_layer`` runs, in
-that order, and returns a :class:`~difffn.CheckReport`. The tests live by concern:
+that order, and returns a [`CheckReport`][difffn.CheckReport]. The tests live by concern:
 
 * ``_check_layer_subject``: the layer under check, its data, its methods run as the runtime does;
 * ``_check_layer_structure``: what the methods take and return (sizes, dtypes, state, formats);
@@ -21,6 +21,10 @@ normal inputs and upstream gradients.
 
 from __future__ import annotations
 
+from typing import Any
+
+import jax
+
 from .._core import CheckError, FormattedArray, Layout, type_name
 from .._training import DTYPES
 from . import _check_layer_backward as backward
@@ -34,7 +38,11 @@ from ._check_report import CheckReport, Recorder, incomplete
 
 
 def check_layer(
-    layer, *layouts, check_export: bool = False, key=None, precision: str | None = None
+    layer: Any,
+    *layouts: Layout,
+    check_export: bool = False,
+    key: jax.Array | None = None,
+    precision: str | None = None,
 ) -> CheckReport:
     """Check a custom layer the way MATLAB's ``checkLayer`` does, and name what is wrong.
 
@@ -54,7 +62,7 @@ def check_layer(
         (float16's largest value is 65504) is named. Default None: not run (Skipped).
 
     Returns:
-      A :class:`~difffn.CheckReport`; ``print(report)`` shows every test, MATLAB's
+      A [`CheckReport`][difffn.CheckReport]; ``print(report)`` shows every test, MATLAB's
       ``Test Summary:`` and the diagnostics of failures. ``report.ok`` is True when nothing failed
       or was left incomplete.
 

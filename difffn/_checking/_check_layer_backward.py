@@ -4,7 +4,7 @@ The custom backward runs and returns one gradient per input and learnable (and s
 takes ``dLdSout``) with the right shapes and dtypes; a layer without one is differentiated by JAX
 autodiff with finite gradients; with ``check_export=True``, ``predict`` exports with
 ``jax.export`` and matches, derivative included. Each test is a function of the
-:class:`~difffn._checking._check_layer_subject.LayerSubject`.
+`LayerSubject`.
 """
 
 from __future__ import annotations

@@ -9,7 +9,7 @@ computes in a narrower dtype inside is compared with JAX autodiff at that dtype'
 
 ``second_order_gradients_are_correct``: ``_check_second_order`` around the same point.
 
-:class:`LayerModel` is the layer's forward as a function of the flat checked values (a
+`LayerModel` is the layer's forward as a function of the flat checked values (a
 ``_numerical.Model``).
 """
 
@@ -185,7 +185,7 @@ def gradients_are_correct(s: LayerSubject) -> None:
 
 
 def checked_parts(s: LayerSubject, xs, layer, takes_state: bool):
-    """The flat leaves of ``(xs, layer)`` with their tree, and a :class:`Part` per checked value."""
+    """The flat leaves of ``(xs, layer)`` with their tree, and a `Part` per checked value."""
     path_leaves, treedef = jax.tree_util.tree_flatten_with_path((xs, layer))
     n_in = len(xs)
     learnables, states = s.names["learnables"], s.names["states"]

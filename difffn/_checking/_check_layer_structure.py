@@ -1,6 +1,6 @@
 """``check_layer``'s tests of what the layer's methods take and return (no derivatives).
 
-Each test is a function of the :class:`~difffn._checking._check_layer_subject.LayerSubject`; it
+Each test is a function of the `LayerSubject`; it
 returns or raises an outcome (``None`` means Passed). The tests, in the order of ``_check_list``:
 initialization, signatures, predict/forward running and agreeing, dtypes, GPU, observations being
 independent, state, ``reset_state``, ``initialize`` idempotence, formats."""
@@ -407,7 +407,7 @@ def _state_problems(name: str, old, new, *, grow: bool = True) -> list[str]:
 
     A field may hold one array or a pytree of arrays (a dict of batch statistics): the two are
     compared leaf by leaf, each leaf named by its pytree path. ``grow``: an axis of size 1 may
-    grow (see :func:`_state_shape_ok`).
+    grow (see `_state_shape_ok`).
     """
     if old is None or is_array(old):  # one array (or not set yet): the value is one array
         if not is_array(new):

@@ -1,6 +1,6 @@
 """The layer under ``check_layer``: its test data, and its methods run as the runtime runs them.
 
-:class:`LayerSubject` is what every test of ``check_layer`` works on: the (initialized) layer, the
+`LayerSubject` is what every test of ``check_layer`` works on: the (initialized) layer, the
 layouts with their concrete sizes, deterministic inputs and keys, what ``predict``, ``forward``
 and ``backward`` returned (``None`` until they ran), and how to run them: compiled when the layer
 is acceleratable, eagerly otherwise. This module is the checker's one door into ``_layer``.

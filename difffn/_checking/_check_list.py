@@ -1,6 +1,6 @@
 """The test list of ``check_layer`` and ``check_function``: one declarative table.
 
-Each :class:`CheckTest` says what the test is called, what it checks, MATLAB's ``checkLayer`` test
+Each `CheckTest` says what the test is called, what it checks, MATLAB's ``checkLayer`` test
 it corresponds to (where there is one), which checker runs it and when it is skipped. The
 checkers run their tests in this order, so a report lists them in this order too, and the table
 in ``docs/checking.md`` is this table (``tests/test_check_list.py`` compares them; regenerate it

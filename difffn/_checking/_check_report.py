@@ -15,7 +15,9 @@ import os
 import textwrap
 import time
 import traceback
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
+from typing import Any
 
 import jax
 
@@ -41,13 +43,14 @@ class CheckResult:
     diagnostic: str = ""
     duration: float = 0.0
 
-    def __post_init__(self):
+    def __post_init__(self) -> None:
         if self.status not in STATUSES:
             raise ValueError(f"CheckResult status must be one of {STATUSES}, got {self.status!r}")
 
 
 class CheckReport:
-    """The results of :func:`difffn.check_layer` or :func:`difffn.check_function`.
+    """The results of [`df.check_layer`][difffn.check_layer] or
+    [`df.check_function`][difffn.check_function].
 
     ``print(report)`` shows one line per test (``.`` passed, ``F`` failed, ``I`` incomplete,
     ``S`` skipped), then MATLAB's ``Test Summary:`` with the counts and the elapsed time, then the
@@ -56,11 +59,24 @@ class CheckReport:
     Attributes:
       subject: what was checked, e.g. ``"SReLULayer (layer 'srelu')"``.
       inputs: how it was called, e.g. ``"Layout((128, 24, 24, 20), 'BSSC')"``.
-      results: the :class:`CheckResult` of every test, in the order they ran.
+      results: the `CheckResult` of every test, in the order they ran.
       elapsed: seconds the whole check took.
     """
 
-    def __init__(self, subject: str, inputs: str, results, elapsed: float, notes=()):
+    subject: str
+    inputs: str
+    results: tuple[CheckResult, ...]
+    elapsed: float
+    notes: tuple[str, ...]
+
+    def __init__(
+        self,
+        subject: str,
+        inputs: str,
+        results: Iterable[CheckResult],
+        elapsed: float,
+        notes: Iterable[str] = (),
+    ) -> None:
         self.subject = subject
         self.inputs = inputs
         self.results = tuple(results)
@@ -107,7 +123,7 @@ class CheckReport:
                 return r
         raise KeyError(f"no test named {name!r}; tests: {[r.name for r in self.results]}")
 
-    def __iter__(self):
+    def __iter__(self) -> Iterator[Any]:
         return iter(self.results)
 
     def __len__(self) -> int:
@@ -188,7 +204,7 @@ class Recorder:
         self.start = time.perf_counter()
 
     def run(self, name: str, body, *args, **kwargs) -> CheckResult:
-        """Run ``body``; it returns an :class:`Outcome` (``None`` means Passed) or raises one.
+        """Run ``body``; it returns an `Outcome` (``None`` means Passed) or raises one.
 
         Any other exception fails the test, with the exception described.
         """

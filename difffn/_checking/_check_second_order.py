@@ -3,13 +3,13 @@ r"""``second_order_gradients_are_correct``, for both checkers: is the backward d
 A backward that uses ``jax.lax.stop_gradient`` on a value that depends on the inputs, or is not
 JAX-differentiable code, passes every first-order test while the second derivative JAX takes
 through it is silently wrong (often 0). This test differentiates the first-order gradient
-:math:`g(p)` as the runtime computes it (through the custom rule) and compares, in float64,
-:math:`\nabla_p \langle v, g(p)\rangle` for a random :math:`v` with central finite differences
-of :math:`\langle v, g(p)\rangle`, per input and learnable, with ``_numerical``'s probes. JAX
+$g(p)$ as the runtime computes it (through the custom rule) and compares, in float64,
+$\nabla_p \langle v, g(p)\rangle$ for a random $v$ with central finite differences
+of $\langle v, g(p)\rangle$, per input and learnable, with ``_numerical``'s probes. JAX
 autodiff's second derivative of the forward computation serves as the reference where
 ``_numerical`` finds it agrees with the finite differences.
 
-:class:`SecondOrderModel` wraps a first-order model of either checker, which provides
+`SecondOrderModel` wraps a first-order model of either checker, which provides
 ``outputs`` (the forward, plain), ``runtime_outputs`` (the call as users make it, custom rule
 wired in) and ``cotangents``.
 """
@@ -38,7 +38,7 @@ FIRST_ORDER_TEST = "gradients_are_correct"
 
 @dataclass(frozen=True)
 class SecondOrderModel:
-    """:math:`p \\mapsto g(p)`, the first-order gradient through the runtime (a
+    """$p \\mapsto g(p)$, the first-order gradient through the runtime (a
     ``_numerical.Model``); ``args``: ``(the first-order model's args, v)``."""
 
     first: object

@@ -1,7 +1,7 @@
 r"""Numerical derivatives for the gradient checks: vectorized central differences in float64.
 
 A gradient check asks whether the gradient ``g`` of the scalar loss
-:math:`L = \sum_j \langle \bar y_j, y_j \rangle` (random upstream gradients :math:`\bar y_j`)
+$L = \sum_j \langle \bar y_j, y_j \rangle$ (random upstream gradients $\bar y_j$)
 with respect to each *segment* of a flat float64 vector (one layer input, one learnable...) agrees
 with finite differences. ``g`` comes from the code under test: a custom backward, or JAX autodiff
 when there is none. A second source, JAX autodiff of the forward computation, serves as a
@@ -10,9 +10,9 @@ reference where it exists.
 **Probes.** A probe is a direction ``u`` inside one segment: a sparse random ±1 vector (a
 *directional probe*, covering up to 8192 elements at once) or a single element (a *coordinate
 probe*, which says *where*). Each element moves in proportion to its scale
-:math:`\tau_i = \max(|p_i|, \mathrm{rms}(\text{leaf}))`, so steps are relative. A probe is
-evaluated at seven points :math:`p + c\,\tau \odot u`, :math:`c \in \{0, \pm s_1, \pm s_2,
-\pm s_3\}`, in one ``jax.vmap``-batched call; several probes share a call, and one compiled
+$\tau_i = \max(|p_i|, \mathrm{rms}(\text{leaf}))$, so steps are relative. A probe is
+evaluated at seven points $p + c\,\tau \odot u$, $c \in \{0, \pm s_1, \pm s_2,
+\pm s_3\}$, in one ``jax.vmap``-batched call; several probes share a call, and one compiled
 function serves the probes of every segment (a probe perturbs the whole flat vector, zero outside
 its support). Which probes run: three directional probes per segment (all elements of a segment
 of at most four), the elements where the code under test and autodiff disagree most, and, to
@@ -20,22 +20,22 @@ locate a failure without a trusted autodiff reference, coordinate probes (every 
 segment of at most 32).
 
 **Precision.** Loss changes are formed element by element,
-:math:`\Delta L = \sum_j \langle \bar y_j, y_j(p + c\,\tau u) - y_j(p) \rangle`, so outputs that
+$\Delta L = \sum_j \langle \bar y_j, y_j(p + c\,\tau u) - y_j(p) \rangle$, so outputs that
 did not move contribute nothing. The rounding noise is estimated from the outputs that moved, as
-a random walk: :math:`16\,\epsilon\,(\sum (|\bar y|(|y| + |y_0|))^2)^{1/2}` per unit step.
+a random walk: $16\,\epsilon\,(\sum (|\bar y|(|y| + |y_0|))^2)^{1/2}$ per unit step.
 
 **Kinks.** At a point where the function is not differentiable (ReLU at 0, SReLU's thresholds)
 finite differences are meaningless. A probe whose step crosses a kink gives central differences
 that disagree across step sizes; a probe that sits on one gives one-sided differences whose gap
 does not shrink with the step. Such a sample point is *moved* (the segment is jittered by about
-:math:`10^{-3}\tau`, the gradients recomputed there) and the probe re-evaluated, at most three
+$10^{-3}\tau$, the gradients recomputed there) and the probe re-evaluated, at most three
 times; it is never reported as a failure, and one that stays unresolved is left out of the verdict.
 
-**Verdict.** A resolved probe with central estimate :math:`D` (the smallest step that agrees with
-the next larger one) and analytic directional derivative :math:`a = \langle g, \tau \odot u
-\rangle` passes when :math:`|D - a| \le 10^{-6} (R + R_f) + N`: :math:`R = \sum_j |\bar y_j|\,
-|\Delta y_j| / 2s` is the absolute-sum scale of the loss change (it does not depend on the code
-under test), :math:`R_f` is :math:`10^{-3}` of the segment's largest :math:`R`, :math:`N` the
+**Verdict.** A resolved probe with central estimate $D$ (the smallest step that agrees with
+the next larger one) and analytic directional derivative $a = \langle g, \tau \odot u
+\rangle$ passes when $|D - a| \le 10^{-6} (R + R_f) + N$: $R = \sum_j |\bar y_j|\,
+|\Delta y_j| / 2s$ is the absolute-sum scale of the loss change (it does not depend on the code
+under test), $R_f$ is $10^{-3}$ of the segment's largest $R$, $N$ the
 noise floor.
 """
 
@@ -177,7 +177,7 @@ class GradientVerdict:
 
 
 def element_scale(leaves: Sequence) -> np.ndarray:
-    r"""The flat per-element scale :math:`\tau_i = \max(|p_i|, \mathrm{rms}(\text{leaf}))`.
+    r"""The flat per-element scale $\tau_i = \max(|p_i|, \mathrm{rms}(\text{leaf}))$.
 
     Computed on the host (NumPy, float64). A leaf of zeros gets scale 1, so a step never vanishes.
     """
@@ -240,7 +240,7 @@ def check_gradients(
     """Check every segment's gradient with finite differences (see the module docstring).
 
     Must run with float64 enabled (``jax.enable_x64(True)``). ``gradients`` (the result of
-    :func:`compute_gradients` at ``base``) may be passed when already computed.
+    `compute_gradients` at ``base``) may be passed when already computed.
 
     Returns:
       ``{segment name: GradientVerdict}``.

@@ -67,6 +67,9 @@ from ._signatures import has_backward as has_backward
 from ._signatures import has_method as has_method
 from ._signatures import positional as positional
 from ._signatures import predict_arity as predict_arity
+from ._types import Data as Data
+from ._types import Output as Output
+from ._types import PyTree as PyTree
 from ._user_code import CONCRETIZATION_ERRORS as CONCRETIZATION_ERRORS
 from ._version import __version__ as __version__
 
@@ -81,6 +84,9 @@ __all__ = [
     "Error",
     "FormatError",
     "FormattedArray",
+    "Data",
+    "Output",
+    "PyTree",
     "ForwardError",
     "ForwardModeError",
     "HigherOrderError",

@@ -3,7 +3,7 @@
 Data reaches difffn as arrays, lists, formatted arrays. ``jnp.asarray`` fails on strings, Python
 objects and ragged lists with JAX's or NumPy's own words (``Error interpreting argument to stage
 as a JAX value``, ``inhomogeneous shape``), and silently drops the imaginary part of complex data
-that a real network computes on. :func:`as_numbers` and :func:`check_numbers` say what was given
+that a real network computes on. `as_numbers` and `check_numbers` say what was given
 and how to fix it, in the caller's error class (``NetworkError`` for ``net.predict``,
 ``OptionsError`` for ``trainnet``'s data, ``FormatError`` for ``df.dlarray``).
 """

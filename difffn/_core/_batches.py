@@ -100,7 +100,7 @@ class Keep(NamedTuple):
 
 
 def keep_first(size: int, padded: int) -> Keep | None:
-    """The :class:`Keep` of one batch of ``size`` real rows padded to ``padded``; None when
+    """The `Keep` of one batch of ``size`` real rows padded to ``padded``; None when
     nothing was padded."""
     return Keep(1, size, padded) if padded > size else None
 

@@ -1,12 +1,12 @@
 """How messages and displays describe values and layers: one wording everywhere.
 
-* :func:`is_array`: whether a value is an array (concrete or traced), the one definition;
-* :func:`short`: ``float32[2, 3]`` for an array (``:BC`` added for a formatted one), ``tuple of
+* `is_array`: whether a value is an array (concrete or traced), the one definition;
+* `short`: ``float32[2, 3]`` for an array (``:BC`` added for a formatted one), ``tuple of
   2 arrays`` for a container of arrays, a short ``repr`` for anything else (layer ``repr``,
   parameter tables, ``Network.replace`` and trace-cache messages);
-* :func:`who`: ``"Conv2D (layer 'conv1')"``, or ``"Conv2D.predict (layer 'conv1')"`` with a
+* `who`: ``"Conv2D (layer 'conv1')"``, or ``"Conv2D.predict (layer 'conv1')"`` with a
   method: how every message names a layer;
-* :func:`raised_at`: ``"my_layer.py:12, in predict"``, the user's line where an exception arose.
+* `raised_at`: ``"my_layer.py:12, in predict"``, the user's line where an exception arose.
 """
 
 from __future__ import annotations

@@ -1,6 +1,7 @@
 """The difffn exception family.
 
-Every error difffn raises for a user's mistake is a subclass of :class:`Error`. Each also derives
+Every error difffn raises for a user's mistake is a subclass of [`Error`][difffn.Error]. Each also
+derives
 from the built-in exception a Python user would expect (``ValueError`` for a bad value,
 ``TypeError`` for a bad type), so ``except ValueError`` keeps working.
 
@@ -14,11 +15,11 @@ _CAUSE = BaseException.__cause__  # the built-in descriptors, which the property
 _JAX_FORWARD_TRACE = "JaxStackTraceBeforeTransformation"
 
 
-def _get_cause(self):
+def _get_cause(self: BaseException) -> BaseException | None:
     return _CAUSE.__get__(self)
 
 
-def _set_cause(self, value):
+def _set_cause(self: BaseException, value: BaseException | None) -> None:
     if type(value).__name__ == _JAX_FORWARD_TRACE:
         # JAX moves the error's own chain onto its record of the forward pass: take it back.
         _CAUSE.__set__(self, value.__cause__)
@@ -38,7 +39,7 @@ class Error(Exception):
     declines that record and keeps its own chain: one traceback. ``raise ... from`` is unchanged.
     """
 
-    __cause__ = property(_get_cause, _set_cause)  # type: ignore[assignment]
+    __cause__: BaseException | None = property(_get_cause, _set_cause)  # type: ignore[assignment]
 
 
 class FormatError(Error, ValueError):
@@ -46,7 +47,8 @@ class FormatError(Error, ValueError):
 
 
 class DifferentiableFunctionError(Error, TypeError):
-    """A :class:`~difffn.DifferentiableFunction` subclass is defined or called incorrectly."""
+    """A [`DifferentiableFunction`][difffn.DifferentiableFunction] subclass is defined or called
+    incorrectly."""
 
 
 class ForwardError(Error, ValueError):
@@ -66,7 +68,7 @@ class HigherOrderError(DifferentiableFunctionError):
 
 
 class LayerError(Error, TypeError):
-    """A :class:`~difffn.Layer` subclass is defined or used incorrectly."""
+    """A [`Layer`][difffn.Layer] subclass is defined or used incorrectly."""
 
 
 class AccelerationError(Error, TypeError):
@@ -74,7 +76,7 @@ class AccelerationError(Error, TypeError):
 
 
 class NetworkError(Error, ValueError):
-    """A :class:`~difffn.Network` is built or called incorrectly."""
+    """A [`Network`][difffn.Network] is built or called incorrectly."""
 
 
 class OptionsError(Error, ValueError):
@@ -113,3 +115,10 @@ class MissingDependencyError(Error, ImportError):
 def type_name(obj: object) -> str:
     """The name of ``obj``'s class, for messages (``'SReLUFunction'``)."""
     return type(obj).__name__
+
+
+# Tracebacks, reprs and pickles name the errors as users import them (``difffn.FormatError``),
+# not by this private module; each is exported by ``difffn/__init__.py``.
+for _error in [v for v in list(globals().values()) if isinstance(v, type) and issubclass(v, Error)]:
+    _error.__module__ = "difffn"
+del _error

@@ -3,14 +3,14 @@
 Every file difffn reads or writes that the user did not name one by one (a checkpoint's history
 log, the checkpoints found in a folder, an ONNX model's external data) goes through here:
 
-- a name read from a file is a bare name of the expected form (:func:`bare_name`): never a path,
+- a name read from a file is a bare name of the expected form (`bare_name`): never a path,
   never ``..``, never absolute;
 - it is opened without following a symbolic link (``O_NOFOLLOW``) and without blocking
   (``O_NONBLOCK``: a planted FIFO does not hang the process), then required to be a regular file
   (a device such as ``/dev/zero``, a FIFO or a folder is refused before a byte is read);
-- it is read with a size bound (:func:`read_regular`): exactly the size the file has when it is
+- it is read with a size bound (`read_regular`): exactly the size the file has when it is
   opened, refused beyond ``limit``;
-- writes open the file the same way (:func:`open_regular`), so a symbolic link planted under the
+- writes open the file the same way (`open_regular`), so a symbolic link planted under the
   name is refused instead of followed (its target is never truncated or overwritten), and so is
   a file with more than one hard link.
 
@@ -127,8 +127,8 @@ def read_regular(
     """The bytes of the regular file at ``path``, at most ``limit`` of them (see the module).
 
     Raises:
-      error: as :func:`open_regular`, or the file is larger than ``limit`` bytes.
-      OSError: as :func:`open_regular`.
+      error: as `open_regular`, or the file is larger than ``limit`` bytes.
+      OSError: as `open_regular`.
     """
     fd = open_regular(path, os.O_RDONLY, what=what, follow=follow, error=error)
     with os.fdopen(fd, "rb") as handle:

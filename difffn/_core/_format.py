@@ -1,11 +1,13 @@
 """Formats (MATLAB's ``dlarray`` labels) and data layouts (``networkDataLayout``).
 
-The public functions on formatted arrays and layouts: :func:`dlarray`, :func:`dims`,
-:func:`finddim`, :func:`stripdims`, :func:`permute`, and :class:`Layout`. The array class itself
+The public functions on formatted arrays and layouts: [`dlarray`][difffn.dlarray],
+  [`dims`][difffn.dims],
+[`finddim`][difffn.finddim], [`stripdims`][difffn.stripdims], [`permute`][difffn.permute], and
+[`Layout`][difffn.Layout]. The array class itself
 lives in ``_formatted_array.py``, the label rules in ``_labels.py``.
 
 Unlike MATLAB, labels name the axes in **storage order** (``"BSSC"`` is NHWC) and nothing is ever
-permuted behind the user's back: :func:`permute` is the one explicit transpose.
+permuted behind the user's back: [`permute`][difffn.permute] is the one explicit transpose.
 """
 
 from __future__ import annotations
@@ -107,7 +109,7 @@ class Layout:
         return len(self._shape)
 
     def finddim(self, label: str) -> tuple[int, ...]:
-        """The axes carrying ``label`` (see :func:`finddim`)."""
+        """The axes carrying ``label`` (see [`finddim`][difffn.finddim])."""
         return finddim(self, label)
 
     def size(self, label: str) -> int | None | tuple[int | None, ...]:
@@ -193,7 +195,7 @@ def dlarray(x: Any, fmt: str | None = None) -> Any:
         >>> df.dlarray(jnp.zeros((2, 3)), "BSC")
         Traceback (most recent call last):
         ...
-        difffn._core._errors.FormatError: dlarray: fmt 'BSC' has 3 labels ... (shape (2, 3)); ...
+        difffn.FormatError: dlarray: fmt 'BSC' has 3 labels ... (shape (2, 3)); ...
     """
     if fmt is None:
         return x if isinstance(x, FormattedArray) else asarray(x)

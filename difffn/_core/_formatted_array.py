@@ -6,13 +6,13 @@ caches on it and retraces when it changes. JAX rebuilds pytrees with placeholder
 every operation that relies on the format checks the rank first and, if ``jax.vmap`` removed or
 added an axis, says so and how to fix it.
 
-``__jax_array__`` is answered by whom it is asked (:attr:`FormattedArray.__jax_array__`):
+``__jax_array__`` is answered by whom it is asked (`__jax_array__`):
 ``jax.Array``'s operators call it on their right operand before Python tries ours, so a plain
 ``__jax_array__`` would make ``w * x`` silently return a plain array (and, under
 ``jax_numpy_rank_promotion="raise"``, fail for a lower-rank ``w``) while ``x * w`` keeps the
 format. So the operators get the ``FormattedArray`` back (JAX then returns ``NotImplemented`` and
 Python calls ours: the format is kept), ``jnp.asarray``/``jnp.array`` get the plain array (an
-explicit conversion), and the other ``jax.numpy`` and ``jax.nn`` functions a :class:`FormatError`
+explicit conversion), and the other ``jax.numpy`` and ``jax.nn`` functions a [`FormatError`][difffn.FormatError]
 (also a ``TypeError``) that names ``df.ops`` and ``df.stripdims``: ``jnp.exp(x)`` cannot keep the
 format, and silently dropping it is what MATLAB never does. Elsewhere (``jax.lax``) a
 ``FormattedArray`` is not an array to JAX, as before.
@@ -24,7 +24,7 @@ import math
 import operator
 import sys
 from collections.abc import Callable, Iterable, Iterator
-from typing import Any
+from typing import Any, ClassVar
 
 import jax
 import jax.numpy as jnp
@@ -74,7 +74,13 @@ def asarray(data: Any) -> jax.Array:
     return to_device(data)
 
 
-def _binary(fn: Callable[[Any, Any], Any], symbol: str, *, reflected: bool = False):
+_Binary = Callable[["FormattedArray", Any], Any]
+_Unary = Callable[["FormattedArray"], "FormattedArray"]
+
+
+def _binary(
+    fn: Callable[[Any, Any], Any], symbol: str, *, reflected: bool = False
+) -> Callable[[FormattedArray, Any], Any]:
     def method(self: FormattedArray, other: Any) -> Any:
         return self._combine(other, fn, symbol, reflected)
 
@@ -83,7 +89,7 @@ def _binary(fn: Callable[[Any, Any], Any], symbol: str, *, reflected: bool = Fal
     return method
 
 
-def _unary(fn: Callable[[Any], Any], symbol: str):
+def _unary(fn: Callable[[Any], Any], symbol: str) -> Callable[[FormattedArray], FormattedArray]:
     def method(self: FormattedArray) -> FormattedArray:
         self._check_rank(f"'{symbol}'")
         return FormattedArray._wrap(fn(self._data), self._format)
@@ -100,7 +106,8 @@ class PlainArrayNeeded(FormatError, TypeError):
 class FormattedArray:
     """An array plus a format string: MATLAB's formatted ``dlarray``.
 
-    Build one with :func:`dlarray` (or this constructor, which validates the same way). The array
+    Build one with [`dlarray`][difffn.dlarray] (or this constructor, which validates the same way).
+    The array
     is the pytree's only leaf and the format is static, so ``jax.jit`` caches on the format and
     ``jax.grad`` returns gradients with the input's format.
 
@@ -133,11 +140,11 @@ class FormattedArray:
     """
 
     __slots__ = ("_data", "_format")
-    __hash__ = None  # type: ignore[assignment]  # ``==`` is elementwise
+    __hash__: ClassVar[None] = None  # type: ignore[assignment]  # ``==`` is elementwise
     # numpy defers ``ndarray OP x`` to our reflected operators, so the format survives.
     __array_ufunc__ = None
 
-    def __init__(self, data: Any, fmt: str):
+    def __init__(self, data: Any, fmt: str) -> None:
         if isinstance(data, FormattedArray):
             data = data._data
         data = asarray(data)
@@ -207,7 +214,9 @@ class FormattedArray:
         self._check_rank("astype")
         return FormattedArray._wrap(self._data.astype(dtype), self._format)
 
-    def _combine(self, other: Any, fn: Callable[[Any, Any], Any], symbol: str, reflected: bool):
+    def _combine(
+        self, other: Any, fn: Callable[[Any, Any], Any], symbol: str, reflected: bool
+    ) -> Any:
         self._check_rank(f"'{symbol}'")
         if isinstance(other, FormattedArray):
             other._check_rank(f"'{symbol}'")
@@ -248,37 +257,37 @@ class FormattedArray:
         result = fn(other, self._data) if reflected else fn(self._data, other)
         return FormattedArray._wrap(result, self._format)
 
-    __add__ = _binary(operator.add, "+")
-    __radd__ = _binary(operator.add, "+", reflected=True)
-    __sub__ = _binary(operator.sub, "-")
-    __rsub__ = _binary(operator.sub, "-", reflected=True)
-    __mul__ = _binary(operator.mul, "*")
-    __rmul__ = _binary(operator.mul, "*", reflected=True)
-    __truediv__ = _binary(operator.truediv, "/")
-    __rtruediv__ = _binary(operator.truediv, "/", reflected=True)
-    __floordiv__ = _binary(operator.floordiv, "//")
-    __rfloordiv__ = _binary(operator.floordiv, "//", reflected=True)
-    __mod__ = _binary(operator.mod, "%")
-    __rmod__ = _binary(operator.mod, "%", reflected=True)
-    __pow__ = _binary(operator.pow, "**")
-    __rpow__ = _binary(operator.pow, "**", reflected=True)
-    __and__ = _binary(operator.and_, "&")
-    __rand__ = _binary(operator.and_, "&", reflected=True)
-    __or__ = _binary(operator.or_, "|")
-    __ror__ = _binary(operator.or_, "|", reflected=True)
-    __xor__ = _binary(operator.xor, "^")
-    __rxor__ = _binary(operator.xor, "^", reflected=True)
+    __add__: ClassVar[_Binary] = _binary(operator.add, "+")
+    __radd__: ClassVar[_Binary] = _binary(operator.add, "+", reflected=True)
+    __sub__: ClassVar[_Binary] = _binary(operator.sub, "-")
+    __rsub__: ClassVar[_Binary] = _binary(operator.sub, "-", reflected=True)
+    __mul__: ClassVar[_Binary] = _binary(operator.mul, "*")
+    __rmul__: ClassVar[_Binary] = _binary(operator.mul, "*", reflected=True)
+    __truediv__: ClassVar[_Binary] = _binary(operator.truediv, "/")
+    __rtruediv__: ClassVar[_Binary] = _binary(operator.truediv, "/", reflected=True)
+    __floordiv__: ClassVar[_Binary] = _binary(operator.floordiv, "//")
+    __rfloordiv__: ClassVar[_Binary] = _binary(operator.floordiv, "//", reflected=True)
+    __mod__: ClassVar[_Binary] = _binary(operator.mod, "%")
+    __rmod__: ClassVar[_Binary] = _binary(operator.mod, "%", reflected=True)
+    __pow__: ClassVar[_Binary] = _binary(operator.pow, "**")
+    __rpow__: ClassVar[_Binary] = _binary(operator.pow, "**", reflected=True)
+    __and__: ClassVar[_Binary] = _binary(operator.and_, "&")
+    __rand__: ClassVar[_Binary] = _binary(operator.and_, "&", reflected=True)
+    __or__: ClassVar[_Binary] = _binary(operator.or_, "|")
+    __ror__: ClassVar[_Binary] = _binary(operator.or_, "|", reflected=True)
+    __xor__: ClassVar[_Binary] = _binary(operator.xor, "^")
+    __rxor__: ClassVar[_Binary] = _binary(operator.xor, "^", reflected=True)
     # Python reflects comparisons itself (``w < x`` calls ``x.__gt__(w)``).
-    __lt__ = _binary(operator.lt, "<")
-    __le__ = _binary(operator.le, "<=")
-    __gt__ = _binary(operator.gt, ">")
-    __ge__ = _binary(operator.ge, ">=")
-    __eq__ = _binary(operator.eq, "==")  # type: ignore[assignment]
-    __ne__ = _binary(operator.ne, "!=")  # type: ignore[assignment]
-    __neg__ = _unary(operator.neg, "-")
-    __pos__ = _unary(operator.pos, "+")
-    __abs__ = _unary(operator.abs, "abs")
-    __invert__ = _unary(operator.invert, "~")
+    __lt__: ClassVar[_Binary] = _binary(operator.lt, "<")
+    __le__: ClassVar[_Binary] = _binary(operator.le, "<=")
+    __gt__: ClassVar[_Binary] = _binary(operator.gt, ">")
+    __ge__: ClassVar[_Binary] = _binary(operator.ge, ">=")
+    __eq__: ClassVar[_Binary] = _binary(operator.eq, "==")  # type: ignore[assignment]
+    __ne__: ClassVar[_Binary] = _binary(operator.ne, "!=")  # type: ignore[assignment]
+    __neg__: ClassVar[_Unary] = _unary(operator.neg, "-")
+    __pos__: ClassVar[_Unary] = _unary(operator.pos, "+")
+    __abs__: ClassVar[_Unary] = _unary(operator.abs, "abs")
+    __invert__: ClassVar[_Unary] = _unary(operator.invert, "~")
 
     def __getitem__(self, key: Any) -> FormattedArray:
         """Basic indexing: an int drops its axis's label, a slice or ``...`` keeps labels."""

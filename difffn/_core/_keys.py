@@ -2,7 +2,7 @@
 
 Randomness in difffn is an explicit key (``initialize``, ``forward``, ``trainnet``). An int seed
 or ``None`` where a key is needed would fail inside ``jax.random`` with JAX's words (``invalid
-PRNG key data``, ``'int' object has no attribute 'shape'``); :func:`check_key` names the argument
+PRNG key data``, ``'int' object has no attribute 'shape'``); `check_key` names the argument
 and the fix instead.
 """
 

@@ -74,7 +74,7 @@ def fits(mask, y) -> bool:
 
 def spread(mask, y):
     """``mask`` with ``y``'s number of axes: its sizes at ``y``'s ``B`` (and ``T``) axes, 1
-    elsewhere, so that it broadcasts against ``y`` (the caller checked :func:`fits`)."""
+    elsewhere, so that it broadcasts against ``y`` (the caller checked `fits`)."""
     b, t = value_axes(y)
     ndim = jnp.ndim(stripdims(y))
     if jnp.ndim(mask) == 1:

@@ -4,9 +4,9 @@ Files record some names by module path: a checkpoint's fingerprint names a loss,
 optax transformation by the qualified name of its function (``difffn._losses.crossentropy``), and
 a ``df.save`` file names each layer's class. Those paths changed when the flat modules moved into
 the floor packages (``difffn._losses`` -> ``difffn._scoring._losses``). Fingerprints keep naming
-difffn's own functions by their former paths (:func:`former_path`), so that a run's fingerprint is
+difffn's own functions by their former paths (`former_path`), so that a run's fingerprint is
 the same string before and after the move and old checkpoints resume; class paths read from a file
-are brought to the current layout (:func:`current_path`) before they are compared.
+are brought to the current layout (`current_path`) before they are compared.
 """
 
 from __future__ import annotations

@@ -3,7 +3,7 @@
 Layers and ``DifferentiableFunction``\\ s infer part of their contract from the user's method
 signatures (MATLAB reads them too): how many inputs ``predict`` takes, whether ``forward`` takes a
 ``key``, whether ``backward`` takes the state gradients. Every such question is answered here,
-from :func:`positional`, so that the rules are written once.
+from `positional`, so that the rules are written once.
 
 Signatures are inspected once per function and remembered in a ``WeakKeyDictionary``: a class
 that the user drops is not kept alive by the memo.

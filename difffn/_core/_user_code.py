@@ -3,14 +3,15 @@
 Networks compile layers, ``jax.jit`` traces a ``DifferentiableFunction``'s ``forward`` and
 ``backward``, and ``trainnet`` compiles losses and metrics. User code that JAX cannot trace fails
 there with JAX's own error, which names JAX's internals (``_outer_primal``, ``step``) instead of
-the user's function. :func:`call` runs one user callable and turns the two such failures into
+the user's function. `call` runs one user callable and turns the two such failures into
 ``df.Error``\\ s that name the user's function, its line and the fix:
 
 * Python control flow or conversions on traced values (``if x > 0``, ``float(x)``): a
-  :class:`~difffn.AccelerationError` (JAX's error is not chained: its traceback shows only JAX's
+  [`AccelerationError`][difffn.AccelerationError] (JAX's error is not chained: its traceback shows
+  only JAX's
   frames, and the user's line is named in the message);
 * a ``jax.numpy`` function given a ``df.FormattedArray`` (only the elementwise operators take
-  one, see ``_formatted_array.py``): a :class:`~difffn.FormatError` that says to use
+  one, see ``_formatted_array.py``): a [`FormatError`][difffn.FormatError] that says to use
   ``df.stripdims``. Such a ``TypeError`` is told from the user's other ``TypeError``\\ s without
   reading JAX's message: the function is run again, abstractly (``jax.eval_shape``), on the plain
   arrays, and only if that works were the formats the cause.

@@ -25,9 +25,9 @@ are gathered into every process. A validation batch that does not divide runs re
 prediction pads (``_predict``).
 
 Data reach the devices as global ``jax.Array``s: from arrays that every process holds whole
-(:meth:`Placement.host_batch`: each process copies only the rows of its own devices, through
+(`Placement.host_batch`: each process copies only the rows of its own devices, through
 ``jax.make_array_from_callback``), or from each process's own batch
-(:meth:`Placement.local_batch`: ``jax.make_array_from_process_local_data``; the global batch is
+(`Placement.local_batch`: ``jax.make_array_from_process_local_data``; the global batch is
 the processes' batches in process order).
 """
 
@@ -191,7 +191,7 @@ class Placement:
 
     def plan_uneven(self, net, size: int, shares: int = 1) -> str | None:
         """Decide how mini-batches of ``size`` observations that the ``"data"`` size does not
-        divide are split (:attr:`uneven`), and say so (None when it divides).
+        divide are split (`uneven`), and say so (None when it divides).
 
         Args:
           net: the network trained (its layers decide between padding and replication).
@@ -309,7 +309,7 @@ class Placement:
         global batch: the processes' batches in process order, split over the mesh.
 
         ``rows``: pad every share (inputs and targets) to that many observations with copies
-        of its first (:meth:`padded`; the step cuts them, ``_batches.Keep``).
+        of its first (`padded`; the step cuts them, ``_batches.Keep``).
         """
         xs = tuple(
             self._local(x, batch_axis(x, fmt), rows) for x, fmt in zip(xs, formats, strict=True)

@@ -5,13 +5,13 @@ leaves the others waiting in the next collective of the step. JAX's coordination
 notices only after its heartbeat timeout (``jax.distributed.initialize(heartbeat_timeout_seconds=
 100)``) and then aborts them with a C++ stack trace.
 
-While a multi-host ``trainnet`` runs, :func:`watching` keeps each process's heartbeat in the
+While a multi-host ``trainnet`` runs, `watching` keeps each process's heartbeat in the
 coordination service's key-value store (``difffn/alive/<process>``: a counter a thread raises
 every ``timeout / 5`` seconds) and reads the others'. A peer whose counter has not moved for
 ``timeout`` seconds (``TrainingOptions(process_timeout=...)``), or a coordination service that
 does not answer for that long, is lost: this process writes on stderr which process was lost,
 the last complete checkpoint and the ``resume_from`` to use, and exits at once with status
-:data:`EXIT_STATUS` (its main thread may be blocked in a collective that would never return;
+`EXIT_STATUS` (its main thread may be blocked in a collective that would never return;
 exiting normally would also wait for ``jax.distributed``'s shutdown barrier, which a lost
 process never reaches). A collective that fails instead of blocking (gloo reports the peer's
 closed connection) waits for that verdict, up to the timeout, before its error is raised.

@@ -97,7 +97,7 @@ def split_memory(memory, who: str) -> tuple[Static, tuple]:
 
 
 def join_memory(static: Static, arrays) -> Any:
-    """The memory value :func:`split_memory` took apart."""
+    """The memory value `split_memory` took apart."""
     tree, leaves = static.value
     it = iter(arrays)
     return jax.tree.unflatten(tree, [next(it) if v is _ARRAY else v for v in leaves])

@@ -21,7 +21,7 @@ memo).
 from __future__ import annotations
 
 import inspect
-from typing import ClassVar
+from typing import Any, ClassVar
 
 import jax
 import jax.numpy as jnp
@@ -115,7 +115,7 @@ class DifferentiableFunction:
     jvp_from_forward: ClassVar[bool] = False
     surrogate_gradients: ClassVar[dict[str, str] | None] = None
 
-    def __init_subclass__(cls, **kwargs):
+    def __init_subclass__(cls, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)
         for attr in rules._FLAG_ATTRIBUTES:
             rules.check_flag(
@@ -136,7 +136,7 @@ class DifferentiableFunction:
             if not variadic:
                 _check_backward_arity(cls, rules.flags_of_class(cls), names)
 
-    def __init__(self, *args, **kwargs):
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
         if args or kwargs:
             # MATLAB calls the object directly (``f = MyFunction(); y = f(x)``); giving the
             # inputs to the constructor is the mistake this names.
@@ -148,10 +148,13 @@ class DifferentiableFunction:
                 "configuration."
             )
 
-    def forward(self, *inputs):
+    def forward(self, *inputs: Any, **kwargs: Any) -> Any:
+        """The outputs (then the memory values) from the inputs; every subclass defines it."""
         raise NotImplementedError
 
-    def backward(self, *args):
+    def backward(self, *args: Any, **kwargs: Any) -> Any:
+        """One gradient per input, from the output gradients, ``compute_gradients`` and what
+        was saved; every subclass defines it."""
         raise NotImplementedError
 
     # -- configuration identity -------------------------------------------------------------
@@ -192,11 +195,11 @@ class DifferentiableFunction:
     # structure) its arrays are baked into the trace, so another instance must not reuse it.
     # Calls still share one operation per configuration and array shapes (``_config``).
 
-    def __hash__(self):
+    def __hash__(self) -> int:
         config = self._config()
         return id(self) if config[2] else hash(config)
 
-    def __eq__(self, other):
+    def __eq__(self, other: object) -> bool:
         if type(self) is not type(other):
             return NotImplemented
         config = self._config()
@@ -204,13 +207,27 @@ class DifferentiableFunction:
             return self is other
         return config == other._config()
 
-    def __repr__(self):
+    def __repr__(self) -> str:
         args = ", ".join(f"{k}={v!r}" for k, v in sorted(vars(self).items()))
         return f"{type(self).__name__}({args})"
 
     # -- calling ---------------------------------------------------------------------------
 
-    def __call__(self, *inputs, **kwargs):
+    def __call__(self, *inputs: Any, **kwargs: Any) -> Any:
+        """Apply the operation: ``forward``'s outputs, with ``backward`` as their derivative.
+
+        Args:
+          *inputs: the inputs, positionally, in ``forward``'s order (arrays or pytrees of them;
+            an optional input left out takes its default).
+
+        Returns:
+          The output (``num_outputs == 1``) or the tuple of outputs. Typed ``Any``: what
+          ``forward`` returns (an array or a pytree) is the subclass's to say.
+
+        Raises:
+          DifferentiableFunctionError: keyword arguments, a wrong number of inputs, or a
+            ``backward`` whose arity does not fit the class attributes.
+        """
         cls = type(self)
         _check_methods(cls)
         names, required, variadic = _signature(cls)

@@ -16,7 +16,7 @@ computes need tangents, which a ``jax.custom_vjp`` gets by autodiff of its fwd's
 primitive, ``_primitive.custom_vjp`` with a ``jvp``), while reverse mode keeps the plain twins.
 
 Both ``DifferentiableFunction`` (``_function_rules.Operation``) and a layer's custom backward
-(``_layer._layer_backward``) are built with :func:`twin_custom_vjp`.
+(``_layer._layer_backward``) are built with `twin_custom_vjp`.
 """
 
 from __future__ import annotations

@@ -2,13 +2,15 @@
 
 A layer class declares its fields like a dataclass. Each field has a kind:
 
-* ``learnable``: trained (MATLAB ``properties (Learnable)``), declared with :func:`learnable`;
-* ``state``: updated by ``predict``/``forward`` (MATLAB ``properties (State)``), :func:`state`;
+* ``learnable``: trained (MATLAB ``properties (Learnable)``), declared with
+  [`learnable`][difffn.learnable];
+* ``state``: updated by ``predict``/``forward`` (MATLAB ``properties (State)``),
+  [`state`][difffn.state];
 * ``property``: a plain field; hashable values are static configuration, arrays are leaves;
 * ``base``: the base properties every layer has (``name``, ``num_inputs``, ...).
 
 Learnable and state fields hold parameter values: an array, a pytree of arrays, ``None`` (not
-initialized yet) or, for learnables, a nested ``df.Network``. :func:`as_parameter` coerces and
+initialized yet) or, for learnables, a nested ``df.Network``. `as_parameter` coerces and
 checks one such value;
 ``NetworkBase`` lets this floor recognise a nested network without importing ``_network``.
 """
@@ -17,6 +19,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+from typing import Any
 
 import jax
 import jax.numpy as jnp
@@ -40,13 +43,13 @@ BASE_FIELDS = (
 
 
 def learnable(
-    default=None,
+    default: Any = None,
     *,
     learn_rate_factor: float = 1.0,
     l2_factor: float = 1.0,
     sharding: PartitionSpec | None = None,
-    **kwargs,
-):
+    **kwargs: Any,
+) -> Any:
     """Declare a learnable parameter field (MATLAB ``properties (Learnable)``).
 
     Args:
@@ -86,7 +89,7 @@ def learnable(
     return dataclasses.field(default=default, metadata=metadata, **kwargs)
 
 
-def state(default=None, **kwargs):
+def state(default: Any = None, **kwargs: Any) -> Any:
     """Declare a state parameter field (MATLAB ``properties (State)``).
 
     ``predict`` and ``forward`` return the new value of every state field after their outputs.

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+from typing import Any, Self
+
+from .._core import Data
 from ._layer import Layer
 
 
@@ -15,11 +18,11 @@ class InputLayer(Layer):
     """
 
     @property
-    def input_layout(self):
+    def input_layout(self) -> Any:
         """The ``df.Layout`` of the network input this layer receives (batch size ``None``)."""
         raise NotImplementedError
 
-    def with_statistics(self, x):
+    def with_statistics(self, x: Data) -> Self:
         """A layer whose normalization statistics still ``None`` are computed from ``x``.
 
         ``x`` is a (large) sample of training inputs with this layer's format. The default has no

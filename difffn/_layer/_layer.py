@@ -15,7 +15,7 @@ one. The method contract:
 Calling a layer (formats, the user's methods, their returns) lives in ``_layer_call.py``.
 
 Construction: every new layer object, from the class call or a copy (``replace``), passes
-:func:`_validate`, which checks what is new: parameter values, ports, hashability of static
+`_validate`, which checks what is new: parameter values, ports, hashability of static
 fields. Only the pytree unflatten (JAX's hot path) rebuilds a layer without it.
 
 Package-internal API (per class) ``_field_kinds``, ``_learnable_fields``, ``_state_fields``,
@@ -29,7 +29,7 @@ import dataclasses
 import functools
 import inspect
 from collections.abc import Sequence
-from typing import Any, ClassVar
+from typing import Any, ClassVar, Self, TypeVar, dataclass_transform
 
 import jax
 
@@ -58,8 +58,14 @@ from ._fields import (
     check_assigned,
     field_kind,
     is_network,
+    learnable,
+    state,
 )
 from ._layer_call import call_layer
+
+_L = TypeVar("_L", bound="Layer")
+# The default of the port fields: None, resolved when the layer is made (``_resolve_ports``).
+_RESOLVED: Any = None
 
 
 def _guarded(initialize):
@@ -112,10 +118,15 @@ def _as_layout(layer, i: int, value) -> Layout:
     )
 
 
+# dataclass_transform: type checkers see each layer class as the dataclass that the metaclass
+# makes of it (constructors with the real fields; df.learnable()/df.state() as field specifiers).
+@dataclass_transform(eq_default=False, field_specifiers=(dataclasses.field, learnable, state))
 class _LayerMeta(type):
     """Turns each subclass into a dataclass pytree and controls construction."""
 
-    def __new__(mcls, name, bases, namespace, **kwargs):
+    def __new__(
+        mcls, name: str, bases: tuple[type, ...], namespace: dict[str, Any], **kwargs: Any
+    ) -> _LayerMeta:
         if "initialize" in namespace:
             namespace = {**namespace, "initialize": _guarded(namespace["initialize"])}
         cls = super().__new__(mcls, name, bases, namespace, **kwargs)
@@ -139,7 +150,7 @@ class _LayerMeta(type):
             )
         return cls
 
-    def __call__(cls, *args, **kwargs):
+    def __call__(cls: type[_L], *args: Any, **kwargs: Any) -> _L:
         self = cls.__new__(cls)
         object.__setattr__(self, "_initializing", True)
         if cls._user_init:
@@ -176,7 +187,7 @@ class Layer(metaclass=_LayerMeta):
     ``initialize``, ``forward``, ``reset_state`` and ``backward``. See the module docstring for
     the method contract and ``docs/layers.md`` for a guide.
 
-    Class attributes:
+    Attributes:
       formattable: ``False`` (default): ``predict`` receives plain arrays and its outputs take
         the input's format. ``True``: it receives and returns ``df.FormattedArray``.
       acceleratable: ``True`` (default): networks compile the layer into their trace. ``False``:
@@ -223,10 +234,11 @@ class Layer(metaclass=_LayerMeta):
     name: str = dataclasses.field(default="", kw_only=True)
     description: str = dataclasses.field(default="", kw_only=True)
     type: str = dataclasses.field(default="", kw_only=True)
-    num_inputs: int | None = dataclasses.field(default=None, kw_only=True)
-    input_names: tuple[str, ...] | None = dataclasses.field(default=None, kw_only=True)
-    num_outputs: int | None = dataclasses.field(default=None, kw_only=True)
-    output_names: tuple[str, ...] | None = dataclasses.field(default=None, kw_only=True)
+    # The ports are resolved by MATLAB's rules when a layer is made: never None on a layer.
+    num_inputs: int = dataclasses.field(default=_RESOLVED, kw_only=True)
+    input_names: tuple[str, ...] = dataclasses.field(default=_RESOLVED, kw_only=True)
+    num_outputs: int = dataclasses.field(default=_RESOLVED, kw_only=True)
+    output_names: tuple[str, ...] = dataclasses.field(default=_RESOLVED, kw_only=True)
 
     # Filled by the metaclass.
     _field_kinds: ClassVar[dict[str, str]]
@@ -237,7 +249,7 @@ class Layer(metaclass=_LayerMeta):
 
     # -- immutability ----------------------------------------------------------------------
 
-    def __setattr__(self, name, value):
+    def __setattr__(self, name: str, value: Any) -> None:
         if self.__dict__.get("_initializing"):
             object.__setattr__(self, name, value)
             return
@@ -246,12 +258,12 @@ class Layer(metaclass=_LayerMeta):
             f"layer = layer.replace({name}=...)."
         )
 
-    def __delattr__(self, name):
+    def __delattr__(self, name: str) -> None:
         raise LayerError(f"{type(self).__name__} is immutable; cannot delete {name!r}.")
 
     # -- the public surface ------------------------------------------------------------------
 
-    def replace(self, **changes) -> Layer:
+    def replace(self, **changes: Any) -> Self:
         """A new layer with some fields replaced (layers are immutable).
 
         Raises:
@@ -266,7 +278,7 @@ class Layer(metaclass=_LayerMeta):
             )
         return self._copy(changes)
 
-    def initialize(self, *layouts, key):
+    def initialize(self, *layouts: Any, **kwargs: Any) -> Self:
         """Fill parameters that are still ``None``; the default does nothing.
 
         Args:
@@ -278,17 +290,23 @@ class Layer(metaclass=_LayerMeta):
           LayerError: a layout that is not a ``df.Layout`` (a tuple of sizes has no format), or
             an exception raised by the class's ``initialize`` (chained to it).
         """
-        del layouts, key
+        del layouts, kwargs
         return self
 
-    def predict(self, *inputs):
+    def predict(self, *inputs: Any, **kwargs: Any) -> Any:
+        """The layer's outputs ``Y1..YM``, then the new values of its state fields.
+
+        Every layer class defines it (MATLAB's ``predict``); ``*inputs`` are its inputs
+        (``def predict(self, x)``, ``def predict(self, x1, x2)``), and a keyword ``mask``
+        receives the padding mask of sequence data.
+        """
         raise NotImplementedError
 
-    def reset_state(self):
+    def reset_state(self) -> Self:
         """A layer with its state reset; the default (as in MATLAB) leaves the state as it is."""
         return self
 
-    def __call__(self, *inputs, key=None):
+    def __call__(self, *inputs: Any, key: jax.Array | None = None) -> Any:
         """Run ``predict`` with the custom backward (if any) wired in.
 
         Returns what ``predict`` returns: ``Y`` alone (one output, no state) or the tuple
@@ -327,7 +345,7 @@ class Layer(metaclass=_LayerMeta):
                 return False
         return True
 
-    def __repr__(self):
+    def __repr__(self) -> str:
         parts = []
         for n, kind in type(self)._field_kinds.items():
             value = getattr(self, n)
@@ -338,10 +356,10 @@ class Layer(metaclass=_LayerMeta):
 
     # -- the package-internal API --------------------------------------------------------------
 
-    def _copy(self, changes: dict[str, Any], *, factors=None, assigned: bool = False) -> Layer:
+    def _copy(self, changes: dict[str, Any], *, factors=None, assigned: bool = False) -> Self:
         """The one constructor of layer copies (``replace``, networks, factors, loading, state).
 
-        The copy is validated by :func:`_validate`, for what changed.
+        The copy is validated by `_validate`, for what changed.
 
         Args:
           changes: field name -> new value.

@@ -1,6 +1,6 @@
 """A layer's custom ``backward``, wired in through ``custom_vjp`` over its parameters and inputs.
 
-:func:`call_with_backward` runs a layer's ``predict``/``forward`` inside a ``custom_vjp`` whose
+`call_with_backward` runs a layer's ``predict``/``forward`` inside a ``custom_vjp`` whose
 arguments are the layer's learnables, state, constant leaves, inputs and key; its reverse rule
 calls the user's ``backward(*X, *Y, *dLdY, [*dLdSout], memory)`` and checks every gradient it
 returns (count, shape, dtype) against the value it belongs to, at trace time. Output cotangents

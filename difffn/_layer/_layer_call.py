@@ -1,6 +1,6 @@
 """Calling a layer: formats in and out, the user's method invoked, its returns split and checked.
 
-:func:`call_layer` is how ``layer(*X)``, networks and the checkers run a layer. A layer with
+`call_layer` is how ``layer(*X)``, networks and the checkers run a layer. A layer with
 ``formattable = False`` receives plain arrays and its outputs take the format of its first
 formatted input; a ``formattable = True`` layer receives and returns ``FormattedArray``\\ s. A
 layer with a custom ``backward`` runs through ``_layer_backward``. A user method that uses Python

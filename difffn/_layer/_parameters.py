@@ -1,13 +1,14 @@
 """Annotated parameters: one walk over the fields of layers and networks, and the tables on it.
 
-:func:`walk` visits every field of a layer or network that is a pytree child (learnables, state,
+`walk` visits every field of a layer or network that is a pytree child (learnables, state,
 properties holding arrays), in the order of the pytree's leaves, and enters networks held in
 learnable fields (network composition, MATLAB's ``properties (Learnable)`` holding a
-``dlnetwork``). What it yields, :class:`Parameter`, says where the field is (its path), what it
+``dlnetwork``). What it yields, `Parameter`, says where the field is (its path), what it
 is (learnable, state or constant), and which learnable network fields lead to it.
 
 Everything that needs to know what a leaf is uses it: learn-rate and L2 factors per leaf
-(``_factors.leaf_factors``), :func:`leaf_kinds` and :func:`learnable_mask` (serialization, the
+(``_factors.leaf_factors``), `leaf_kinds` and [`learnable_mask`][difffn.interop.learnable_mask]
+(serialization, the
 solvers, optax masks), the parameter tables of a network (``net.learnables``, ``net.state``,
 ``net.replace``, counts in ``summary``), and the checkers (which leaves belong to which input,
 learnable or state of a layer).
@@ -30,7 +31,7 @@ from ._table import ParameterTable
 
 @dataclasses.dataclass(frozen=True, eq=False)
 class Parameter:
-    """One field of one layer, as :func:`walk` reaches it.
+    """One field of one layer, as `walk` reaches it.
 
     Attributes:
       path: ``"field"`` on a layer, ``"layer/field"`` on a network; through a nested network,

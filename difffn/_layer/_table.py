@@ -77,7 +77,7 @@ class ParameterTable(Mapping):
 
     # -- Mapping interface ---------------------------------------------------------------------
 
-    def __getitem__(self, path: str):
+    def __getitem__(self, path: str) -> Any:
         key = _split(path)
         try:
             return self._values[self._keys.index(key)]

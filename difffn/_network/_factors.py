@@ -12,6 +12,7 @@ from __future__ import annotations
 import dataclasses
 import math
 import numbers
+from typing import Any
 
 import jax
 
@@ -22,7 +23,7 @@ from ._network import Network
 LEARN_RATE, L2 = "learn_rate_factor", "l2_factor"
 
 
-def set_learn_rate_factor(obj, path: str, factor: float):
+def set_learn_rate_factor(obj: Any, path: str, factor: float) -> Any:
     """Return ``obj`` (a layer or network) with the learn-rate factor of ``path`` set.
 
     Examples:
@@ -39,17 +40,17 @@ def set_learn_rate_factor(obj, path: str, factor: float):
     return _set(obj, path, LEARN_RATE, factor)
 
 
-def get_learn_rate_factor(obj, path: str) -> float:
+def get_learn_rate_factor(obj: Any, path: str) -> float:
     """The learn-rate factor of ``path`` in a layer or network (default 1)."""
     return _get(obj, path, LEARN_RATE)
 
 
-def set_l2_factor(obj, path: str, factor: float):
+def set_l2_factor(obj: Any, path: str, factor: float) -> Any:
     """Return ``obj`` (a layer or network) with the L2 factor of ``path`` set."""
     return _set(obj, path, L2, factor)
 
 
-def get_l2_factor(obj, path: str) -> float:
+def get_l2_factor(obj: Any, path: str) -> float:
     """The L2 regularization factor of ``path`` in a layer or network (default 1)."""
     return _get(obj, path, L2)
 

@@ -87,7 +87,13 @@ class Network(NetworkBase):
       ('BC', (4, 2))
     """
 
-    def __init__(self, layers, *, connections=(), outputs=None):
+    def __init__(
+        self,
+        layers: Layer | Sequence[Layer | Sequence[Layer]],
+        *,
+        connections: Sequence[tuple[str, str]] = (),
+        outputs: Sequence[str] | None = None,
+    ) -> None:
         flat, chains = flatten_layers(layers)
         flat = name_layers(flat)
         graph = build_graph(flat, chains, tuple(tuple(c) for c in connections), outputs)
@@ -201,7 +207,7 @@ class Network(NetworkBase):
 
     # -- editing (MATLAB addLayers, connectLayers, ...; each returns a new network) ----------
 
-    def add_layers(self, layers) -> Network:
+    def add_layers(self, layers: Layer | Sequence[Layer]) -> Network:
         """A network with ``layers`` added, connected in order, not to the existing layers.
 
         Args:
@@ -255,7 +261,7 @@ class Network(NetworkBase):
         """
         return _graph_edit.disconnect_layers(self, source, destination)
 
-    def remove_layers(self, names) -> Network:
+    def remove_layers(self, names: str | Sequence[str]) -> Network:
         """A network without the layers ``names`` (a name or a list) and their connections.
 
         The layers that they fed are not reconnected: their inputs are left unconnected.
@@ -265,7 +271,9 @@ class Network(NetworkBase):
         """
         return _graph_edit.remove_layers(self, names)
 
-    def replace_layer(self, name: str, layers, *, reconnect_by: str = "name") -> Network:
+    def replace_layer(
+        self, name: str, layers: Layer | Sequence[Layer], *, reconnect_by: str = "name"
+    ) -> Network:
         """A network with layer ``name`` replaced by a layer or a chain of layers.
 
         The old layer's inputs feed the first new layer, and the last new layer feeds what the
@@ -310,7 +318,9 @@ class Network(NetworkBase):
         """Table of state parameters (layer, parameter, value)."""
         return _parameters.table(self, STATE)
 
-    def replace(self, *, learnables=None, state=None) -> Network:
+    def replace(
+        self, *, learnables: ParameterTable | None = None, state: ParameterTable | None = None
+    ) -> Network:
         """A network with some learnable and/or state values replaced.
 
         Args:
@@ -336,7 +346,7 @@ class Network(NetworkBase):
 
     # -- initialize ----------------------------------------------------------------------------
 
-    def initialize(self, *layouts_or_examples, key=None) -> Network:
+    def initialize(self, *layouts_or_examples: Any, key: jax.Array | None = None) -> Network:
         """Fill the parameters that are still empty, from the input layouts.
 
         Args:
@@ -372,8 +382,14 @@ class Network(NetworkBase):
     # -- running ---------------------------------------------------------------------------------
 
     def predict(
-        self, *inputs, outputs=None, acceleration="auto", return_state=False, mask=None, **named
-    ):
+        self,
+        *inputs: Any,
+        outputs: str | Sequence[str] | None = None,
+        acceleration: str = "auto",
+        return_state: bool = False,
+        mask: Any = None,
+        **named: Any,
+    ) -> Any:
         """Outputs of the network at prediction time (MATLAB ``predict``).
 
         Args:
@@ -422,10 +438,18 @@ class Network(NetworkBase):
                 "order."
             )
 
-    def forward(self, *inputs, key=None, outputs=None, acceleration="auto", mask=None, **named):
+    def forward(
+        self,
+        *inputs: Any,
+        key: jax.Array | None = None,
+        outputs: str | Sequence[str] | None = None,
+        acceleration: str = "auto",
+        mask: Any = None,
+        **named: Any,
+    ) -> tuple[Any, ParameterTable]:
         """Outputs at training time and the updated state (MATLAB ``forward``).
 
-        ``mask`` is as for :meth:`predict`.
+        ``mask`` is as for `predict`.
 
         Returns:
           ``(outputs, state)``: one output or a tuple, and a ``ParameterTable`` of the new state
@@ -587,7 +611,7 @@ class Network(NetworkBase):
         """
         return _plot.plot(self, path, title=title)
 
-    def __repr__(self):
+    def __repr__(self) -> str:
         state = "initialized" if self.initialized else "not initialized"
         learnables = _parameters.count(self, LEARNABLE)
         return (

@@ -16,6 +16,7 @@ import json
 import os
 import tempfile
 from pathlib import Path
+from typing import Any
 
 import jax
 import jax.numpy as jnp
@@ -31,7 +32,9 @@ from ._lower import OPSET, Const, Lowering
 FORMATS_KEY = "difffn.input_formats"
 
 
-def export_onnx(net: Network, *layouts_and_path, path: str | os.PathLike | None = None) -> Path:
+def export_onnx(
+    net: Network, *layouts_and_path: Any, path: str | os.PathLike[str] | None = None
+) -> Path:
     """Write a network's predict as an ONNX file that ONNX Runtime runs.
 
     Built-in layers and custom layers export alike: the predict is traced and each JAX

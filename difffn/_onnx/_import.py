@@ -26,6 +26,7 @@ from __future__ import annotations
 import json
 import re
 from collections import defaultdict
+from typing import Any
 
 from .._core import NetworkError, ONNXImportError
 from .._network import Network
@@ -42,11 +43,11 @@ from ._ops import Attrs, FrozenArray, Unsupported, lookup
 
 
 def import_onnx(
-    path_or_model,
+    path_or_model: Any,
     *,
-    placeholders=False,
-    input_shapes=None,
-    input_formats=None,
+    placeholders: Any = False,
+    input_shapes: Any = None,
+    input_formats: Any = None,
     max_tensor_bytes: int = _limits.DEFAULT_MAX_TENSOR_BYTES,
 ) -> Network:
     """Import an ONNX model as a ``df.Network`` (MATLAB's ``importNetworkFromONNX``).
@@ -120,7 +121,7 @@ def import_model(
     input_formats=None,
     max_tensor_bytes: int = _limits.DEFAULT_MAX_TENSOR_BYTES,
 ):
-    """``import_onnx``, returning an :class:`ImportResult`."""
+    """``import_onnx``, returning an `ImportResult`."""
     with _limits.bound(max_tensor_bytes):
         return _import_model(path_or_model, placeholders, input_shapes, input_formats)
 

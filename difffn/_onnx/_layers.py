@@ -1,17 +1,17 @@
 """The layers an imported network holds besides difffn's built-in ones.
 
-* :class:`ONNXOperator`: a ``FunctionLayer`` over one ONNX operator that no difffn layer covers
-  (its function is a :class:`NodeFunction`, static and hashable), with the node's floating-point
+* `ONNXOperator`: a ``FunctionLayer`` over one ONNX operator that no difffn layer covers
+  (its function is a `NodeFunction`, static and hashable), with the node's floating-point
   constants as learnables, keyed by their ONNX names.
-* :class:`ONNXInput`: the entry of an ONNX input that is not an image, a feature vector or a
+* `ONNXInput`: the entry of an ONNX input that is not an image, a feature vector or a
   sequence (any format and dtype): it labels plain data with its format.
 
-A :class:`NodeFunction` runs the operator in ONNX's axis order: it reorders its inputs from
+A `NodeFunction` runs the operator in ONNX's axis order: it reorders its inputs from
 difffn's storage order (``_labels``), calls the operator, and stores the outputs channels-last
 again. Elementwise operators whose inputs share one layout skip both reorderings (their
 constants were reordered at import), and ``Squeeze``/``Unsqueeze`` only reshape. Shapes that the
 ONNX graph computes from other tensors' shapes (``Shape -> Gather -> Concat -> Reshape``) are
-:class:`Program`\\ s, evaluated while tracing from the static shapes, so the batch size may vary.
+`Program`\\ s, evaluated while tracing from the static shapes, so the batch size may vary.
 """
 
 from __future__ import annotations
@@ -32,7 +32,7 @@ from ._ops import Attrs, FrozenArray, lookup, run
 
 @dataclasses.dataclass(frozen=True)
 class Step:
-    """One ONNX node of a :class:`Program`."""
+    """One ONNX node of a `Program`."""
 
     op_type: str
     attrs: Attrs
@@ -88,7 +88,7 @@ class NodeFunction:
       out_labels: per output, its ONNX labels (it is stored in ``_labels`` storage order).
       mode: ``"onnx"`` (reorder to ONNX order and back), ``"native"`` (elementwise on stored
         data) or ``"reshape"`` (Squeeze/Unsqueeze: a reshape of stored data).
-      programs: the :class:`Program` s of ``("program", i)`` slots.
+      programs: the `Program` s of ``("program", i)`` slots.
       sources: per program source name, the layer input that carries that tensor.
     """
 
@@ -181,7 +181,7 @@ class ONNXOperator(FunctionLayer):
     ``params`` maps the ONNX names of the node's floating-point constant inputs (initializers,
     or values folded from them) to arrays, stored as the operator uses them (elementwise
     operators hold them reordered like their channels-last data). ``fn`` is the node's
-    :class:`NodeFunction`. Made by ``df.import_onnx``; ``df.export_onnx`` writes it back as the
+    `NodeFunction`. Made by ``df.import_onnx``; ``df.export_onnx`` writes it back as the
     same ONNX node.
     """
 

@@ -3,10 +3,10 @@
 A model file is small, but what it describes need not be: an initializer's dims, external data,
 or a constant-folded ``ConstantOfShape``, ``Expand``, ``Range`` or ``Tile`` with huge sizes would
 ask for petabytes. Every tensor the importer builds is checked against
-:data:`DEFAULT_MAX_TENSOR_BYTES` (``df.import_onnx(..., max_tensor_bytes=...)`` raises it)
-*before* it is allocated where its size can be known from the node (:func:`folding`), and after
+`DEFAULT_MAX_TENSOR_BYTES` (``df.import_onnx(..., max_tensor_bytes=...)`` raises it)
+*before* it is allocated where its size can be known from the node (`folding`), and after
 otherwise; any failure while folding a node (numpy's or JAX's) becomes an
-:class:`~difffn.ONNXImportError` naming the node.
+[`ONNXImportError`][difffn.ONNXImportError] naming the node.
 """
 
 from __future__ import annotations

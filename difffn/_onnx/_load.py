@@ -6,7 +6,8 @@ the model (no absolute paths, no ``..``, no symbolic links: ``_core.files``), ea
 (``_limits``) and checked against its dims and type before it is built; the model is checked with
 ``onnx.checker`` and the element types of the inputs of each node against the operator's schema,
 and its shapes are inferred with ``onnx.shape_inference``. Every failure is a
-:class:`~difffn.ONNXImportError` that says what is wrong with the file and how to fix it.
+[`ONNXImportError`][difffn.ONNXImportError] that says what is wrong with the file and how to fix
+it.
 """
 
 from __future__ import annotations

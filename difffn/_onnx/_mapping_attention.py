@@ -11,11 +11,11 @@ Exporters write attention as a subgraph (what ``torch.onnx.export`` writes for
     a = MatMul(Softmax(MatMul(q, k) / sqrt(d), axis=-1), v)
     y = MatMul(Reshape(Transpose(a, [0, 2, 1, 3]), [0, 0, H*d]), Wo) + bo
 
-(keys may also be transposed in two steps; the scale may be a ``Mul`` by :math:`1/\sqrt d`; the
-biases may be missing). :func:`fuse` runs before the import walk: it replaces every such subgraph
+(keys may also be transposed in two steps; the scale may be a ``Mul`` by $1/\sqrt d$; the
+biases may be missing). `fuse` runs before the import walk: it replaces every such subgraph
 whose inner tensors feed nothing else with one node of difffn's own (domain ``difffn.fused``,
 op ``SelfAttention``), which the importer maps to ``df.layers.SelfAttention`` when the input is
-batch first (``"BTC"``), and otherwise runs with :func:`self_attention`, the same computation in
+batch first (``"BTC"``), and otherwise runs with `self_attention`, the same computation in
 ONNX's axis order. Shapes given by ``Shape``/``Gather``/``Concat`` subgraphs (dynamic exports)
 are not matched: those graphs import node by node.
 """

@@ -1,7 +1,7 @@
 """The registry of ONNX operators that difffn implements, and what every implementation shares.
 
 Each operator is a JAX function in ONNX's own semantics (axes in ONNX's order, NCHW for images):
-``fn(a, *inputs) -> output or tuple of outputs``, where ``a`` is the node's :class:`Attrs` (its
+``fn(a, *inputs) -> output or tuple of outputs``, where ``a`` is the node's `Attrs` (its
 attributes and the model's opset) and ``inputs`` are the node's inputs in order (``None`` for an
 optional input left out). Inputs listed in ``static`` (shapes, axes, pads, scales, ...) arrive as
 NumPy arrays known while tracing; the others are JAX arrays. The importer wraps these functions
@@ -96,7 +96,7 @@ class OpDef:
       static: input positions whose values must be known while tracing (NumPy arrays).
       elementwise: outputs broadcast like the inputs (the op runs in any axis order, so the
         importer may apply it to channels-last data directly).
-      check: ``check(a, node)`` raises :class:`Unsupported` for attribute values or inputs
+      check: ``check(a, node)`` raises `Unsupported` for attribute values or inputs
         that the implementation does not cover (``node`` has ``inputs``, ``outputs``,
         ``input_kinds``, ``input_dtypes``).
       labels: ``labels(a, in_labels, in_shapes, out_shapes) -> list of output labels`` (ONNX
@@ -182,7 +182,7 @@ ONNX_DTYPE_NAMES = {
 
 
 def np_dtype(onnx_type: int):
-    """The NumPy dtype of an ONNX element type; :class:`Unsupported` for the others."""
+    """The NumPy dtype of an ONNX element type; `Unsupported` for the others."""
     try:
         return np.dtype(ONNX_DTYPES[int(onnx_type)])
     except KeyError:

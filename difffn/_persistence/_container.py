@@ -50,7 +50,7 @@ def _as_path(path) -> Path:
     return Path(path)
 
 
-def write(path: str | os.PathLike, kind: str, payload: dict[str, Any]) -> Path:
+def write(path: str | os.PathLike[str], kind: str, payload: dict[str, Any]) -> Path:
     """Serialize ``payload`` and write it atomically to ``path``; returns the path."""
     path = _as_path(path)
     data = msgpack_codec().msgpack_serialize(payload)
@@ -134,9 +134,9 @@ def _fsync_folder(folder: Path) -> None:
 
 
 def read(
-    path: str | os.PathLike, kind: str | tuple[str, ...], *, follow: bool = True
+    path: str | os.PathLike[str], kind: str | tuple[str, ...], *, follow: bool = True
 ) -> dict[str, Any]:
-    """Read and verify a container written by :func:`write`; returns its payload (a dict).
+    """Read and verify a container written by `write`; returns its payload (a dict).
 
     ``kind`` is the kind expected, or a tuple of the kinds accepted. The file must be a regular
     file (a FIFO or a device is refused before a byte is read, ``_core.files``); ``follow=False``
@@ -228,8 +228,8 @@ def check_schema(value, schema, *, source: str, where: str = "the payload") -> N
     """Check a decoded payload against ``schema`` before anything reads it.
 
     A schema is a type or a tuple of types; a dict ``{key: schema}`` of required keys (others are
-    allowed); a one-item list ``[schema]`` for a list of such items; :class:`Optional` or
-    :class:`Each`. A file that passed its checksum but does not fit was written so (by another
+    allowed); a one-item list ``[schema]`` for a list of such items; `Optional` or
+    `Each`. A file that passed its checksum but does not fit was written so (by another
     program, or a difffn bug): a named error, never a ``KeyError`` deep in the reader.
 
     Raises:

@@ -11,7 +11,8 @@ output formats, the layer names and classes, the difffn and jax versions) to a d
 of kind ``"exported"`` (``_container.py``: msgpack, checksum, atomic write).
 
 The file holds StableHLO bytecode and data, never Python code or pickle:
-``df.load_exported(path)`` returns an :class:`ExportedNetwork` that runs without the network's
+``df.load_exported(path)`` returns an [`ExportedNetwork`][difffn.ExportedNetwork] that runs without
+the network's
 layer classes being importable. It uses the same export core (``_export.py``) as
 ``check_layer(..., check_export=True)``.
 """
@@ -28,10 +29,12 @@ import jax.numpy as jnp
 import numpy as np
 
 from .._core import (
+    Data,
     Error,
     FormattedArray,
     Layout,
     NetworkError,
+    Output,
     SerializationError,
     __version__,
     as_numbers,
@@ -70,9 +73,9 @@ def _check_platforms(platforms) -> None:
 
 def export(
     net: Network,
-    *layouts_and_path,
-    path: str | os.PathLike | None = None,
-    dtype=jnp.float32,
+    *layouts_and_path: Any,
+    path: str | os.PathLike[str] | None = None,
+    dtype: Any = jnp.float32,
     platforms: Sequence[str] | None = None,
     vjp_order: int = 1,
 ) -> Path:
@@ -197,7 +200,7 @@ _OPTIONAL = {
 
 
 def load_exported(path: str | os.PathLike) -> ExportedNetwork:
-    """Load a network written by :func:`export`; no layer class is imported or run.
+    """Load a network written by [`export`][difffn.export]; no layer class is imported or run.
 
     Trust: an exported file carries compiled code for XLA (StableHLO bytecode, which JAX
     deserializes and XLA compiles and runs), like a TensorFlow SavedModel. difffn checks the
@@ -335,7 +338,8 @@ def _malformed(source: str, what: str) -> NoReturn:
 
 
 class ExportedNetwork:
-    """A network loaded by :func:`load_exported`: its compiled predict, callable like ``predict``.
+    """A network loaded by [`load_exported`][difffn.load_exported]: its compiled predict, callable
+    like ``predict``.
 
     ``model(*inputs)`` takes one array per input (plain, or formatted with the input's format)
     with any size where the export's layout said ``None``; it returns the outputs like
@@ -357,18 +361,18 @@ class ExportedNetwork:
 
     def __init__(
         self,
-        exported,
+        exported: Any,
         *,
-        input_names,
-        output_names,
-        input_layouts,
-        input_dtypes,
-        output_formats,
-        layers,
-        difffn_version,
-        source,
-        vjp_order=1,
-    ):
+        input_names: Sequence[str],
+        output_names: Sequence[str],
+        input_layouts: Any,
+        input_dtypes: Any,
+        output_formats: Any,
+        layers: Any,
+        difffn_version: str,
+        source: Any,
+        vjp_order: int = 1,
+    ) -> None:
         self.exported = exported
         self.input_names = input_names
         self.output_names = output_names
@@ -384,7 +388,7 @@ class ExportedNetwork:
     def platforms(self) -> tuple[str, ...]:
         return tuple(self.exported.platforms)
 
-    def __call__(self, *inputs):
+    def __call__(self, *inputs: Data) -> Output:
         xs = self._check_inputs(inputs)
         platform = jax.export.default_export_platform()
         if platform not in self.platforms:
@@ -441,7 +445,7 @@ class ExportedNetwork:
             xs.append(x)
         return xs
 
-    def __repr__(self):
+    def __repr__(self) -> str:
         ins = ", ".join(
             f"{n}: {lo}" for n, lo in zip(self.input_names, self.input_layouts, strict=True)
         )

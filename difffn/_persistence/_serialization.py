@@ -31,7 +31,7 @@ _LIKE_FIX = (
 )
 
 
-def save(path: str | os.PathLike, net: Network) -> Path:
+def save(path: str | os.PathLike[str], net: Network) -> Path:
     """Save a network's parameters, factors and structure description to ``path``.
 
     The write is atomic: after a crash, ``path`` holds the old file or the new one.
@@ -58,8 +58,8 @@ def save(path: str | os.PathLike, net: Network) -> Path:
     return _container.write(path, "network", network_payload(net))
 
 
-def load(path: str | os.PathLike, *, like: Network | None = None) -> Network:
-    """Load parameters saved by :func:`save` into a network of the same structure.
+def load(path: str | os.PathLike[str], *, like: Network | None = None) -> Network:
+    """Load parameters saved by [`save`][difffn.save] into a network of the same structure.
 
     ``like`` gives the structure (layer classes, names, connections); it may be uninitialized.
     ``path`` may also be a training checkpoint file of an earlier release
@@ -227,7 +227,7 @@ def network_structure(net: Network) -> dict[str, Any]:
 
 def check_network_structure(saved: dict[str, Any], net: Network, source: str) -> None:
     """Raise a named error at the first layer or connection where ``net`` differs from
-    ``saved`` (a :func:`network_structure`)."""
+    ``saved`` (a `network_structure`)."""
     _check_structure(saved, _describe(net), source)
 
 

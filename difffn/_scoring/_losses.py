@@ -19,8 +19,8 @@ over real steps of the per-step loss (MATLAB's ``Mask`` with ``NormalizationFact
 "mask-included"``, and ``trainnet``'s rule for padded sequences); ``"all-elements"`` divides by
 the real steps' elements. Note the two squared-error losses:
 
-* ``mse`` is MATLAB's half mean squared error, :math:`\frac{1}{2N}\sum (Y - T)^2`;
-* ``l2loss`` has no half, :math:`\frac{1}{N}\sum (Y - T)^2`.
+* ``mse`` is MATLAB's half mean squared error, $\frac{1}{2N}\sum (Y - T)^2$;
+* ``l2loss`` has no half, $\frac{1}{N}\sum (Y - T)^2$.
 
 ``trainnet`` and ``testnet`` accept these functions, their names (``"crossentropy"``,
 ``"crossentropy-logits"``, ``"index-crossentropy"``, ``"binary-crossentropy"``, ``"mse"``,
@@ -35,6 +35,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from .._core import (
+    Data,
     FormattedArray,
     OptionsError,
     as_mask,
@@ -83,7 +84,7 @@ def _observations(y) -> int:
 
 
 def _normalize(who: str, total, y, normalization: str, mask=None):
-    """``total`` normalized; with a ``mask`` (from :func:`_mask_of`), over the real steps."""
+    """``total`` normalized; with a ``mask`` (from `_mask_of`), over the real steps."""
     if normalization not in _NORMALIZATIONS:
         raise OptionsError(
             f"{who}: normalization must be one of {list(_NORMALIZATIONS)}; got {normalization!r}."
@@ -218,8 +219,15 @@ def _pick_class_log_probability(who: str, y, labels, from_logits: bool = False):
     return jnp.take_along_axis(_log_probabilities(who, y, from_logits), index, axis=c)
 
 
-def crossentropy(Y, T, *, normalization: str = "batch-size", mask=None, from_logits=False):
-    r"""Categorical cross-entropy :math:`-\frac{1}{N}\sum T \log Y` (MATLAB ``crossentropy``).
+def crossentropy(
+    Y: Data,
+    T: Data,
+    *,
+    normalization: str = "batch-size",
+    mask: jax.Array | None = None,
+    from_logits: bool = False,
+) -> jax.Array:
+    r"""Categorical cross-entropy $-\frac{1}{N}\sum T \log Y$ (MATLAB ``crossentropy``).
 
     ``Y`` holds probabilities (e.g. a softmax output); ``T`` is one-hot (``Y``'s shape) or
     integer class labels (``Y``'s shape without the ``C`` axis). Probabilities are bounded
@@ -260,12 +268,14 @@ def crossentropy(Y, T, *, normalization: str = "batch-size", mask=None, from_log
     return _normalize(who, total, Y, normalization, m)
 
 
-def crossentropy_logits(Y, T, *, normalization: str = "batch-size", mask=None):
+def crossentropy_logits(
+    Y: Data, T: Data, *, normalization: str = "batch-size", mask: jax.Array | None = None
+) -> jax.Array:
     r"""Cross-entropy of logits, ``crossentropy(Y, T, from_logits=True)`` (trainnet's
     ``"crossentropy-logits"``).
 
     For a network that ends without ``Softmax``: the softmax over ``C`` is part of the loss,
-    :math:`-\frac{1}{N}\sum T \log \mathrm{softmax}(Y)`, computed as one log-softmax.
+    $-\frac{1}{N}\sum T \log \mathrm{softmax}(Y)$, computed as one log-softmax.
 
     Examples:
       >>> import jax.numpy as jnp
@@ -277,7 +287,14 @@ def crossentropy_logits(Y, T, *, normalization: str = "batch-size", mask=None):
     return crossentropy(Y, T, normalization=normalization, mask=mask, from_logits=True)
 
 
-def index_crossentropy(Y, T, *, normalization: str = "batch-size", mask=None, from_logits=False):
+def index_crossentropy(
+    Y: Data,
+    T: Data,
+    *,
+    normalization: str = "batch-size",
+    mask: jax.Array | None = None,
+    from_logits: bool = False,
+) -> jax.Array:
     r"""Cross-entropy with integer class labels (MATLAB ``indexcrossentropy``; labels from 0).
 
     Args:
@@ -285,7 +302,7 @@ def index_crossentropy(Y, T, *, normalization: str = "batch-size", mask=None, fr
       T: integer labels, shaped like ``Y`` without its ``C`` axis.
       normalization: ``"batch-size"`` (default) or ``"none"``.
       mask: padded sequences' mask (see the module notes).
-      from_logits: ``True``: ``Y`` holds logits (see :func:`crossentropy`).
+      from_logits: ``True``: ``Y`` holds logits (see `crossentropy`).
 
     Examples:
       >>> import jax.numpy as jnp
@@ -310,8 +327,10 @@ def index_crossentropy(Y, T, *, normalization: str = "batch-size", mask=None, fr
     return crossentropy(Y, t, normalization=normalization, mask=mask, from_logits=from_logits)
 
 
-def binary_crossentropy(Y, T, *, normalization: str = "batch-size", mask=None):
-    r"""Binary cross-entropy :math:`-\frac{1}{N}\sum T\log Y + (1-T)\log(1-Y)`.
+def binary_crossentropy(
+    Y: Data, T: Data, *, normalization: str = "batch-size", mask: jax.Array | None = None
+) -> jax.Array:
+    r"""Binary cross-entropy $-\frac{1}{N}\sum T\log Y + (1-T)\log(1-Y)$.
 
     For independent (multi-label) probabilities, e.g. a sigmoid output; ``T`` holds 0/1 values
     of ``Y``'s shape.
@@ -331,8 +350,8 @@ def binary_crossentropy(Y, T, *, normalization: str = "batch-size", mask=None):
     return _normalize(who, total, Y, normalization, m)
 
 
-def mse(Y, T, *, mask=None):
-    r"""MATLAB's half mean squared error :math:`\frac{1}{2N}\sum (Y - T)^2` (``N`` observations).
+def mse(Y: Data, T: Data, *, mask: jax.Array | None = None) -> jax.Array:
+    r"""MATLAB's half mean squared error $\frac{1}{2N}\sum (Y - T)^2$ (``N`` observations).
 
     Examples:
       >>> import jax.numpy as jnp
@@ -348,8 +367,10 @@ def mse(Y, T, *, mask=None):
     return _normalize(who, _sum(jnp.square(y - t), m), Y, "batch-size", m) / 2
 
 
-def l1loss(Y, T, *, normalization: str = "batch-size", mask=None):
-    r"""Absolute error :math:`\frac{1}{N}\sum |Y - T|` (MATLAB ``l1loss``; trainnet ``"mae"``).
+def l1loss(
+    Y: Data, T: Data, *, normalization: str = "batch-size", mask: jax.Array | None = None
+) -> jax.Array:
+    r"""Absolute error $\frac{1}{N}\sum |Y - T|$ (MATLAB ``l1loss``; trainnet ``"mae"``).
 
     Examples:
       >>> import jax.numpy as jnp
@@ -365,8 +386,10 @@ def l1loss(Y, T, *, normalization: str = "batch-size", mask=None):
     return _normalize(who, _sum(jnp.abs(y - t), m), Y, normalization, m)
 
 
-def l2loss(Y, T, *, normalization: str = "batch-size", mask=None):
-    r"""Squared error :math:`\frac{1}{N}\sum (Y - T)^2` (MATLAB ``l2loss``; no half, unlike mse).
+def l2loss(
+    Y: Data, T: Data, *, normalization: str = "batch-size", mask: jax.Array | None = None
+) -> jax.Array:
+    r"""Squared error $\frac{1}{N}\sum (Y - T)^2$ (MATLAB ``l2loss``; no half, unlike mse).
 
     Examples:
       >>> import jax.numpy as jnp
@@ -382,11 +405,18 @@ def l2loss(Y, T, *, normalization: str = "batch-size", mask=None):
     return _normalize(who, _sum(jnp.square(y - t), m), Y, normalization, m)
 
 
-def huber(Y, T, *, transition_point: float = 1.0, normalization: str = "batch-size", mask=None):
+def huber(
+    Y: Data,
+    T: Data,
+    *,
+    transition_point: float = 1.0,
+    normalization: str = "batch-size",
+    mask: jax.Array | None = None,
+) -> jax.Array:
     r"""Huber loss (MATLAB ``huber``), summed over elements and normalized.
 
-    Per element, with :math:`z = Y - T`: :math:`\frac{1}{2}z^2` where :math:`|z| \le \delta`,
-    else :math:`\delta(|z| - \frac{1}{2}\delta)`; :math:`\delta` is ``transition_point``.
+    Per element, with $z = Y - T$: $\frac{1}{2}z^2$ where $|z| \le \delta$,
+    else $\delta(|z| - \frac{1}{2}\delta)$; $\delta$ is ``transition_point``.
 
     Examples:
       >>> import jax.numpy as jnp

@@ -6,7 +6,7 @@ validation set is scored as a whole (precision over all of it, not an average of
 precisions). All three are pure JAX and run inside ``jax.jit``. ``maximize`` says whether larger
 is better (used by ``objective_metric_name`` and ``output_network="best-validation"``).
 
-Conventions (as in :mod:`difffn._scoring._losses`): ``Y`` is formatted or plain
+Conventions (as in `df._scoring._losses`): ``Y`` is formatted or plain
 batch-first/classes-last; ``T`` is one-hot (or, for one output channel, 0/1) of ``Y``'s shape, or
 integer labels without the ``C`` axis.
 
@@ -30,11 +30,13 @@ when its ``update`` (callable: its signature) has a ``mask`` parameter.
 from __future__ import annotations
 
 import inspect
+from collections.abc import Callable
+from typing import Any
 
 import jax
 import jax.numpy as jnp
 
-from .._core import OptionsError, stripdims
+from .._core import Data, OptionsError, Output, PyTree, stripdims
 from .._core import user_code as _user_code
 from ._losses import _float, _layout, _mask_of, _observations, _targets, canonical, check_labels
 
@@ -56,34 +58,34 @@ class Metric:
     maximize: bool = False
     class_labels: bool = False  # integer targets are class labels (range-checked on the host)
 
-    def init(self, Y):
+    def init(self, Y: Data) -> PyTree:
         """An empty state, from an example prediction (shapes only)."""
         raise NotImplementedError
 
-    def update(self, state, Y, T):
+    def update(self, state: PyTree, Y: Data, T: Data) -> PyTree:
         """The state with the mini-batch ``(Y, T)`` added."""
         raise NotImplementedError
 
-    def compute(self, state):
+    def compute(self, state: PyTree) -> jax.Array:
         """The metric value (a scalar) of the accumulated state."""
         raise NotImplementedError
 
-    def merge(self, state, other):
+    def merge(self, state: PyTree, other: object) -> PyTree:
         """Two states combined; the default adds them (counts, sums, histograms)."""
         return jax.tree.map(jnp.add, state, other)
 
-    def __call__(self, Y, T, mask=None):
+    def __call__(self, Y: Data, T: Data, mask: jax.Array | None = None) -> Output:
         """The metric of one batch (``mask``: padded sequences' mask, see the module notes)."""
         kwargs = {} if mask is None else {"mask": mask}
         return self.compute(self.update(self.init(Y), Y, T, **kwargs))
 
-    def __repr__(self):
+    def __repr__(self) -> str:
         return f"{type(self).__name__}(name={self.name!r})"
 
-    def __eq__(self, other):
+    def __eq__(self, other: object) -> bool:
         return type(self) is type(other) and self.__dict__ == other.__dict__
 
-    def __hash__(self):
+    def __hash__(self) -> int:
         return hash((type(self), tuple(sorted(self.__dict__.items()))))
 
 
@@ -131,7 +133,7 @@ class _Confusion(Metric):
 
     class_labels = True
 
-    def init(self, Y):
+    def init(self, Y: Data) -> PyTree:
         _, _, c = _layout(Y)
         data = stripdims(Y)
         binary = c is None or data.shape[c] == 1
@@ -141,7 +143,7 @@ class _Confusion(Metric):
             "binary": jnp.asarray(binary, jnp.float32),
         }
 
-    def update(self, state, Y, T, mask=None):
+    def update(self, state: PyTree, Y: Data, T: Data, mask: jax.Array | None = None) -> PyTree:
         predicted, true, k, _ = _class_indices(self.name, Y, T)
         hits = jax.nn.one_hot(predicted, k, dtype=jnp.float32)
         weights = _weights(self.name, Y, mask, _layout(Y)[2])
@@ -167,7 +169,7 @@ class _Confusion(Metric):
 class Accuracy(_Confusion):
     name, title, maximize = "accuracy", "Accuracy", True
 
-    def compute(self, state):
+    def compute(self, state: PyTree) -> jax.Array:
         confusion = state["confusion"]
         return 100.0 * jnp.trace(confusion) / jnp.maximum(jnp.sum(confusion), 1)
 
@@ -175,7 +177,7 @@ class Accuracy(_Confusion):
 class Precision(_Confusion):
     name, title, maximize = "precision", "Precision", True
 
-    def compute(self, state):
+    def compute(self, state: PyTree) -> jax.Array:
         precision, _, present = self._per_class(state["confusion"])
         return self._average(state, precision, present)
 
@@ -183,7 +185,7 @@ class Precision(_Confusion):
 class Recall(_Confusion):
     name, title, maximize = "recall", "Recall", True
 
-    def compute(self, state):
+    def compute(self, state: PyTree) -> jax.Array:
         _, recall, present = self._per_class(state["confusion"])
         return self._average(state, recall, present)
 
@@ -191,7 +193,7 @@ class Recall(_Confusion):
 class FScore(_Confusion):
     name, title, maximize = "fscore", "FScore", True
 
-    def compute(self, state):
+    def compute(self, state: PyTree) -> jax.Array:
         precision, recall, present = self._per_class(state["confusion"])
         total = precision + recall
         f1 = jnp.where(total > 0, 2 * precision * recall / jnp.where(total > 0, total, 1), 0.0)
@@ -202,14 +204,14 @@ class AUC(Metric):
     name, title, maximize = "auc", "AUC", True
     class_labels = True
 
-    def init(self, Y):
+    def init(self, Y: Data) -> PyTree:
         _, _, c = _layout(Y)
         data = stripdims(Y)
         k = 1 if c is None or data.shape[c] == 1 else data.shape[c]
         zeros = jnp.zeros((k, _AUC_BINS), jnp.float32)
         return {"positive": zeros, "negative": zeros}
 
-    def update(self, state, Y, T, mask=None):
+    def update(self, state: PyTree, Y: Data, T: Data, mask: jax.Array | None = None) -> PyTree:
         _, _, c = _layout(Y)
         y = _float(Y)
         t = _targets(self.name, Y, T)
@@ -241,7 +243,7 @@ class AUC(Metric):
         neg = state["negative"].at[classes, bins].add(negative)
         return {"positive": pos, "negative": neg}
 
-    def compute(self, state):
+    def compute(self, state: PyTree) -> jax.Array:
         pos, neg = state["positive"], state["negative"]
         below = jnp.cumsum(neg, axis=1) - neg  # negatives in lower bins
         wins = jnp.sum(pos * (below + 0.5 * neg), axis=1)
@@ -254,10 +256,10 @@ class AUC(Metric):
 class RMSE(Metric):
     name, title, maximize = "rmse", "RMSE", False
 
-    def init(self, Y):
+    def init(self, Y: Data) -> PyTree:
         return {"sum": jnp.zeros((), jnp.float32), "count": jnp.zeros((), jnp.float32)}
 
-    def update(self, state, Y, T, mask=None):
+    def update(self, state: PyTree, Y: Data, T: Data, mask: jax.Array | None = None) -> PyTree:
         y = _float(Y)
         t = _targets(self.name, Y, T).astype(y.dtype)
         if t.shape != y.shape:
@@ -274,7 +276,7 @@ class RMSE(Metric):
             "count": state["count"] + count,
         }
 
-    def compute(self, state):
+    def compute(self, state: PyTree) -> jax.Array:
         return jnp.sqrt(state["sum"] / jnp.maximum(state["count"], 1))
 
 
@@ -285,7 +287,9 @@ class FunctionMetric(Metric):
     (``fn(Y1, ..., T1, ...)``); pass them as tuples to ``update``.
     """
 
-    def __init__(self, fn, *, name: str | None = None, maximize: bool | None = None):
+    def __init__(
+        self, fn: Callable[..., Any], *, name: str | None = None, maximize: bool | None = None
+    ) -> None:
         if not callable(fn):
             raise OptionsError(
                 f"FunctionMetric: fn must be a callable fn(Y, T) returning a scalar; got "
@@ -297,10 +301,10 @@ class FunctionMetric(Metric):
         self.title = self.name
         self.maximize = bool(getattr(fn, "maximize", False) if maximize is None else maximize)
 
-    def init(self, Y):
+    def init(self, Y: Data) -> PyTree:
         return {"sum": jnp.zeros((), jnp.float32), "count": jnp.zeros((), jnp.float32)}
 
-    def update(self, state, Y, T, mask=None):
+    def update(self, state: PyTree, Y: Data, T: Data, mask: jax.Array | None = None) -> PyTree:
         ys = Y if isinstance(Y, tuple) else (Y,)
         ts = T if isinstance(T, tuple) else (T,)
         kwargs = {}
@@ -342,7 +346,7 @@ class FunctionMetric(Metric):
             "count": state["count"] + n,
         }
 
-    def compute(self, state):
+    def compute(self, state: PyTree) -> jax.Array:
         return state["sum"] / jnp.maximum(state["count"], 1)
 
 
@@ -392,7 +396,7 @@ def get_metric(spec, *, who: str = "trainnet") -> Metric:
     )
 
 
-def accuracy(Y, T):
+def accuracy(Y: Data, T: Data) -> jax.Array:
     """Percentage of correct classifications (0 to 100).
 
     Examples:
@@ -405,22 +409,22 @@ def accuracy(Y, T):
     return Accuracy()(Y, T)
 
 
-def precision(Y, T):
+def precision(Y: Data, T: Data) -> jax.Array:
     """Macro-averaged precision (binary, positive class, for one output channel)."""
     return Precision()(Y, T)
 
 
-def recall(Y, T):
+def recall(Y: Data, T: Data) -> jax.Array:
     """Macro-averaged recall (binary, positive class, for one output channel)."""
     return Recall()(Y, T)
 
 
-def fscore(Y, T):
+def fscore(Y: Data, T: Data) -> jax.Array:
     """Macro-averaged F1 score (binary, positive class, for one output channel)."""
     return FScore()(Y, T)
 
 
-def auc(Y, T):
+def auc(Y: Data, T: Data) -> jax.Array:
     """Area under the ROC curve, one-vs-rest, macro-averaged (binned, see the module notes).
 
     Examples:
@@ -432,7 +436,7 @@ def auc(Y, T):
     return AUC()(Y, T)
 
 
-def rmse(Y, T):
+def rmse(Y: Data, T: Data) -> jax.Array:
     """Root mean squared error over all elements.
 
     Examples:

@@ -2,22 +2,22 @@
 
 ``trainnet`` writes a checkpoint after an iteration or a completed epoch when the unit matches
 ``checkpoint_frequency_unit`` and the count is a multiple of ``checkpoint_frequency``
-(:func:`due`), and one of the result when training ends, so that resuming a finished run
+(`due`), and one of the result when training ends, so that resuming a finished run
 returns its result. Every run, one process or many, writes the one format of
 ``_checkpoint_folder``: an orbax folder named like MATLAB's checkpoints,
 ``net_checkpoint__<iteration>__<yyyy_mm_dd__HH_MM_SS>``, committed atomically with a manifest of
 checksums over every file, holding the progress of a
-:class:`~difffn._training._state.TrainingState` with a fingerprint of what the numbers depend
+`TrainingState` with a fingerprint of what the numbers depend
 on (``_fingerprint.py``), so that resuming with something else is a clear error rather than a
 silently different run.
 
 After a checkpoint is committed, the oldest ones beyond ``checkpoint_keep`` are deleted
-(:func:`prune`). A write that fails (a full disk, a read-only folder) is a
-:class:`CheckpointWarning`: training goes on, and the older checkpoints stay as they were.
+(`prune`). A write that fails (a full disk, a read-only folder) is a
+[`CheckpointWarning`][difffn.CheckpointWarning]: training goes on, and the older checkpoints stay as they were.
 
-Resuming reads a checkpoint, or the newest valid one in a folder (:func:`find`): a damaged
+Resuming reads a checkpoint, or the newest valid one in a folder (`find`): a damaged
 newest checkpoint (a file flipped, truncated or missing, not a difffn checkpoint, from a newer
-difffn) is reported with a :class:`CheckpointWarning` naming the file, and the previous good one
+difffn) is reported with a [`CheckpointWarning`][difffn.CheckpointWarning] naming the file, and the previous good one
 is used. In a multi-process run every process checks, and process 0's choice is every
 process's. Checkpoints of earlier releases still resume: single files
 ``net_checkpoint__<iteration>__<date>.difffn`` (a difffn container of kind ``"checkpoint"``) and
@@ -69,7 +69,7 @@ def prune(folder, keep, *, written: Path | None = None) -> list[Path]:
     """Delete the oldest checkpoints in ``folder`` beyond the newest ``keep``; return them.
 
     Only checkpoints named like checkpoints are considered (and what a killed write left behind,
-    hidden ``.net_checkpoint__*`` folders and files, is removed once it is :data:`STALE` seconds
+    hidden ``.net_checkpoint__*`` folders and files, is removed once it is `STALE` seconds
     old: a newer one may be another run's write in flight). ``written`` is never deleted.
     """
     folder = Path(folder)

@@ -1,5 +1,5 @@
 """The fields of a checkpoint that a crafted file could get wrong, checked before they are used;
-and NaN or Inf in the data a run is given, said once (:class:`DataWarning`).
+and NaN or Inf in the data a run is given, said once ([`DataWarning`][difffn.DataWarning]).
 
 A PRNG key is stored as its data and its implementation's *name*: the name must be one of
 jax's implementations (never something looked up or imported by name) and the data of its
@@ -46,7 +46,7 @@ def finite(value) -> bool:
 
 
 def warn_nonfinite(count: int, what: str, *, stacklevel: int = 3) -> None:
-    """A :class:`DataWarning` when ``count`` values of ``what`` are NaN or Inf."""
+    """A [`DataWarning`][difffn.DataWarning] when ``count`` values of ``what`` are NaN or Inf."""
     if count:
         warnings.warn(
             f"trainnet: the {what} holds {count} NaN or Inf value(s): every loss and metric "
@@ -73,7 +73,7 @@ def _impl_shapes() -> dict[str, tuple[int, ...]]:
 
 
 def check_key_payload(data: dict[str, Any], *, source: str, where: str) -> None:
-    """Check a :func:`key_payload` read from a file: a known implementation name (a name, never
+    """Check a `key_payload` read from a file: a known implementation name (a name, never
     something that is looked up or imported) and key data of its shape and dtype.
 
     Raises:

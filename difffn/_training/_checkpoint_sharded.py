@@ -12,7 +12,7 @@ shape and dtype, so a mismatch is named before orbax reads anything).
 
 The writer and the folders of this release are ``_checkpoint_folder``'s (MATLAB's names, a
 manifest of checksums). Earlier releases' multi-process runs wrote folders ``<step>`` through an
-orbax ``CheckpointManager`` with the history rows in ``progress``: :class:`ShardedCheckpoint`
+orbax ``CheckpointManager`` with the history rows in ``progress``: `ShardedCheckpoint`
 still reads them.
 """
 
@@ -100,7 +100,7 @@ def steps(folder) -> list[int]:
 
 @dataclasses.dataclass(frozen=True)
 class ShardedCheckpoint(Checkpoint):
-    """A multi-process checkpoint: its progress read, its arrays read on :meth:`restore_arrays`."""
+    """A multi-process checkpoint: its progress read, its arrays read on `restore_arrays`."""
 
     folder: str = ""
     step: int = 0

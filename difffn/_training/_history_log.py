@@ -13,11 +13,11 @@ Numbers are written as Python's ``json`` writes floats (the shortest text that r
 same float64, so a resume restores the history bit for bit); a NaN loss is ``NaN``, which
 Python's ``json`` and pandas read (strict JSON has no NaN).
 
-Writing (:func:`append`) is the checkpoint's: each checkpoint appends the rows since the previous
+Writing (`append`) is the checkpoint's: each checkpoint appends the rows since the previous
 one as whole lines in one write, flushed and fsync'ed before the checkpoint that counts on them
 is written; the checkpoint records how many rows of each history it covers. A process's first
-append cuts a torn last line off (:func:`repair`: a process killed mid-append). Reading
-(:func:`read`) stops at the first line that is not a whole row; a row lands at its index, so a
+append cuts a torn last line off (`repair`: a process killed mid-append). Reading
+(`read`) stops at the first line that is not a whole row; a row lands at its index, so a
 run resumed from an older checkpoint overwrites the rows it repeats.
 
 Runs whose checkpoints name a ``*.difffnlog`` (the earlier binary format, ``_rowlog``) still

@@ -15,7 +15,7 @@ runs (open it in a browser). In a
 Jupyter notebook (IPython's kernel), the same picture is shown in the cell's output and replaced
 at every redraw.
 
-Stopping: while training runs, creating the file :attr:`LivePlot.stop_file` (the plot's path
+Stopping: while training runs, creating the file `stop_file` (the plot's path
 with the suffix ``.stop``, e.g. ``touch training_progress.stop``) stops training after the
 current iteration, with the stop reason ``"Stopped by user"`` (MATLAB's stop button); the file
 is removed when training starts and when it stops. A file, not a notebook button: while a cell

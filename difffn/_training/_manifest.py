@@ -4,7 +4,7 @@ orbax writes a checkpoint's arrays as tensorstore chunks and does not check them
 them back: a flipped byte in an array file loads silently as a wrong number, a truncated file
 is a raw tensorstore error. Before a checkpoint folder is committed (renamed to its final
 name), the primary process lists every file in it with its size and SHA-256
-(:func:`write`, ``difffn_manifest.json``, itself checksummed); :func:`verify` recomputes them
+(`write`, ``difffn_manifest.json``, itself checksummed); `verify` recomputes them
 and names the first file that is missing, of another size, or of another checksum. A folder
 without a manifest was never committed by difffn.
 """

@@ -1,9 +1,9 @@
 """``TrainingOptions``: MATLAB's ``trainingOptions``, in snake_case, with MATLAB's defaults.
 
-Every option is one row of :data:`OPTIONS`: its name, its default (per solver where the solvers
+Every option is one row of `OPTIONS`: its name, its default (per solver where the solvers
 differ), its validator, and what it affects: ``numbers`` (it changes a run's numbers, so a resume
-must not change it: the checkpoint fingerprint is :func:`fingerprint`) and ``step`` (it changes
-the solver, so it is part of the compiled step's cache key: :func:`step_key`). Nothing else lists
+must not change it: the checkpoint fingerprint is `fingerprint`) and ``step`` (it changes
+the solver, so it is part of the compiled step's cache key: `step_key`). Nothing else lists
 options: the valid names, the unknown-name suggestions, the per-solver defaults, ``repr``,
 ``replace``, the fingerprint and the step key all read the table, so adding a row is enough.
 
@@ -20,14 +20,18 @@ from __future__ import annotations
 import dataclasses
 import difflib
 import math
+import os
 import re
-from collections.abc import Callable
-from typing import Any
+from collections.abc import Callable, Iterable, Mapping
+from typing import Any, Literal, Unpack, overload
+
+import optax
 
 from .._batching import describe_data
 from .._batching import sequences as _sequences
 from .._core import OptionsError
 from .._devices import ENVIRONMENTS
+from .._scoring import Metric
 from . import _option_checks as check
 from ._fingerprint import describe, describe_solver
 from ._option_checks import (
@@ -39,6 +43,15 @@ from ._option_checks import (
     THRESHOLD_METHODS,
     Check,
     solver_label,
+)
+from ._option_types import (
+    AdamOptions,
+    CommonOptions,
+    OutputFcn,
+    RMSPropOptions,
+    Schedule,
+    SGDMOptions,
+    SolverName,
 )
 
 
@@ -321,7 +334,7 @@ class TrainingOptions:
         transformation, the learning rate it was built with.
       learn_rate_schedule: ``"none"``, ``"piecewise"``, ``"warmup"``, ``"polynomial"``,
         ``"exponential"``, ``"cosine"``, ``"cyclical"``, a callable, or a sequence of them
-        (see :mod:`difffn._training._schedules`).
+        (see `df._training._schedules`).
       learn_rate_schedule_settings: settings of the named schedules, e.g.
         ``{"num_steps": 3}`` or ``{"warmup": {...}, "cosine": {"period": 20}}``.
       learn_rate_drop_factor, learn_rate_drop_period: the ``"piecewise"`` schedule's drop
@@ -432,7 +445,65 @@ class TrainingOptions:
       TrainingOptions: unknown option 'max_epoch' (did you mean 'max_epochs'?)
     """
 
-    def __init__(self, solver="sgdm", *pairs, **options):
+    # The options as stored (validated): what attribute access gives a type checker.
+    solver: SolverName | optax.GradientTransformation
+    max_epochs: int
+    mini_batch_size: int
+    shuffle: Literal["once", "every-epoch", "never"]
+    steps_per_epoch: int | None
+    initial_learn_rate: float | None
+    learn_rate_drop_factor: float
+    learn_rate_drop_period: int
+    learn_rate_schedule: Schedule | tuple[Schedule, ...] | list[Schedule]
+    learn_rate_schedule_settings: dict[str, Any] | None
+    momentum: float | None
+    gradient_decay_factor: float | None
+    squared_gradient_decay_factor: float | None
+    epsilon: float | None
+    l2_regularization: float
+    gradient_threshold_method: Literal["l2norm", "global-l2norm", "absolute-value"]
+    gradient_threshold: float
+    validation_data: tuple[Any, ...] | list[Any] | Iterable[Any] | None
+    validation_frequency: int
+    validation_steps: int | None
+    validation_patience: int | float
+    metrics: tuple[Metric, ...]
+    objective_metric_name: str
+    output_network: Literal["auto", "last-iteration", "best-validation"]
+    verbose: bool
+    verbose_frequency: int
+    plots: Literal["none", "training-progress"]
+    plots_path: str | None
+    output_fcn: tuple[OutputFcn, ...]
+    execution_environment: Literal["auto", "cpu", "gpu", "multi-device", "multi-host"]
+    parameter_sharding: Literal["replicated", "fsdp"]
+    mesh_shape: Mapping[str, int] | None
+    precision: Literal["float32", "bfloat16", "float16"]
+    compilation_cache: str | None
+    checkpoint_path: str | os.PathLike[str] | None
+    checkpoint_frequency: int
+    checkpoint_frequency_unit: Literal["epoch", "iteration"]
+    checkpoint_keep: int | float
+    sequence_length: Literal["longest", "shortest"] | int
+    sequence_padding_value: float
+    sequence_padding_direction: Literal["right", "left"]
+    sequence_bucketing: Literal["power-of-two", "none"] | int
+
+    # One form per solver: each takes its own options (a misspelt or another solver's option
+    # is a type error; at run time, a df.OptionsError naming the valid ones).
+    @overload
+    def __init__(
+        self, solver: Literal["sgdm"] = "sgdm", **options: Unpack[SGDMOptions]
+    ) -> None: ...
+    @overload
+    def __init__(self, solver: Literal["adam"], **options: Unpack[AdamOptions]) -> None: ...
+    @overload
+    def __init__(self, solver: Literal["rmsprop"], **options: Unpack[RMSPropOptions]) -> None: ...
+    @overload
+    def __init__(
+        self, solver: optax.GradientTransformation, **options: Unpack[CommonOptions]
+    ) -> None: ...
+    def __init__(self, solver: Any = "sgdm", *pairs: Any, **options: Any) -> None:
         if pairs:
             raise OptionsError(_positional_message(solver, pairs))
         rows = _rows()
@@ -480,13 +551,13 @@ class TrainingOptions:
 
     # -- immutability and display ------------------------------------------------------------
 
-    def __setattr__(self, name, value):
+    def __setattr__(self, name: str, value: Any) -> None:
         raise OptionsError(
             f"TrainingOptions is immutable; cannot set {name!r}. Fix: "
             f"options = options.replace({name}=...)."
         )
 
-    def replace(self, **changes) -> TrainingOptions:
+    def replace(self, **changes: Any) -> TrainingOptions:
         """New options with some values changed (``solver=`` switches solver and its defaults)."""
         solver = changes.pop("solver", self.solver)
         given = dict(self._given)
@@ -503,7 +574,7 @@ class TrainingOptions:
             return self.output_network
         return "best-validation" if self.validation_data is not None else "last-iteration"
 
-    def __repr__(self):
+    def __repr__(self) -> str:
         rows = _rows()
         parts = [solver_label(self.solver)]
         for name in option_names():

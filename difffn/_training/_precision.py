@@ -10,7 +10,7 @@ the metrics. Gradients reach the float32 masters through the casts, so they arri
 float16 has a narrow range: small gradients underflow to zero. Dynamic loss scaling multiplies
 the loss by a large factor before differentiating and divides the gradients by it; when a
 gradient overflows (inf or NaN), the step is skipped and the factor halves, and after a run of
-finite steps it doubles. This is flax's :class:`flax.training.dynamic_scale.DynamicScale`
+finite steps it doubles. This is flax's `flax.training.dynamic_scale.DynamicScale`
 (factor 2, growth interval 2000 steps, initial scale 2**16), carried through the compiled step
 as part of the training state, with a count of the skipped steps.
 """
@@ -120,7 +120,7 @@ def scaling_payload(scaling: Scaling) -> dict | None:
 
 
 def restore_scaling(policy: Policy, saved: dict | None) -> Scaling:
-    """The state of :func:`scaling_payload` (a fresh one for a checkpoint without it)."""
+    """The state of `scaling_payload` (a fresh one for a checkpoint without it)."""
     scaling = policy.initial_scaling()
     if not saved:
         return scaling

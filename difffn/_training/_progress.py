@@ -39,9 +39,9 @@ def _number(value, digits: int = 5) -> str:
 class Reporter:
     """Prints the verbose table and the progress bar for one training run.
 
-    The bar is rich's (:class:`_Bar`) on a terminal and in a notebook with ipywidgets; on any
+    The bar is rich's (`_Bar`) on a terminal and in a notebook with ipywidgets; on any
     other stream (a file, a pipe, a CI log, a notebook without ipywidgets) it is a plain line
-    every tenth of the run (:func:`progress_line`), with no control characters.
+    every tenth of the run (`progress_line`), with no control characters.
     """
 
     def __init__(

@@ -6,16 +6,16 @@ rows since the previous one and records how many rows it covers. A checkpoint's 
 does not grow with the run, and writing all of them costs time linear in the run's length
 (with the whole history in every checkpoint, size grew linearly and total I/O quadratically).
 
-The file starts with :data:`MAGIC`; then records of ``length (8 bytes, little endian) |
+The file starts with `MAGIC`; then records of ``length (8 bytes, little endian) |
 sha256 of the body (32 bytes) | body`` where the body is msgpack (data only, never pickle) of
 ``{"training": [start, rows], "validation": [start, rows]}``. Rows land at their index, so a run
 resumed from an older checkpoint overwrites the rows it repeats. Reading stops at the first
-torn or damaged record; a process's first append cuts such a tail off (:func:`repair`: a
+torn or damaged record; a process's first append cuts such a tail off (`repair`: a
 process killed mid-append), so the records after it stay readable. The file is opened like
 any file (its mode follows the umask) and each append is flushed and fsync'ed before the
 checkpoint that counts on it is written. The log is opened and read through ``_core.files``: a
 symbolic link, FIFO or device planted under its name is refused, never followed (its target is
-never truncated or overwritten), and a read is bounded by :data:`LIMIT`.
+never truncated or overwritten), and a read is bounded by `LIMIT`.
 """
 
 from __future__ import annotations

@@ -3,18 +3,18 @@ r"""Solvers: MATLAB's SGDM, Adam and RMSProp as optax transformations, and the c
 MATLAB's update rules, which these follow exactly (``α`` learn rate times the parameter's
 learn-rate factor, ``g`` the gradient, ``t`` the iteration from 1):
 
-* SGDM: :math:`v \leftarrow \gamma v - \alpha g,\ \theta \leftarrow \theta + v`. The velocity
+* SGDM: $v \leftarrow \gamma v - \alpha g,\ \theta \leftarrow \theta + v$. The velocity
   accumulates learn-rate-scaled steps, so a learn-rate change affects only new steps (unlike
   ``optax.sgd``'s momentum, which scales the whole velocity). Built as
   ``chain(scale_by_learn_rate, optax.trace(γ))``.
-* Adam: :math:`m \leftarrow \beta_1 m + (1-\beta_1) g,\ v \leftarrow \beta_2 v + (1-\beta_2) g^2,\
-  \theta \leftarrow \theta - \alpha \frac{m / (1-\beta_1^t)}{\sqrt{v / (1-\beta_2^t)} + \epsilon}`
+* Adam: $m \leftarrow \beta_1 m + (1-\beta_1) g,\ v \leftarrow \beta_2 v + (1-\beta_2) g^2,\
+  \theta \leftarrow \theta - \alpha \frac{m / (1-\beta_1^t)}{\sqrt{v / (1-\beta_2^t)} + \epsilon}$
   (``optax.scale_by_adam``).
-* RMSProp: :math:`v \leftarrow \beta_2 v + (1-\beta_2) g^2,\
-  \theta \leftarrow \theta - \alpha \frac{g}{\sqrt{v} + \epsilon}` (``optax.scale_by_rms`` with
+* RMSProp: $v \leftarrow \beta_2 v + (1-\beta_2) g^2,\
+  \theta \leftarrow \theta - \alpha \frac{g}{\sqrt{v} + \epsilon}$ (``optax.scale_by_rms`` with
   ``eps_in_sqrt=False`` and no bias correction; optax's default puts ε under the root).
 
-``trainnet`` chains, in this order: coupled L2 regularization (:math:`g + \lambda f_{L2} W`, for
+``trainnet`` chains, in this order: coupled L2 regularization ($g + \lambda f_{L2} W$, for
 every solver), gradient clipping, then the solver with per-parameter learn-rate factors. The
 learn rate is an extra argument of ``update`` (``learn_rate=``), so schedules need no
 re-compilation.
@@ -30,14 +30,14 @@ from __future__ import annotations
 
 import functools
 import numbers
-from typing import Any, NamedTuple
+from typing import Any, NamedTuple, TypeVar
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 import optax
 
-from .._core import OptionsError
+from .._core import OptionsError, PyTree
 from .._layer import ParameterTable, learnable_mask
 from .._network import LEARN_RATE, Network, leaf_factors
 
@@ -222,7 +222,7 @@ def training_transform(options, lr_factors, l2_factors) -> optax.GradientTransfo
     """L2 regularization, clipping and the solver, as trainnet applies them.
 
     ``options.solver`` is a name, or any optax transformation: it then takes the place of the
-    solver, with the same L2, clipping and learn-rate factors (:func:`drive_learn_rate`).
+    solver, with the same L2, clipping and learn-rate factors (`drive_learn_rate`).
     """
     if isinstance(options.solver, optax.GradientTransformation):
         chosen = drive_learn_rate(options.solver, lr_factors)
@@ -395,9 +395,18 @@ def _rmsprop_step(params, grads, nu, learn_rate, decay, eps, factors):
     return optax.apply_updates(params, updates), rms.nu
 
 
-def sgdmupdate(net, grad, vel=None, learn_rate=0.01, momentum=0.9):
-    r"""One SGDM step (MATLAB ``sgdmupdate``): :math:`v \leftarrow \gamma v - \alpha g`,
-    :math:`\theta \leftarrow \theta + v`.
+_Params = TypeVar("_Params")  # a df.Network, or a pytree of parameters
+
+
+def sgdmupdate(
+    net: _Params,
+    grad: PyTree,
+    vel: PyTree | None = None,
+    learn_rate: float = 0.01,
+    momentum: float = 0.9,
+) -> tuple[_Params, PyTree]:
+    r"""One SGDM step (MATLAB ``sgdmupdate``): $v \leftarrow \gamma v - \alpha g$,
+    $\theta \leftarrow \theta + v$.
 
     Args:
       net: a ``df.Network`` (its learnables are updated, each with its learn-rate factor), a
@@ -433,21 +442,21 @@ def sgdmupdate(net, grad, vel=None, learn_rate=0.01, momentum=0.9):
 
 
 def adamupdate(
-    net,
-    grad,
-    average_grad,
-    average_sq_grad,
-    iteration,
-    learn_rate=0.001,
-    gradient_decay_factor=0.9,
-    squared_gradient_decay_factor=0.999,
-    epsilon=1e-8,
-):
+    net: _Params,
+    grad: PyTree,
+    average_grad: PyTree | None,
+    average_sq_grad: PyTree | None,
+    iteration: int,
+    learn_rate: float = 0.001,
+    gradient_decay_factor: float = 0.9,
+    squared_gradient_decay_factor: float = 0.999,
+    epsilon: float = 1e-08,
+) -> tuple[_Params, PyTree, PyTree]:
     r"""One Adam step (MATLAB ``adamupdate``), with bias correction by ``iteration`` (from 1).
 
-    :math:`m \leftarrow \beta_1 m + (1-\beta_1) g`, :math:`v \leftarrow \beta_2 v + (1-\beta_2)
-    g^2`, :math:`\theta \leftarrow \theta - \alpha \hat m / (\sqrt{\hat v} + \epsilon)` with
-    :math:`\hat m = m / (1 - \beta_1^t)`, :math:`\hat v = v / (1 - \beta_2^t)`.
+    $m \leftarrow \beta_1 m + (1-\beta_1) g$, $v \leftarrow \beta_2 v + (1-\beta_2)
+    g^2$, $\theta \leftarrow \theta - \alpha \hat m / (\sqrt{\hat v} + \epsilon)$ with
+    $\hat m = m / (1 - \beta_1^t)$, $\hat v = v / (1 - \beta_2^t)$.
 
     Args:
       net, grad: as for ``sgdmupdate``.
@@ -505,10 +514,15 @@ def adamupdate(
 
 
 def rmspropupdate(
-    net, grad, average_sq_grad, learn_rate=0.001, squared_gradient_decay_factor=0.9, epsilon=1e-8
-):
-    r"""One RMSProp step (MATLAB ``rmspropupdate``): :math:`v \leftarrow \beta_2 v + (1-\beta_2)
-    g^2`, :math:`\theta \leftarrow \theta - \alpha g / (\sqrt{v} + \epsilon)`.
+    net: _Params,
+    grad: PyTree,
+    average_sq_grad: PyTree | None,
+    learn_rate: float = 0.001,
+    squared_gradient_decay_factor: float = 0.9,
+    epsilon: float = 1e-08,
+) -> tuple[_Params, PyTree]:
+    r"""One RMSProp step (MATLAB ``rmspropupdate``): $v \leftarrow \beta_2 v + (1-\beta_2)
+    g^2$, $\theta \leftarrow \theta - \alpha g / (\sqrt{v} + \epsilon)$.
 
     Args:
       net, grad: as for ``sgdmupdate``.

@@ -1,10 +1,10 @@
 """A training run's progress (``TrainingState``), its history and result, and their checkpoint form.
 
-All progress lives in a :class:`TrainingState` (network leaves, optimizer state, iteration,
+All progress lives in a `TrainingState` (network leaves, optimizer state, iteration,
 epoch, position in the epoch, PRNG key, the epoch's data order, best-validation bookkeeping,
 history), so a run can be checkpointed and resumed exactly. The checkpoint payload is one schema,
-written (:meth:`TrainingState.to_payload`) and read (:class:`Checkpoint`,
-:meth:`TrainingState.restore`) in this file: the network (as ``df.save`` writes it, so
+written (`TrainingState.to_payload`) and read (`Checkpoint`,
+`TrainingState.restore`) in this file: the network (as ``df.save`` writes it, so
 ``df.load`` reads a checkpoint's network), the optimizer state (leaves by their pytree paths),
 iteration, epoch, mini-batches done in the epoch, the epoch's data order, the step key and the
 shuffle seeds, best-validation bookkeeping, history rows, elapsed time, why training stopped,
@@ -17,6 +17,7 @@ import dataclasses
 import math
 import numbers
 import time
+from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -77,11 +78,13 @@ class History:
     ``len(history)`` counts rows; ``history.columns`` names the columns.
     """
 
-    def __init__(self, columns, rows=()):
+    columns: tuple[str, ...]
+
+    def __init__(self, columns: Iterable[str], rows: Iterable[Mapping[str, Any]] = ()) -> None:
         self.columns = tuple(columns)
         self._rows = [dict(r) for r in rows]
 
-    def __len__(self):
+    def __len__(self) -> int:
         return len(self._rows)
 
     def __getitem__(self, column: str) -> np.ndarray:
@@ -92,10 +95,10 @@ class History:
             return np.asarray(values, dtype=np.int64)
         return np.asarray([np.nan if v is None else v for v in values], dtype=np.float64)
 
-    def rows(self) -> list[dict]:
+    def rows(self) -> list[dict[str, Any]]:
         return [dict(r) for r in self._rows]
 
-    def __repr__(self):
+    def __repr__(self) -> str:
         return f"History({len(self)} rows, columns={list(self.columns)})"
 
 
@@ -474,7 +477,7 @@ def tree_payload(tree) -> dict[str, Any]:
 
 
 def restore_tree(data: dict[str, Any], template, *, what: str, source: str, fix: str):
-    """The arrays of a :func:`tree_payload` in the structure of ``template`` (checked first)."""
+    """The arrays of a `tree_payload` in the structure of ``template`` (checked first)."""
     expected = jax.tree_util.tree_flatten_with_path(template)[0]
     paths, shapes, dtypes = data["paths"], data["shapes"], data["dtypes"]
     if not len(paths) == len(shapes) == len(dtypes) == len(data["values"]):
@@ -523,7 +526,7 @@ def key_payload(key) -> dict[str, Any]:
 
 
 def restore_key(data: dict[str, Any]):
-    """The key of a :func:`key_payload` (checked by :func:`check_key_payload` when read)."""
+    """The key of a `key_payload` (checked by `check_key_payload` when read)."""
     if data["impl"] is None:
         return jnp.asarray(data["data"])
     return jax.random.wrap_key_data(jnp.asarray(data["data"]), impl=data["impl"])

@@ -58,7 +58,7 @@ def cached_steps(
     placement,
     layout,
 ) -> Steps:
-    """The :class:`Steps` of a run, shared with earlier runs that compile the same trace.
+    """The `Steps` of a run, shared with earlier runs that compile the same trace.
 
     ``make_tx()`` builds the optax chain (only when no cached steps fit); ``factors`` are the
     learn-rate and L2 factors of every leaf; ``layout`` the learnables' ``LearnableLayout``.

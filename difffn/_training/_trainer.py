@@ -1,6 +1,6 @@
 """``trainnet``: MATLAB's training loop, one compiled step per iteration.
 
-``trainnet`` checks its arguments and hands a :class:`_Run` the data source (``_sources``), the
+``trainnet`` checks its arguments and hands a `_Run` the data source (``_sources``), the
 network, the loss and the options. The run sets up (input statistics, initialization, the resume
 checks of ``_checkpoint``, the compiled steps of ``_step``, a fresh ``TrainingState`` of
 ``_state``) and then loops: epochs of mini-batches, each one step whose results stay on the
@@ -17,6 +17,8 @@ from __future__ import annotations
 import os
 import time
 import warnings
+from collections.abc import Callable, Iterable, Sequence
+from typing import Any, overload
 
 import jax
 import jax.numpy as jnp
@@ -34,7 +36,7 @@ from .._batching import sequence_source as _seq
 from .._core import FormattedArray, Layout, OptionsError, check_key
 from .._core import batches as _batches
 from .._devices import Placement, agree, learnable_layout, watching
-from .._layer import learnable_mask
+from .._layer import Layer, learnable_mask
 from .._network import L2, LEARN_RATE, Network, leaf_factors
 from .._scoring import Metric, get_loss, loss_name
 from . import (
@@ -55,8 +57,43 @@ from ._step import cached_steps
 from ._train_args import form_of, layer_arrays_as_networks
 from ._watch import STOPPED_BY_USER, Watch
 
+Data = jax.typing.ArrayLike | tuple[Any, ...] | list[Any]
+"""Inputs or targets: an array, a tuple of them (one per network input or loss target), or a
+list of sequences of different lengths."""
 
-def trainnet(*args, key=None, resume_from=None):
+Loss = str | Callable[..., Any]
+"""A loss: a name (``"crossentropy"``, ``"mse"``, ...), ``loss(Y1.., T1..)`` returning a scalar,
+or a ``df.DifferentiableFunction``."""
+
+
+@overload
+def trainnet(
+    X: Data,
+    T: Data,
+    net: Network | Sequence[Layer],
+    loss: Loss,
+    options: TrainingOptions,
+    /,
+    *,
+    key: jax.Array | None = None,
+    resume_from: str | os.PathLike[str] | None = None,
+) -> tuple[Network, TrainingInfo]: ...
+@overload
+def trainnet(
+    data: Iterable[Any],
+    net: Network | Sequence[Layer],
+    loss: Loss,
+    options: TrainingOptions,
+    /,
+    *,
+    key: jax.Array | None = None,
+    resume_from: str | os.PathLike[str] | None = None,
+) -> tuple[Network, TrainingInfo]: ...
+def trainnet(
+    *args: Any,
+    key: jax.Array | None = None,
+    resume_from: str | os.PathLike[str] | None = None,
+) -> tuple[Network, TrainingInfo]:
     """Train a network (MATLAB ``trainnet``).
 
     Two forms: ``trainnet(X, T, net, loss, options)`` with in-memory data, and
@@ -102,7 +139,7 @@ def trainnet(*args, key=None, resume_from=None):
 
     Returns:
       ``(net, info)``: the trained network (per ``output_network``) and a
-      :class:`TrainingInfo`.
+      [`TrainingInfo`][difffn.TrainingInfo].
 
     Raises:
       OptionsError: bad arguments (the message says which and how to fix it).
@@ -416,7 +453,7 @@ class _Run:
 
     # -- the loop --------------------------------------------------------------------------------
 
-    def train(self):
+    def train(self) -> tuple[Network, TrainingInfo]:
         options, state = self.options, self.state
         total = (
             options.max_epochs * self.iterations_per_epoch if self.iterations_per_epoch else None
@@ -647,7 +684,7 @@ class _Run:
 
     # -- the end ---------------------------------------------------------------------------------
 
-    def _finish(self):
+    def _finish(self) -> tuple[Network, TrainingInfo]:
         state, options = self.state, self.options
         last = state.training_rows[-1] if state.training_rows else None
         if (

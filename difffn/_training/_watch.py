@@ -1,9 +1,9 @@
 """What watches a run besides the verbose table: the live plot and the TensorBoard events.
 
-The trainer calls :meth:`Watch.update` where the host already waits for the device (the
+The trainer calls `update` where the host already waits for the device (the
 iterations that log a table row or validate, and the end), with the training rows that are host
-numbers by then; :meth:`Watch.stop_requested` after every iteration (a file's existence: the
-live plot's stop flag); :meth:`Watch.close` at the end. Only the primary process watches.
+numbers by then; `stop_requested` after every iteration (a file's existence: the
+live plot's stop flag); `close` at the end. Only the primary process watches.
 """
 
 from __future__ import annotations

@@ -5,7 +5,7 @@ The other direction, an nnx or equinox module inside a difffn network, is a laye
 load ``flax.nnx`` on first use (PEP 562), so ``import difffn`` does not pay for it.
 """
 
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from ._mask import learnable_mask as learnable_mask
 
@@ -18,7 +18,7 @@ _NNX_NAMES = ("NNXNetwork", "to_nnx")
 __all__ = ["NNXNetwork", "learnable_mask", "to_nnx"]
 
 
-def __getattr__(name: str):
+def __getattr__(name: str) -> Any:
     if name in _NNX_NAMES:
         from . import _nnx
 
@@ -26,5 +26,5 @@ def __getattr__(name: str):
     raise AttributeError(f"module 'difffn.interop' has no attribute {name!r}")
 
 
-def __dir__():
+def __dir__() -> list[str]:
     return sorted(__all__)

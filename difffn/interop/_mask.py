@@ -10,6 +10,8 @@ learnables only: this mask gives them (difffn's own kinds inside difffn objects,
 
 from __future__ import annotations
 
+from typing import Any
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -28,7 +30,7 @@ def _is_inexact_array(x) -> bool:
     return isinstance(x, (jax.Array, np.ndarray)) and jnp.issubdtype(x.dtype, jnp.inexact)
 
 
-def learnable_mask(tree):
+def learnable_mask(tree: Any) -> Any:
     """A pytree like ``tree`` with ``True`` at the leaves to train, ``False`` elsewhere.
 
     Inside every ``df.Network`` / ``df.Layer`` of ``tree``, the learnables are ``True`` and the

@@ -11,10 +11,12 @@ variables, as ``nnx.BatchNorm`` does.
 
 from __future__ import annotations
 
+from typing import Any
+
 import jax
 from flax import nnx
 
-from .._core import NetworkError, stripdims
+from .._core import Data, NetworkError, Output, stripdims
 from .._layer import LEARNABLE, STATE, leaf_kinds
 from .._network import Network
 
@@ -24,7 +26,7 @@ def _is_variable(x) -> bool:
 
 
 class NNXNetwork(nnx.Module):
-    """A ``df.Network`` as an ``nnx.Module`` (made by :func:`to_nnx`).
+    """A ``df.Network`` as an ``nnx.Module`` (made by [`to_nnx`][difffn.interop.to_nnx]).
 
     Attributes:
       network: the network, with nnx variables as its leaves: ``nnx.Param`` for learnables,
@@ -35,7 +37,11 @@ class NNXNetwork(nnx.Module):
       rngs: the random stream for training-time randomness (dropout), or None.
     """
 
-    def __init__(self, net: Network, *, rngs=None, deterministic: bool = False):
+    network: Any
+    deterministic: bool
+    rngs: Any
+
+    def __init__(self, net: Network, *, rngs: Any = None, deterministic: bool = False) -> None:
         if not isinstance(net, Network):
             raise NetworkError(f"to_nnx expected a df.Network; got {type(net).__name__}.")
         if not net.initialized:
@@ -59,7 +65,7 @@ class NNXNetwork(nnx.Module):
             )
         self.rngs = nnx.data(rngs)
 
-    def set_view(self, deterministic: bool | None = None):
+    def set_view(self, deterministic: bool | None = None) -> None:
         """Used by ``nnx.view``: ``deterministic=True`` selects inference (``predict``)."""
         if deterministic is not None:
             self.deterministic = deterministic
@@ -68,7 +74,7 @@ class NNXNetwork(nnx.Module):
         """The network with the current values of the variables (a plain ``df.Network``)."""
         return jax.tree.map(lambda v: v.get_value(), self.network, is_leaf=_is_variable)
 
-    def __call__(self, *inputs, outputs=None, rngs=None):
+    def __call__(self, *inputs: Data, outputs: Any = None, rngs: Any = None) -> Output:
         """Run the network on ``inputs``; returns plain arrays, as nnx modules do.
 
         Args:
@@ -98,7 +104,7 @@ class NNXNetwork(nnx.Module):
         return stripdims(y)
 
 
-def to_nnx(net: Network, *, rngs=None, deterministic: bool = False) -> NNXNetwork:
+def to_nnx(net: Network, *, rngs: Any = None, deterministic: bool = False) -> NNXNetwork:
     """A difffn network as an ``nnx.Module``: nnx's gradients and optimizers train it.
 
     Its learnables are ``nnx.Param`` variables, so ``nnx.grad``, ``nnx.value_and_grad`` and
@@ -115,7 +121,7 @@ def to_nnx(net: Network, *, rngs=None, deterministic: bool = False) -> NNXNetwor
       deterministic: start in inference mode.
 
     Returns:
-      An :class:`NNXNetwork`.
+      An [`NNXNetwork`][difffn.interop.NNXNetwork].
 
     Raises:
       NetworkError: ``net`` is not an initialized network, or ``rngs`` is of another type.

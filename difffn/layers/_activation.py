@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 from .. import ops
+from .._core import Data, Output
 from .._layer import Layer
 from ._checks import channel_axis, choice, data_and_format, real, relabel
 
@@ -18,7 +19,7 @@ class ReLU(Layer):
       Array([0., 2.], dtype=float32)
     """
 
-    def predict(self, x):
+    def predict(self, x: Data) -> Output:
         return ops.relu(x)
 
 
@@ -37,7 +38,7 @@ class LeakyReLU(Layer):
 
     scale: float = 0.01
 
-    def __post_init__(self):
+    def __post_init__(self) -> None:
         self.scale = real(
             self,
             "scale",
@@ -46,7 +47,7 @@ class LeakyReLU(Layer):
             fix="e.g. LeakyReLU(0.01) (MATLAB's default).",
         )
 
-    def predict(self, x):
+    def predict(self, x: Data) -> Output:
         return ops.leaky_relu(x, self.scale)
 
 
@@ -65,7 +66,7 @@ class ClippedReLU(Layer):
 
     ceiling: float
 
-    def __post_init__(self):
+    def __post_init__(self) -> None:
         self.ceiling = real(
             self,
             "ceiling",
@@ -76,14 +77,14 @@ class ClippedReLU(Layer):
             fix="e.g. ClippedReLU(6) (ReLU6).",
         )
 
-    def predict(self, x):
+    def predict(self, x: Data) -> Output:
         return ops.clipped_relu(x, self.ceiling)
 
 
 class ELU(Layer):
     r"""Exponential linear unit (MATLAB's ``eluLayer``); any format.
 
-    :math:`y = x` for :math:`x > 0`, :math:`\alpha (e^x - 1)` otherwise. ``alpha`` is a fixed
+    $y = x$ for $x > 0$, $\alpha (e^x - 1)$ otherwise. ``alpha`` is a fixed
     (not learnable) positive number, default 1, as in MATLAB.
 
     Examples:
@@ -95,7 +96,7 @@ class ELU(Layer):
 
     alpha: float = 1.0
 
-    def __post_init__(self):
+    def __post_init__(self) -> None:
         self.alpha = real(
             self,
             "alpha",
@@ -106,12 +107,12 @@ class ELU(Layer):
             fix="e.g. ELU(alpha=1.0) (MATLAB's default).",
         )
 
-    def predict(self, x):
+    def predict(self, x: Data) -> Output:
         return ops.elu(x, self.alpha)
 
 
 class GELU(Layer):
-    r"""Gaussian error linear unit, :math:`x \Phi(x)` (MATLAB's ``geluLayer``); any format.
+    r"""Gaussian error linear unit, $x \Phi(x)$ (MATLAB's ``geluLayer``); any format.
 
     Args:
       approximation: ``"none"`` (default: exact, with ``erf``) or ``"tanh"``.
@@ -125,15 +126,15 @@ class GELU(Layer):
 
     approximation: str = "none"
 
-    def __post_init__(self):
+    def __post_init__(self) -> None:
         self.approximation = choice(self, "approximation", self.approximation, ("none", "tanh"))
 
-    def predict(self, x):
+    def predict(self, x: Data) -> Output:
         return ops.gelu(x, approximation=self.approximation)
 
 
 class Swish(Layer):
-    r"""Swish, :math:`x \sigma(x)` (MATLAB's ``swishLayer``); any format.
+    r"""Swish, $x \sigma(x)$ (MATLAB's ``swishLayer``); any format.
 
     Examples:
       >>> import jax.numpy as jnp
@@ -142,12 +143,12 @@ class Swish(Layer):
       Array([0.       , 0.7310586], dtype=float32)
     """
 
-    def predict(self, x):
+    def predict(self, x: Data) -> Output:
         return ops.swish(x)
 
 
 class Sigmoid(Layer):
-    r"""Logistic sigmoid, :math:`1 / (1 + e^{-x})` (MATLAB's ``sigmoidLayer``); any format.
+    r"""Logistic sigmoid, $1 / (1 + e^{-x})$ (MATLAB's ``sigmoidLayer``); any format.
 
     Examples:
       >>> import jax.numpy as jnp
@@ -156,7 +157,7 @@ class Sigmoid(Layer):
       Array([0.5], dtype=float32)
     """
 
-    def predict(self, x):
+    def predict(self, x: Data) -> Output:
         return ops.sigmoid(x)
 
 
@@ -170,7 +171,7 @@ class Tanh(Layer):
       Array([0.], dtype=float32)
     """
 
-    def predict(self, x):
+    def predict(self, x: Data) -> Output:
         return ops.tanh(x)
 
 
@@ -190,7 +191,7 @@ class Softmax(Layer):
 
     formattable = True
 
-    def predict(self, x):
+    def predict(self, x: Data) -> Output:
         data, fmt = data_and_format(x)
         axis = channel_axis(self, fmt, data.ndim)
         fmt = fmt or "U" * axis + "C"

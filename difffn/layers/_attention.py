@@ -4,12 +4,12 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from typing import Any, ClassVar
+from typing import Any, ClassVar, Self
 
 import jax
 import jax.numpy as jnp
 
-from .._core import FormatError, LayerError, Layout, OpError, as_mask
+from .._core import Data, FormatError, LayerError, Layout, OpError, Output, as_mask
 from .._layer import Layer, learnable
 from ..ops._attention import combined_mask, from_blc, is_attention_format, multi_head, to_blc
 from ..ops._format_args import float_dtype
@@ -38,10 +38,10 @@ _FORMAT = "a 'C' axis, one 'T' or one 'S' axis and optionally 'B' (e.g. 'BTC', '
 class SelfAttention(Layer):
     r"""Multi-head self-attention (MATLAB's ``selfAttentionLayer``), on ``df.ops.attention``.
 
-    The layer projects its input :math:`X` to queries :math:`X W_Q + b_Q`, keys
-    :math:`X W_K + b_K` and values :math:`X W_V + b_V`, runs ``num_heads``-head scaled
-    dot-product attention (``df.ops.attention``, scale :math:`1/\sqrt{d}` with ``d`` the key
-    channels per head) and projects the concatenated heads: :math:`Y = A W_O + b_O`.
+    The layer projects its input $X$ to queries $X W_Q + b_Q$, keys
+    $X W_K + b_K$ and values $X W_V + b_V$, runs ``num_heads``-head scaled
+    dot-product attention (``df.ops.attention``, scale $1/\sqrt{d}$ with ``d`` the key
+    channels per head) and projects the concatenated heads: $Y = A W_O + b_O$.
 
     Input: a ``C`` axis, exactly one ``T`` or one ``S`` axis (the positions that attend to each
     other) and optionally ``B``, in any order; a plain input is ``(batch, time, channels)``.
@@ -124,14 +124,14 @@ class SelfAttention(Layer):
     has_scores_output: bool = False
     attention_mask: Any = "none"
     dropout_probability: float = 0.0
-    query_weights: jax.Array | None = learnable(default=None)
-    key_weights: jax.Array | None = learnable(default=None)
-    value_weights: jax.Array | None = learnable(default=None)
-    output_weights: jax.Array | None = learnable(default=None)
-    query_bias: jax.Array | None = learnable(default=None, l2_factor=0.0)
-    key_bias: jax.Array | None = learnable(default=None, l2_factor=0.0)
-    value_bias: jax.Array | None = learnable(default=None, l2_factor=0.0)
-    output_bias: jax.Array | None = learnable(default=None, l2_factor=0.0)
+    query_weights: jax.Array = learnable(default=None)
+    key_weights: jax.Array = learnable(default=None)
+    value_weights: jax.Array = learnable(default=None)
+    output_weights: jax.Array = learnable(default=None)
+    query_bias: jax.Array = learnable(default=None, l2_factor=0.0)
+    key_bias: jax.Array = learnable(default=None, l2_factor=0.0)
+    value_bias: jax.Array = learnable(default=None, l2_factor=0.0)
+    output_bias: jax.Array = learnable(default=None, l2_factor=0.0)
     query_weights_initializer: Any = "glorot"
     key_weights_initializer: Any = "glorot"
     value_weights_initializer: Any = "glorot"
@@ -145,7 +145,7 @@ class SelfAttention(Layer):
     weight_l2_factor: float = 1.0
     bias_l2_factor: float = 0.0
 
-    def __post_init__(self):
+    def __post_init__(self) -> None:
         fix = "e.g. SelfAttention(4, 64): 4 heads, 64 key channels."
         heads = self.num_heads = positive_int(self, "num_heads", self.num_heads, fix=fix)
         self.num_key_channels = positive_int(
@@ -249,7 +249,7 @@ class SelfAttention(Layer):
                     f"({channels}, {w.shape[1]}), or leave it None."
                 )
 
-    def initialize(self, *layouts, key):
+    def initialize(self, *layouts: Layout, key: jax.Array) -> Self:
         if len(layouts) != self.num_inputs:
             raise LayerError(
                 f"{who(self)}.initialize takes {self.num_inputs} layout(s) {self.input_names}; "
@@ -273,10 +273,12 @@ class SelfAttention(Layer):
         ]
         return init.fill(self, draws)
 
-    def predict(self, *inputs, mask=None):
+    def predict(self, *inputs: Data, mask: jax.Array | None = None) -> Output:
         return self._attend(inputs, probability=0.0, key=None, sequence_mask=mask)
 
-    def forward(self, *inputs, key=None, mask=None):
+    def forward(
+        self, *inputs: Data, key: jax.Array | None = None, mask: jax.Array | None = None
+    ) -> Output:
         if self.dropout_probability > 0 and key is None:
             raise LayerError(
                 f"{who(self)}: training-time dropout (dropout_probability="

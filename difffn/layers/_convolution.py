@@ -9,12 +9,12 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from typing import Any, ClassVar
+from typing import Any, ClassVar, Self
 
 import jax
 
 from .. import ops
-from .._core import FormatError, LayerError
+from .._core import Data, FormatError, LayerError, Layout, Output
 from .._layer import learnable
 from ._checks import (
     bad_argument,
@@ -115,7 +115,7 @@ class _Convolution(WeightsAndBias):
     def _format(self, fmt: str, shape) -> str:
         raise NotImplementedError
 
-    def initialize(self, layout, *, key):
+    def initialize(self, layout: Layout, *, key: jax.Array) -> Self:
         layout = layout_format(self, layout, self._layout_allowed, want=self._want)
         in_channels = known_size(self, layout, "C", "number of channels")
         groups = self._check_channels(in_channels, f"the input layout {layout!r}")
@@ -128,7 +128,7 @@ class _Convolution(WeightsAndBias):
             fan_out=window * self.num_filters // groups,
         )
 
-    def predict(self, x):
+    def predict(self, x: Data) -> Output:
         require(self, "weights", "bias")
         data, fmt = data_and_format(x)
         fmt = self._format(fmt, data.shape)
@@ -160,8 +160,8 @@ class _UngroupedConvolution(_Convolution):
     padding: Any = 0
     dilation: Any = 1
     padding_value: Any = 0
-    weights: jax.Array | None = learnable(default=None)
-    bias: jax.Array | None = learnable(default=None, l2_factor=0.0)  # MATLAB: BiasL2Factor 0
+    weights: jax.Array = learnable(default=None)
+    bias: jax.Array = learnable(default=None, l2_factor=0.0)  # MATLAB: BiasL2Factor 0
     weights_initializer: Any = "glorot"
     bias_initializer: Any = "zeros"
     weight_learn_rate_factor: float = 1.0
@@ -227,7 +227,7 @@ class Conv1D(_UngroupedConvolution):
         "'C', and one 'S' or a 'T' (for 2-D images use Conv2D)"
     )
 
-    def __post_init__(self):
+    def __post_init__(self) -> None:
         (self.filter_size,) = _ints(
             self, "filter_size", self.filter_size, 1, fix="e.g. Conv1D(3, 16)."
         )
@@ -329,8 +329,8 @@ class Conv2D(_Convolution):
     padding: Any = 0
     dilation: Any = 1
     groups: Any = 1
-    weights: jax.Array | None = learnable(default=None)
-    bias: jax.Array | None = learnable(default=None, l2_factor=0.0)  # MATLAB: BiasL2Factor 0
+    weights: jax.Array = learnable(default=None)
+    bias: jax.Array = learnable(default=None, l2_factor=0.0)  # MATLAB: BiasL2Factor 0
     weights_initializer: Any = "glorot"
     bias_initializer: Any = "zeros"
     padding_value: Any = 0
@@ -339,7 +339,7 @@ class Conv2D(_Convolution):
     bias_learn_rate_factor: float = 1.0
     bias_l2_factor: float = 0.0
 
-    def __post_init__(self):
+    def __post_init__(self) -> None:
         self.filter_size = int_pair(
             self, "filter_size", self.filter_size, fix="e.g. filter_size=3 or (3, 5)."
         )
@@ -429,7 +429,7 @@ class Conv3D(_UngroupedConvolution):
     _dims: ClassVar[int] = 3
     _want: ClassVar[str] = "e.g. 'BSSSC' (NDHWC volumes: one 'B', three 'S', one 'C')"
 
-    def __post_init__(self):
+    def __post_init__(self) -> None:
         fix = "e.g. {}=3 or (3, 3, 1)."
         self.filter_size = _ints(
             self, "filter_size", self.filter_size, 3, fix=fix.format("filter_size")

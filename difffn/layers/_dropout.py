@@ -5,7 +5,7 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 
-from .._core import LayerError
+from .._core import Data, LayerError, Output
 from .._layer import Layer
 from ._checks import real, who
 
@@ -23,18 +23,17 @@ class Dropout(Layer):
     Examples:
       >>> import jax, jax.numpy as jnp
       >>> import difffn as df
-      >>> from difffn._layer._layer_call import call_layer
       >>> layer = df.layers.Dropout(0.5)
       >>> layer(jnp.ones(4))
       Array([1., 1., 1., 1.], dtype=float32)
-      >>> (y,), _ = call_layer(layer, (jnp.ones(1000),), training=True, key=jax.random.key(0))
+      >>> y = layer.forward(jnp.ones(1000), key=jax.random.key(0))  # training
       >>> sorted(set(y.tolist())), bool(abs(y.mean() - 1) < 0.1)
       ([0.0, 2.0], True)
     """
 
     probability: float = 0.5
 
-    def __post_init__(self):
+    def __post_init__(self) -> None:
         self.probability = real(
             self,
             "probability",
@@ -46,10 +45,10 @@ class Dropout(Layer):
             fix="e.g. Dropout(0.5) (MATLAB's default); 1 would drop everything.",
         )
 
-    def predict(self, x):
+    def predict(self, x: Data) -> Output:
         return x
 
-    def forward(self, x, *, key=None):
+    def forward(self, x: Data, *, key: jax.Array | None = None) -> Output:
         if key is None:
             raise LayerError(
                 f"{who(self)}: training-time dropout needs randomness, but no key was given. "

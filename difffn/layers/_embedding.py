@@ -6,12 +6,12 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from typing import Any, ClassVar
+from typing import Any, ClassVar, Self
 
 import jax
 import jax.numpy as jnp
 
-from .._core import FormatError, LayerError, OpError
+from .._core import Data, FormatError, LayerError, Layout, OpError, Output
 from .._layer import Layer, learnable
 from ..ops._embedding import as_indices, embed
 from . import _factor_options as factors
@@ -99,12 +99,12 @@ class Embedding(_Table):
     num_words: int
     _: dataclasses.KW_ONLY
     oov_mode: str = "map-to-last"
-    weights: jax.Array | None = learnable(default=None)
+    weights: jax.Array = learnable(default=None)
     weights_initializer: Any = "narrow-normal"
     weight_learn_rate_factor: float = 1.0
     weight_l2_factor: float = 1.0
 
-    def __post_init__(self):
+    def __post_init__(self) -> None:
         self.dimension = positive_int(
             self, "dimension", self.dimension, fix="e.g. Embedding(100, num_words)."
         )
@@ -114,7 +114,7 @@ class Embedding(_Table):
         choice(self, "oov_mode", self.oov_mode, ("map-to-last", "error"))
         self._check_table()
 
-    def initialize(self, layout, *, key):
+    def initialize(self, layout: Layout, *, key: jax.Array) -> Self:
         layout = layout_format(
             self,
             layout,
@@ -123,7 +123,7 @@ class Embedding(_Table):
         )
         return self._draw_table(key)
 
-    def predict(self, x):
+    def predict(self, x: Data) -> Output:
         require(self, "weights")
         data, fmt = data_and_format(x)
         if not fmt:
@@ -210,12 +210,12 @@ class PositionEmbedding(_Table):
     max_position: int
     _: dataclasses.KW_ONLY
     position_dimension: str = "auto"
-    weights: jax.Array | None = learnable(default=None)
+    weights: jax.Array = learnable(default=None)
     weights_initializer: Any = "narrow-normal"
     weight_learn_rate_factor: float = 1.0
     weight_l2_factor: float = 1.0
 
-    def __post_init__(self):
+    def __post_init__(self) -> None:
         self.output_size = positive_int(
             self, "output_size", self.output_size, fix="e.g. PositionEmbedding(64, 512)."
         )
@@ -235,12 +235,12 @@ class PositionEmbedding(_Table):
             )
         return axis
 
-    def initialize(self, layout, *, key):
+    def initialize(self, layout: Layout, *, key: jax.Array) -> Self:
         layout = layout_format(self, layout, lambda f: True, want="")
         self._axis(layout.format, f"the input layout {layout!r}")
         return self._draw_table(key)
 
-    def predict(self, x):
+    def predict(self, x: Data) -> Output:
         require(self, "weights")
         data, fmt = data_and_format(x)
         if not fmt:
@@ -259,9 +259,9 @@ class PositionEmbedding(_Table):
 class SinusoidalPositionEncoding(Layer):
     r"""Fixed sinusoidal position encoding (MATLAB's ``sinusoidalPositionEncodingLayer``).
 
-    For a position :math:`p` and channels :math:`k = 0 .. d/2 - 1` (``d = output_size``):
-    channel :math:`2k` is :math:`\sin(p / 10000^{2k/d})` and channel :math:`2k + 1` is
-    :math:`\cos(p / 10000^{2k/d})` ("Attention is all you need", section 3.5). With index
+    For a position $p$ and channels $k = 0 .. d/2 - 1$ (``d = output_size``):
+    channel $2k$ is $\sin(p / 10000^{2k/d})$ and channel $2k + 1$ is
+    $\cos(p / 10000^{2k/d})$ ("Attention is all you need", section 3.5). With index
     positions the output has the input's format with ``d`` channels, the same for every
     observation (add it to the input with ``Addition``); positions are ``0 .. length - 1``.
     With ``positions="data-values"`` the input's values are the positions: a ``C`` axis of size
@@ -288,7 +288,7 @@ class SinusoidalPositionEncoding(Layer):
     _: dataclasses.KW_ONLY
     positions: str = "auto"
 
-    def __post_init__(self):
+    def __post_init__(self) -> None:
         self.output_size = positive_int(
             self, "output_size", self.output_size, fix="e.g. SinusoidalPositionEncoding(64)."
         )
@@ -327,12 +327,12 @@ class SinusoidalPositionEncoding(Layer):
             )
         return None
 
-    def initialize(self, layout, *, key):
+    def initialize(self, layout: Layout, *, key: jax.Array) -> Self:
         layout = layout_format(self, layout, lambda f: True, want="")
         self._axis(layout.format, layout.shape, f"the input layout {layout!r}")
         return self
 
-    def encode(self, positions):
+    def encode(self, positions: Data) -> Any:
         """The ``(..., output_size)`` encoding of an array of positions."""
         half = self.output_size // 2
         dtype = positions.dtype
@@ -341,7 +341,7 @@ class SinusoidalPositionEncoding(Layer):
         pairs = jnp.stack([jnp.sin(angles), jnp.cos(angles)], axis=-1)
         return pairs.reshape(*positions.shape, self.output_size)
 
-    def predict(self, x):
+    def predict(self, x: Data) -> Output:
         data, fmt = data_and_format(x)
         if not fmt:
             fmt = "BTC" if data.ndim == 3 else ""

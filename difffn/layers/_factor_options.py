@@ -1,7 +1,7 @@
 """Learn-rate and L2 factors as constructor options (MATLAB's ``WeightLearnRateFactor`` & co.).
 
 A layer declares options such as ``weight_learn_rate_factor``, maps each to the kind of factor and
-the learnables it sets (a class attribute ``_factor_options``), and calls :func:`record` from
+the learnables it sets (a class attribute ``_factor_options``), and calls `record` from
 ``__post_init__``. The options become the layer's per-parameter factors: the ones
 ``df.get_learn_rate_factor`` and training read. ``df.set_learn_rate_factor`` on a learnable that an
 option alone sets also sets that option (``_factors.py``), so the two never disagree and

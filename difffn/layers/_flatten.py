@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from .._core import Data, Output
 from .._layer import Layer
 from ._checks import data_and_format, flatten_features, relabel
 
@@ -23,7 +24,7 @@ class Flatten(Layer):
 
     formattable = True
 
-    def predict(self, x):
+    def predict(self, x: Data) -> Output:
         data, fmt = data_and_format(x)
         y, out_fmt = flatten_features(self, data, fmt)
         return relabel(x, y, out_fmt)

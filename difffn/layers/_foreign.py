@@ -12,7 +12,7 @@ from __future__ import annotations
 import dataclasses
 import inspect
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, Self
 
 import jax
 
@@ -33,7 +33,7 @@ class ForeignModule(Layer):
     """Base of ``FromNNX`` and ``FromEquinox`` (never used alone).
 
     A subclass's hand-written ``__init__`` takes the module apart and ends with
-    :meth:`_finish_init`; ``structure`` holds what it keeps of the module (``module_type``,
+    `_finish_init`; ``structure`` holds what it keeps of the module (``module_type``,
     ``random``).
     """
 
@@ -52,7 +52,7 @@ class ForeignModule(Layer):
             self.description = f"{wrapper}({type(module).__name__})"
         self.__post_init__()
 
-    def initialize(self, *layouts, key):
+    def initialize(self, *layouts: Layout, key: jax.Array) -> Self:
         """Nothing to fill (the module has its parameters); checks that the outputs fit.
 
         Raises:
@@ -86,14 +86,14 @@ class Structure:
     equal by identity first.
     """
 
-    def __hash__(self):
+    def __hash__(self) -> int:
         cached = self.__dict__.get("_hash")
         if cached is None:
             cached = hash(tuple(getattr(self, f.name) for f in dataclasses.fields(self)))
             object.__setattr__(self, "_hash", cached)
         return cached
 
-    def __eq__(self, other):
+    def __eq__(self, other: object) -> bool:
         if self is other:
             return True
         if type(other) is not type(self) or hash(self) != hash(other):

@@ -21,7 +21,7 @@ from typing import Any
 import jax
 import numpy as np
 
-from .._core import LayerError, MissingDependencyError
+from .._core import Data, LayerError, MissingDependencyError, Output, PyTree
 from .._layer import learnable
 from .._layer import state as state_field
 from . import _foreign
@@ -137,9 +137,9 @@ class FromEquinox(_foreign.ForeignModule):
       ('BC', (4, 2))
     """
 
-    params: dict | None = learnable(default=None)
-    state: dict | None = state_field(default=None)
-    constants: dict | None = None
+    params: dict[str, Any] = learnable(default=None)  # set by __init__ from the module
+    state: dict[str, Any] = state_field(default=None)
+    constants: dict[str, Any] | None = None
     fmt: str | tuple[str, ...] | None = None
     output_format: str | tuple[str, ...] | None = None
     vmap: bool = True
@@ -147,8 +147,15 @@ class FromEquinox(_foreign.ForeignModule):
     formattable: bool = False
 
     def __init__(
-        self, module, *, state=None, fmt=None, output_format=None, vmap=True, **properties
-    ):
+        self,
+        module: Any,
+        *,
+        state: PyTree | None = None,
+        fmt: str | None = None,
+        output_format: str | None = None,
+        vmap: Any = True,
+        **properties: Any,
+    ) -> None:
         eqx = _eqx()
         _foreign.set_base(self, properties)
         if not isinstance(module, eqx.Module):
@@ -214,7 +221,7 @@ class FromEquinox(_foreign.ForeignModule):
         self.fmt, self.output_format, self.vmap = fmt, output_format, vmap
         self._finish_init(module, skip=2 if state is not None else 1, wrapper="FromEquinox")
 
-    def __post_init__(self):
+    def __post_init__(self) -> None:
         if not isinstance(self.vmap, bool):
             raise LayerError(f"{who(self)}: vmap must be True or False; got {self.vmap!r}.")
         self.formattable = _foreign.check_formats(self)
@@ -233,7 +240,7 @@ class FromEquinox(_foreign.ForeignModule):
         """``("state",)`` for a module with an ``eqx.nn.State``, else ``()``."""
         return ("state",) if self.state else ()
 
-    def module(self, *, training: bool = False):
+    def module(self, *, training: bool = False) -> Any:
         """The equinox module with the layer's current values (in training or inference mode)."""
         eqx = _eqx()
         s = self.structure
@@ -246,10 +253,10 @@ class FromEquinox(_foreign.ForeignModule):
         module = jax.tree.unflatten(s.treedef, leaves)
         return eqx.nn.inference_mode(module, value=not training)
 
-    def predict(self, *inputs):
+    def predict(self, *inputs: Data) -> Output:
         return self._run(inputs, training=False, key=None)
 
-    def forward(self, *inputs, key=None):
+    def forward(self, *inputs: Data, key: jax.Array | None = None) -> Output:
         self._require_key(key, "holds eqx.nn.Dropout")
         return self._run(inputs, training=True, key=key)
 

@@ -17,7 +17,7 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 
-from .._core import LayerError
+from .._core import Data, LayerError, Output
 from .._layer import learnable, state
 from . import _foreign
 from ._checks import who
@@ -48,8 +48,8 @@ class NNXStructure(_foreign.Structure):
 
     train: Any
     eval: Any
-    paths: tuple[tuple[tuple[str, tuple], ...], ...]
-    rng_streams: tuple[tuple[tuple, str, str, tuple[int, ...], Any], ...]
+    paths: tuple[tuple[tuple[str, tuple[Any, ...]], ...], ...]
+    rng_streams: tuple[tuple[tuple[Any, ...], str, str, tuple[int, ...], Any], ...]
     random: bool
     module_type: str
 
@@ -123,15 +123,22 @@ class FromNNX(_foreign.ForeignModule):
       ('BC', (4, 2))
     """
 
-    params: dict | None = learnable(default=None)
-    batch_stats: dict | None = state(default=None)
-    constants: dict | None = None
+    params: dict[str, Any] = learnable(default=None)  # set by __init__ from the module
+    batch_stats: dict[str, Any] = state(default=None)
+    constants: dict[str, Any] | None = None
     fmt: str | tuple[str, ...] | None = None
     output_format: str | tuple[str, ...] | None = None
     structure: NNXStructure | None = None
     formattable: bool = False
 
-    def __init__(self, module, *, fmt=None, output_format=None, **properties):
+    def __init__(
+        self,
+        module: Any,
+        *,
+        fmt: str | None = None,
+        output_format: str | None = None,
+        **properties: Any,
+    ) -> None:
         nnx = _nnx()
         _foreign.set_base(self, properties)
         if not isinstance(module, nnx.Module):
@@ -174,7 +181,7 @@ class FromNNX(_foreign.ForeignModule):
         self.fmt, self.output_format = fmt, output_format
         self._finish_init(module, skip=1, wrapper="FromNNX")
 
-    def __post_init__(self):
+    def __post_init__(self) -> None:
         self.formattable = _foreign.check_formats(self)
 
     @property
@@ -182,7 +189,7 @@ class FromNNX(_foreign.ForeignModule):
         """``("batch_stats",)`` when the module has batch statistics, else ``()``."""
         return ("batch_stats",) if self.batch_stats else ()
 
-    def module(self, *, training: bool = False, key=None):
+    def module(self, *, training: bool = False, key: jax.Array | None = None) -> Any:
         """The nnx module with the layer's current values (a new object, built by ``nnx.merge``).
 
         Args:
@@ -209,13 +216,13 @@ class FromNNX(_foreign.ForeignModule):
             nnx.reseed(module, policy="match_shape", **keys)
         return module
 
-    def predict(self, *inputs):
+    def predict(self, *inputs: Data) -> Output:
         module = self.module(training=False)
         result = module(*_foreign.module_inputs(self, inputs))
         outputs = _foreign.layer_outputs(self, result, self.structure.module_type)
         return (*outputs, self.batch_stats) if self.batch_stats else outputs
 
-    def forward(self, *inputs, key=None):
+    def forward(self, *inputs: Data, key: jax.Array | None = None) -> Output:
         nnx = _nnx()
         self._require_key(key, f"has random streams {list(self.structure.tags)} (e.g. nnx.Dropout)")
         module = self.module(training=True, key=key)

@@ -4,12 +4,12 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from typing import Any, ClassVar
+from typing import Any, ClassVar, Self
 
 import jax
 
 from .. import ops
-from .._core import FormatError, LayerError
+from .._core import Data, FormatError, LayerError, Layout, Output
 from .._layer import learnable
 from . import _initializers as init
 from ._checks import data_and_format, layout_format, positive_int, relabel, require, who
@@ -32,7 +32,7 @@ def _input_size(layer, layout) -> int:
 
 
 class FullyConnected(WeightsAndBias):
-    r"""Fully connected layer, :math:`y = x W + b` (MATLAB's ``fullyConnectedLayer``).
+    r"""Fully connected layer, $y = x W + b$ (MATLAB's ``fullyConnectedLayer``).
 
     The ``S``, ``C`` and ``U`` axes are flattened into ``C`` in storage order (row-major, the last
     axis fastest) and ``B`` and ``T`` are kept, in their order: ``"BSSC" -> "BC"``,
@@ -72,8 +72,8 @@ class FullyConnected(WeightsAndBias):
 
     output_size: int
     _: dataclasses.KW_ONLY
-    weights: jax.Array | None = learnable(default=None)
-    bias: jax.Array | None = learnable(default=None, l2_factor=0.0)  # MATLAB: BiasL2Factor 0
+    weights: jax.Array = learnable(default=None)
+    bias: jax.Array = learnable(default=None, l2_factor=0.0)  # MATLAB: BiasL2Factor 0
     weights_initializer: Any = "glorot"
     bias_initializer: Any = "zeros"
     weight_learn_rate_factor: float = 1.0
@@ -81,7 +81,7 @@ class FullyConnected(WeightsAndBias):
     bias_learn_rate_factor: float = 1.0
     bias_l2_factor: float = 0.0
 
-    def __post_init__(self):
+    def __post_init__(self) -> None:
         self.output_size = positive_int(
             self, "output_size", self.output_size, fix="e.g. FullyConnected(10)."
         )
@@ -96,7 +96,7 @@ class FullyConnected(WeightsAndBias):
                 f"{self.output_size}), or leave weights=None."
             )
 
-    def initialize(self, layout, *, key):
+    def initialize(self, layout: Layout, *, key: jax.Array) -> Self:
         layout = layout_format(self, layout, lambda f: True, want="any format")
         features = _input_size(self, layout)
         self._check_features(features, f"the input layout {layout!r}")
@@ -104,7 +104,7 @@ class FullyConnected(WeightsAndBias):
             key, (features, self.output_size), fan_in=features, fan_out=self.output_size
         )
 
-    def predict(self, x):
+    def predict(self, x: Data) -> Output:
         require(self, "weights", "bias")
         data, fmt = data_and_format(x)
         if not fmt:  # plain data is batch-first: axis 0 is kept, the others are flattened

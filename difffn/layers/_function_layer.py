@@ -7,6 +7,7 @@ import inspect
 from collections.abc import Callable
 from typing import Any
 
+from .._core import Data, Output
 from .._layer import Layer
 from ._checks import bad_argument
 
@@ -65,7 +66,7 @@ class FunctionLayer(Layer):
     formattable: bool = False
     acceleratable: bool = True
 
-    def __post_init__(self):
+    def __post_init__(self) -> None:
         if not callable(self.fn):
             raise bad_argument(
                 self,
@@ -95,5 +96,5 @@ class FunctionLayer(Layer):
             name = getattr(self.fn, "__name__", type(self.fn).__name__)
             self.description = f"FunctionLayer({name})"
 
-    def predict(self, *inputs):
+    def predict(self, *inputs: Data) -> Output:
         return self.fn(*inputs)

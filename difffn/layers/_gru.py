@@ -8,6 +8,7 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 
+from .._core import Data, Output
 from .._layer import learnable, state
 from ..ops._recurrent import GATE_ACTIVATIONS, RESET_GATE_MODES, STATE_ACTIVATIONS, gru_scan
 from . import _initializers as init
@@ -23,13 +24,13 @@ class GRU(_Recurrent):
     output every step (``"sequence"``, the input's format with ``H`` channels) or the last
     (``"last"``, without ``T``).
 
-    With the blocks of ``H`` in MATLAB's order (reset :math:`r`, update :math:`z`, candidate):
-    :math:`r_t = \sigma(x_t W_r + h_{t-1} R_r + b_r)`,
-    :math:`z_t = \sigma(x_t W_z + h_{t-1} R_z + b_z)`,
-    :math:`h_t = (1 - z_t) \odot \tilde h_t + z_t \odot h_{t-1}`, with the candidate
-    :math:`\tilde h_t` given by ``reset_gate_mode`` (see ``df.ops.gru``):
-    ``"after-multiplication"`` (default) :math:`\tanh(x_t W_h + b_h + r_t \odot (h_{t-1} R_h))`,
-    ``"before-multiplication"`` :math:`\tanh(x_t W_h + b_h + (r_t \odot h_{t-1}) R_h)`, or
+    With the blocks of ``H`` in MATLAB's order (reset $r$, update $z$, candidate):
+    $r_t = \sigma(x_t W_r + h_{t-1} R_r + b_r)$,
+    $z_t = \sigma(x_t W_z + h_{t-1} R_z + b_z)$,
+    $h_t = (1 - z_t) \odot \tilde h_t + z_t \odot h_{t-1}$, with the candidate
+    $\tilde h_t$ given by ``reset_gate_mode`` (see ``df.ops.gru``):
+    ``"after-multiplication"`` (default) $\tanh(x_t W_h + b_h + r_t \odot (h_{t-1} R_h))$,
+    ``"before-multiplication"`` $\tanh(x_t W_h + b_h + (r_t \odot h_{t-1}) R_h)$, or
     ``"recurrent-bias-after-multiplication"``, which adds recurrent biases (``bias`` has ``6H``
     values: input biases, then recurrent biases).
 
@@ -79,10 +80,10 @@ class GRU(_Recurrent):
     reset_gate_mode: str = "after-multiplication"
     state_activation_function: str = "tanh"
     gate_activation_function: str = "sigmoid"
-    input_weights: jax.Array | None = learnable(default=None)
-    recurrent_weights: jax.Array | None = learnable(default=None)
-    bias: jax.Array | None = learnable(default=None, l2_factor=0.0)  # MATLAB: BiasL2Factor 0
-    hidden_state: jax.Array | None = state(default=None)
+    input_weights: jax.Array = learnable(default=None)
+    recurrent_weights: jax.Array = learnable(default=None)
+    bias: jax.Array = learnable(default=None, l2_factor=0.0)  # MATLAB: BiasL2Factor 0
+    hidden_state: jax.Array = state(default=None)
     input_weights_initializer: Any = "glorot"
     recurrent_weights_initializer: Any = "orthogonal"
     bias_initializer: Any = "zeros"
@@ -96,11 +97,11 @@ class GRU(_Recurrent):
     def _bias_blocks(self) -> int:
         return 6 if self.reset_gate_mode == "recurrent-bias-after-multiplication" else 3
 
-    def __post_init__(self):
+    def __post_init__(self) -> None:
         choice(self, "reset_gate_mode", self.reset_gate_mode, RESET_GATE_MODES)
         self._check_options(init.BIAS)
 
-    def predict(self, x, *, mask=None):
+    def predict(self, x: Data, *, mask: jax.Array | None = None) -> Output:
         xs, fmt = self._time_major(x)
         batch, h = xs.shape[1], self.num_hidden_units
         (h0,) = self._initial_states(batch)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from .._core import Data, Output
 from .._layer import Layer
 
 
@@ -17,5 +18,5 @@ class Identity(Layer):
       'BC'
     """
 
-    def predict(self, x):
+    def predict(self, x: Data) -> Output:
         return x

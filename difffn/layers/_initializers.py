@@ -11,8 +11,8 @@ JAX's.
 ========================= ==================================================================
 name                      values
 ========================= ==================================================================
-``"glorot"``              uniform on :math:`\pm\sqrt{6 / (n_{in} + n_{out})}` (Xavier)
-``"he"``                  normal, mean 0, standard deviation :math:`\sqrt{2 / n_{in}}`
+``"glorot"``              uniform on $\pm\sqrt{6 / (n_{in} + n_{out})}$ (Xavier)
+``"he"``                  normal, mean 0, standard deviation $\sqrt{2 / n_{in}}$
 ``"narrow-normal"``       normal, mean 0, standard deviation 0.01
 ``"orthogonal"``          an orthogonal matrix: the Q of the QR decomposition of a unit-normal one
 ``"zeros"``, ``"ones"``   constants

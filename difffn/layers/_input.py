@@ -18,13 +18,13 @@ Statistics are plain (non-trained) array properties. A zero standard deviation o
 from __future__ import annotations
 
 import dataclasses
-from typing import Any
+from typing import Any, Self
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 
-from .._core import FormatError, LayerError, Layout, dlarray
+from .._core import Data, FormatError, LayerError, Layout, Output, dlarray
 from .._layer import InputLayer
 from ._checks import as_float_array, bad_argument, data_and_format, positive_int, who
 
@@ -107,7 +107,7 @@ class _NormalizingInput(InputLayer):
             return False
         return any(getattr(self, n) is None for n in _NEEDS[self.normalization])
 
-    def with_statistics(self, x):
+    def with_statistics(self, x: Data) -> Self:
         """A layer whose statistics still ``None`` are computed from the sample ``x``.
 
         Args:
@@ -177,7 +177,7 @@ class _NormalizingInput(InputLayer):
         value = jnp.asarray(value)
         return jnp.reshape(value, (1,) * (ndim - value.ndim) + value.shape)
 
-    def predict(self, x):
+    def predict(self, x: Data) -> Output:
         data, fmt = self._check_input(x)
         if not jnp.issubdtype(data.dtype, jnp.floating):
             data = data.astype(jnp.float32)
@@ -244,7 +244,7 @@ class ImageInput(_NormalizingInput):
     min: Any = None
     max: Any = None
 
-    def __post_init__(self):
+    def __post_init__(self) -> None:
         size = self.input_size
         if isinstance(size, (tuple, list)) and len(size) == 2:
             size = (*size, 1)
@@ -299,7 +299,7 @@ class FeatureInput(_NormalizingInput):
     min: Any = None
     max: Any = None
 
-    def __post_init__(self):
+    def __post_init__(self) -> None:
         self.num_features = positive_int(
             self, "num_features", self.num_features, fix="e.g. FeatureInput(10)."
         )
@@ -347,7 +347,7 @@ class SequenceInput(_NormalizingInput):
     min: Any = None
     max: Any = None
 
-    def __post_init__(self):
+    def __post_init__(self) -> None:
         self.input_size = positive_int(
             self, "input_size", self.input_size, fix="e.g. SequenceInput(12) for 12 channels."
         )

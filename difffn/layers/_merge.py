@@ -8,7 +8,7 @@ import operator
 
 import jax.numpy as jnp
 
-from .._core import FormatError
+from .._core import Data, FormatError, Output
 from .._layer import Layer
 from ._checks import bad_argument, data_and_format, relabel, who
 
@@ -50,10 +50,10 @@ class Addition(Layer):
 
     num_inputs: int = 2
 
-    def __post_init__(self):
+    def __post_init__(self) -> None:
         _check_num_inputs(self)
 
-    def predict(self, *inputs):
+    def predict(self, *inputs: Data) -> Output:
         return _elementwise(self, inputs, operator.add, "adds")
 
 
@@ -79,10 +79,10 @@ class Multiplication(Layer):
 
     num_inputs: int = 2
 
-    def __post_init__(self):
+    def __post_init__(self) -> None:
         _check_num_inputs(self)
 
-    def predict(self, *inputs):
+    def predict(self, *inputs: Data) -> Output:
         return _elementwise(self, inputs, operator.mul, "multiplies")
 
 
@@ -130,7 +130,7 @@ class Concatenation(Layer):
     _: dataclasses.KW_ONLY
     label: str = "C"
 
-    def __post_init__(self):
+    def __post_init__(self) -> None:
         _check_num_inputs(self)
         if self.label not in ("C", "B", "T"):
             raise bad_argument(
@@ -141,7 +141,7 @@ class Concatenation(Layer):
                 "use label='C' to concatenate channels (depth concatenation).",
             )
 
-    def predict(self, *inputs):
+    def predict(self, *inputs: Data) -> Output:
         fmt = _common_format(self, inputs)
         arrays = [data_and_format(x)[0] for x in inputs]
         if fmt:

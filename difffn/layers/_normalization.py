@@ -9,13 +9,13 @@ learn-rate/L2 factor options; they share those checks here.
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, ClassVar
+from typing import Any, ClassVar, Self
 
 import jax
 import jax.numpy as jnp
 
 from .. import ops
-from .._core import FormatError, LayerError
+from .._core import Data, FormatError, LayerError, Layout, Output
 from .._layer import Layer, learnable, state
 from . import _factor_options as factor_options
 from . import _initializers as init
@@ -81,7 +81,7 @@ class _PerChannel(Layer):
                     "it None so that initialize fills it."
                 )
 
-    def initialize(self, layout, *, key):
+    def initialize(self, layout: Layout, *, key: jax.Array) -> Self:
         layout = layout_format(self, layout, lambda f: "C" in f, want="a format with a 'C' axis")
         channels = known_size(self, layout, "C", "number of channels")
         self._check_channels(channels, f"the input layout {layout!r}")
@@ -117,20 +117,20 @@ class BatchNorm(_PerChannel):
     Works on any format with a ``C`` axis (``"BSSC"``, ``"BC"``, ``"BTC"``, ...); the output has the
     input's format. A plain input has its channels on the last axis.
 
-    Training (``forward``) normalizes with the mini-batch statistics :math:`\mu_B, \sigma_B^2`
+    Training (``forward``) normalizes with the mini-batch statistics $\mu_B, \sigma_B^2$
     (the biased variance, over every axis but ``C``):
-    :math:`y = \gamma (x - \mu_B) / \sqrt{\sigma_B^2 + \epsilon} + \beta`, and returns the
+    $y = \gamma (x - \mu_B) / \sqrt{\sigma_B^2 + \epsilon} + \beta$, and returns the
     updated running statistics with MATLAB's rule
     ``trained_mean = mean_decay * mu_B + (1 - mean_decay) * trained_mean`` and
     ``trained_variance = variance_decay * s2 + (1 - variance_decay) * trained_variance``, where
-    ``s2`` is the **unbiased** batch variance :math:`\sigma_B^2 \cdot m / (m - 1)` (``m`` values
+    ``s2`` is the **unbiased** batch variance $\sigma_B^2 \cdot m / (m - 1)$ (``m`` values
     per channel; ``s2 = sigma_B^2`` when ``m = 1``). MATLAB's documentation gives the update
     rule without naming the estimator; the unbiased one is the batch-normalization paper's
     estimate of the population variance, also used by PyTorch. Inference (``predict``)
     normalizes with ``trained_mean`` and ``trained_variance`` and returns them unchanged. The
     running statistics carry no gradient and keep their dtype.
 
-    Learnables ``offset`` (:math:`\beta`, zeros) and ``scale`` (:math:`\gamma`, ones); state
+    Learnables ``offset`` ($\beta$, zeros) and ``scale`` ($\gamma$, ones); state
     ``trained_mean`` (zeros) and ``trained_variance`` (ones); all of shape ``(C,)``.
 
     Args:
@@ -147,13 +147,12 @@ class BatchNorm(_PerChannel):
     Examples:
       >>> import jax, jax.numpy as jnp
       >>> import difffn as df
-      >>> from difffn._layer._layer_call import call_layer
       >>> layer = df.layers.BatchNorm()
       >>> layer = layer.initialize(df.Layout((None, 2), "BC"), key=jax.random.key(0))
       >>> layer.trained_mean, layer.trained_variance
       (Array([0., 0.], dtype=float32), Array([1., 1.], dtype=float32))
       >>> x = df.dlarray(jnp.array([[0.0, 10.0], [2.0, 30.0]]), "BC")
-      >>> (y,), (mean, variance) = call_layer(layer, (x,), training=True)  # forward
+      >>> y, mean, variance = layer.forward(x)  # training: the batch statistics
       >>> jnp.round(y.data, 4)
       Array([[-1., -1.],
              [ 1.,  1.]], dtype=float32)
@@ -170,10 +169,10 @@ class BatchNorm(_PerChannel):
     epsilon: float = 1e-5
     mean_decay: float = 0.1
     variance_decay: float = 0.1
-    offset: jax.Array | None = learnable(default=None)
-    scale: jax.Array | None = learnable(default=None)
-    trained_mean: jax.Array | None = state(default=None)
-    trained_variance: jax.Array | None = state(default=None)
+    offset: jax.Array = learnable(default=None)
+    scale: jax.Array = learnable(default=None)
+    trained_mean: jax.Array = state(default=None)
+    trained_variance: jax.Array = state(default=None)
     offset_initializer: Any = "zeros"
     scale_initializer: Any = "ones"
     offset_learn_rate_factor: float = 1.0
@@ -181,7 +180,7 @@ class BatchNorm(_PerChannel):
     scale_learn_rate_factor: float = 1.0
     scale_l2_factor: float = 1.0
 
-    def __post_init__(self):
+    def __post_init__(self) -> None:
         for name in ("mean_decay", "variance_decay"):
             setattr(
                 self,
@@ -234,15 +233,15 @@ class BatchNorm(_PerChannel):
             return relabel(x, y, fmt), mean, variance
         return relabel(x, result, fmt), self.trained_mean, self.trained_variance
 
-    def predict(self, x):
+    def predict(self, x: Data) -> Output:
         return self._batchnorm(x, training=False)
 
-    def forward(self, x):
+    def forward(self, x: Data) -> Output:
         return self._batchnorm(x, training=True)
 
 
 _COMMON_ARGS = """
-      offset, scale: :math:`\\beta` and :math:`\\gamma`, shape ``(C,)``; ``None`` until
+      offset, scale: $\\beta$ and $\\gamma$, shape ``(C,)``; ``None`` until
         ``initialize``.
       offset_initializer: ``"zeros"`` (default), ``"ones"``, ``"narrow-normal"`` or a function.
       scale_initializer: ``"ones"`` (default), ``"zeros"``, ``"narrow-normal"`` or a function.
@@ -285,8 +284,8 @@ class LayerNorm(_PerChannel):
     _: dataclasses.KW_ONLY
     epsilon: float = 1e-5
     operation_dimension: str = "auto"
-    offset: jax.Array | None = learnable(default=None)
-    scale: jax.Array | None = learnable(default=None)
+    offset: jax.Array = learnable(default=None)
+    scale: jax.Array = learnable(default=None)
     offset_initializer: Any = "zeros"
     scale_initializer: Any = "ones"
     offset_learn_rate_factor: float = 1.0
@@ -294,7 +293,7 @@ class LayerNorm(_PerChannel):
     scale_learn_rate_factor: float = 1.0
     scale_l2_factor: float = 1.0
 
-    def __post_init__(self):
+    def __post_init__(self) -> None:
         self.operation_dimension = choice(
             self,
             "operation_dimension",
@@ -311,7 +310,7 @@ class LayerNorm(_PerChannel):
                 "batch axis, or use operation_dimension='auto'."
             )
 
-    def predict(self, x):
+    def predict(self, x: Data) -> Output:
         data, fmt = self._prepare(x)
         y = ops.layernorm(
             data,
@@ -356,8 +355,8 @@ class GroupNorm(_PerChannel):
     num_groups: Any
     _: dataclasses.KW_ONLY
     epsilon: float = 1e-5
-    offset: jax.Array | None = learnable(default=None)
-    scale: jax.Array | None = learnable(default=None)
+    offset: jax.Array = learnable(default=None)
+    scale: jax.Array = learnable(default=None)
     offset_initializer: Any = "zeros"
     scale_initializer: Any = "ones"
     offset_learn_rate_factor: float = 1.0
@@ -365,7 +364,7 @@ class GroupNorm(_PerChannel):
     scale_learn_rate_factor: float = 1.0
     scale_l2_factor: float = 1.0
 
-    def __post_init__(self):
+    def __post_init__(self) -> None:
         if not (
             isinstance(self.num_groups, str) and self.num_groups in ("all-channels", "channel-wise")
         ):
@@ -396,7 +395,7 @@ class GroupNorm(_PerChannel):
     def _check_layout(self, layout, channels: int) -> None:
         self._groups(channels, f"the input layout {layout!r}")
 
-    def predict(self, x):
+    def predict(self, x: Data) -> Output:
         data, fmt = self._prepare(x)
         groups = self._groups(data.shape[fmt.index("C")], "the input")
         y = ops.groupnorm(data, groups, self.offset, self.scale, epsilon=self.epsilon, fmt=fmt)
@@ -433,8 +432,8 @@ class InstanceNorm(_PerChannel):
 
     _: dataclasses.KW_ONLY
     epsilon: float = 1e-5
-    offset: jax.Array | None = learnable(default=None)
-    scale: jax.Array | None = learnable(default=None)
+    offset: jax.Array = learnable(default=None)
+    scale: jax.Array = learnable(default=None)
     offset_initializer: Any = "zeros"
     scale_initializer: Any = "ones"
     offset_learn_rate_factor: float = 1.0
@@ -442,10 +441,10 @@ class InstanceNorm(_PerChannel):
     scale_learn_rate_factor: float = 1.0
     scale_l2_factor: float = 1.0
 
-    def __post_init__(self):
+    def __post_init__(self) -> None:
         self._check_per_channel_options()
 
-    def predict(self, x):
+    def predict(self, x: Data) -> Output:
         data, fmt = self._prepare(x)
         y = ops.instancenorm(data, self.offset, self.scale, epsilon=self.epsilon, fmt=fmt)
         return relabel(x, y, fmt)

@@ -6,7 +6,7 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
-from .._core import LayerError
+from .._core import Data, LayerError, Output
 from .._layer import Layer
 from ._checks import who
 
@@ -34,7 +34,7 @@ class Placeholder(Layer):
       >>> layer(jnp.ones(3))
       Traceback (most recent call last):
       ...
-      difffn._core._errors.LayerError: Placeholder (layer 'n1') stands for the operation ...
+      difffn.LayerError: Placeholder (layer 'n1') stands for the operation ...
     """
 
     formattable = True
@@ -47,7 +47,7 @@ class Placeholder(Layer):
     input_formats: tuple = ()
     output_formats: tuple = ()
 
-    def predict(self, *inputs):
+    def predict(self, *inputs: Data) -> Output:
         reason = f" ({self.reason})" if self.reason else ""
         formats = ""
         if self.input_formats or self.output_formats:

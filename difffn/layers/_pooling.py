@@ -7,6 +7,7 @@ import dataclasses
 from typing import Any
 
 from .. import ops
+from .._core import Data, Output
 from .._layer import Layer
 from ._checks import bad_argument, data_and_format, int_pair, padding_2d, relabel, spatial_2d_format
 
@@ -43,12 +44,12 @@ class MaxPool2D(Layer):
     stride: Any = 1
     padding: Any = 0
 
-    def __post_init__(self):
+    def __post_init__(self) -> None:
         self.pool_size = int_pair(self, "pool_size", self.pool_size, fix="e.g. pool_size=2.")
         self.stride = int_pair(self, "stride", self.stride, fix="e.g. stride=2.")
         self.padding = padding_2d(self, self.padding)
 
-    def predict(self, x):
+    def predict(self, x: Data) -> Output:
         data, fmt = data_and_format(x)
         fmt = spatial_2d_format(self, fmt, data.shape)
         y = ops.max_pool(data, self.pool_size, stride=self.stride, padding=self.padding, fmt=fmt)
@@ -84,7 +85,7 @@ class AveragePool2D(Layer):
     padding: Any = 0
     padding_value: Any = 0
 
-    def __post_init__(self):
+    def __post_init__(self) -> None:
         self.pool_size = int_pair(self, "pool_size", self.pool_size, fix="e.g. pool_size=2.")
         self.stride = int_pair(self, "stride", self.stride, fix="e.g. stride=2.")
         self.padding = padding_2d(self, self.padding)
@@ -98,7 +99,7 @@ class AveragePool2D(Layer):
                 "use 0 (padding averages as zeros) or 'mean' (padding left out).",
             )
 
-    def predict(self, x):
+    def predict(self, x: Data) -> Output:
         data, fmt = data_and_format(x)
         fmt = spatial_2d_format(self, fmt, data.shape)
         y = ops.avg_pool(
@@ -129,7 +130,7 @@ class GlobalAveragePool2D(Layer):
 
     formattable = True
 
-    def predict(self, x):
+    def predict(self, x: Data) -> Output:
         data, fmt = data_and_format(x)
         fmt = spatial_2d_format(self, fmt, data.shape)
         return relabel(x, ops.avg_pool(data, "global", fmt=fmt), fmt)
@@ -150,7 +151,7 @@ class GlobalMaxPool2D(Layer):
 
     formattable = True
 
-    def predict(self, x):
+    def predict(self, x: Data) -> Output:
         data, fmt = data_and_format(x)
         fmt = spatial_2d_format(self, fmt, data.shape)
         return relabel(x, ops.max_pool(data, "global", fmt=fmt), fmt)

@@ -8,12 +8,12 @@ state and its reset, the ``"sequence"``/``"last"`` output and the initializers.
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, ClassVar
+from typing import Any, ClassVar, Self
 
 import jax
 import jax.numpy as jnp
 
-from .._core import FormatError, LayerError, OpError
+from .._core import Data, FormatError, LayerError, Layout, OpError, Output
 from .._layer import Layer, learnable, state
 from ..ops._format_args import float_dtype, from_time_major, to_time_major
 from ..ops._recurrent import (
@@ -125,7 +125,7 @@ class _Recurrent(Layer):
                 f"({input_size}, {w.shape[1]}), or leave it None."
             )
 
-    def initialize(self, layout, *, key):
+    def initialize(self, layout: Layout, *, key: jax.Array) -> Self:
         layout = layout_format(
             self, layout, is_sequence_format, want="a 'C' axis and optionally 'B' and 'T'"
         )
@@ -151,7 +151,7 @@ class _Recurrent(Layer):
                 changes[name] = jnp.zeros((1, self._width()), jnp.float32)
         return init.fill(self, draws, **changes)
 
-    def reset_state(self):
+    def reset_state(self) -> Self:
         """The layer with zero states of shape ``(1, channels)`` (they broadcast over batches)."""
         zeros = {}
         for name in self._state_fields:
@@ -232,11 +232,11 @@ class _LSTMFields(_Recurrent):
     output_mode: str = "sequence"
     state_activation_function: str = "tanh"
     gate_activation_function: str = "sigmoid"
-    input_weights: jax.Array | None = learnable(default=None)
-    recurrent_weights: jax.Array | None = learnable(default=None)
-    bias: jax.Array | None = learnable(default=None, l2_factor=0.0)  # MATLAB: BiasL2Factor 0
-    hidden_state: jax.Array | None = state(default=None)
-    cell_state: jax.Array | None = state(default=None)
+    input_weights: jax.Array = learnable(default=None)
+    recurrent_weights: jax.Array = learnable(default=None)
+    bias: jax.Array = learnable(default=None, l2_factor=0.0)  # MATLAB: BiasL2Factor 0
+    hidden_state: jax.Array = state(default=None)
+    cell_state: jax.Array = state(default=None)
     input_weights_initializer: Any = "glorot"
     recurrent_weights_initializer: Any = "orthogonal"
     bias_initializer: Any = "unit-forget-gate"
@@ -247,7 +247,7 @@ class _LSTMFields(_Recurrent):
     recurrent_weights_l2_factor: float = 1.0
     bias_l2_factor: float = 0.0
 
-    def __post_init__(self):
+    def __post_init__(self) -> None:
         self._check_options(init.LSTM_BIAS)
 
 
@@ -260,10 +260,10 @@ class LSTM(_LSTMFields):
     the input's format with ``num_hidden_units`` channels (``"BTC" -> "BTC"``); with ``"last"``
     the last time step, the input's format without ``T`` (``"BTC" -> "BC"``).
 
-    With :math:`z = x_t W + h_{t-1} R + b` split into four blocks of ``num_hidden_units`` in
-    MATLAB's gate order (input :math:`i`, forget :math:`f`, cell candidate :math:`g`, output
-    :math:`o`): :math:`c_t = \sigma(f) c_{t-1} + \sigma(i) \tanh(g)`,
-    :math:`h_t = \sigma(o) \tanh(c_t)` (:math:`\sigma`, :math:`\tanh`: the gate and state
+    With $z = x_t W + h_{t-1} R + b$ split into four blocks of ``num_hidden_units`` in
+    MATLAB's gate order (input $i$, forget $f$, cell candidate $g$, output
+    $o$): $c_t = \sigma(f) c_{t-1} + \sigma(i) \tanh(g)$,
+    $h_t = \sigma(o) \tanh(c_t)$ ($\sigma$, $\tanh$: the gate and state
     activations).
 
     Learnables: ``input_weights`` ``(input_size, 4H)``, ``recurrent_weights`` ``(H, 4H)``,
@@ -308,7 +308,7 @@ class LSTM(_LSTMFields):
     """
     )
 
-    def predict(self, x, *, mask=None):
+    def predict(self, x: Data, *, mask: jax.Array | None = None) -> Output:
         xs, fmt = self._time_major(x)
         batch, h = xs.shape[1], self.num_hidden_units
         h0, c0 = self._initial_states(batch)
@@ -331,7 +331,8 @@ class BiLSTM(_LSTMFields):
 
     Two LSTMs read the sequence, one forward in time and one backward, and their hidden states
     are concatenated along ``C``: forward first, then backward (``2H`` channels). Formats and
-    ``output_mode`` as :class:`LSTM`; with ``output_mode="last"`` the output is the final
+    ``output_mode`` as [`LSTM`][difffn.layers.LSTM]; with ``output_mode="last"`` the output is the
+    final
     hidden state of each direction (the forward LSTM's after the last step, the backward
     LSTM's after the first), which is also the new ``hidden_state``.
 
@@ -339,14 +340,15 @@ class BiLSTM(_LSTMFields):
     ``bias`` ``(8H,)``: the forward direction's four gate blocks, then the backward
     direction's (MATLAB's ``8H x input_size`` and ``8H x H`` transposed, the same order).
     State: ``hidden_state`` and ``cell_state`` ``(batch, 2H)``, forward then backward; they
-    start as zeros ``(1, 2H)``, as :class:`LSTM`'s. Each direction starts from its half of the
+    start as zeros ``(1, 2H)``, as [`LSTM`][difffn.layers.LSTM]'s. Each direction starts from its
+    half of the
     state (MATLAB's rule), so a carried state is not "the same sequence continued" for the
     backward direction.
 
     Args:
       num_hidden_units: ``H``, per direction.
       output_mode: ``"sequence"`` (default) or ``"last"``.
-      state_activation_function, gate_activation_function: as :class:`LSTM`.
+      state_activation_function, gate_activation_function: as [`LSTM`][difffn.layers.LSTM].
       input_weights, recurrent_weights, bias, hidden_state, cell_state: as above; ``None``
         until ``initialize``.
       bias_initializer: ``"unit-forget-gate"`` (default; both directions), ``"zeros"``,
@@ -372,7 +374,7 @@ class BiLSTM(_LSTMFields):
 
     _DIRECTIONS = 2
 
-    def predict(self, x, *, mask=None):
+    def predict(self, x: Data, *, mask: jax.Array | None = None) -> Output:
         xs, fmt = self._time_major(x)
         batch, h = xs.shape[1], self.num_hidden_units
         h0, c0 = self._initial_states(batch)

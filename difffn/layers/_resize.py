@@ -15,7 +15,7 @@ from typing import Any
 import jax.numpy as jnp
 import numpy as np
 
-from .._core import LayerError
+from .._core import Data, LayerError, Output
 from .._layer import Layer
 from ._checks import bad_argument, choice, data_and_format, relabel, spatial_2d_format, who
 
@@ -95,7 +95,7 @@ class Resize2D(Layer):
     geometric_transform_mode: str = "half-pixel"
     nearest_rounding_mode: str = "round"
 
-    def __post_init__(self):
+    def __post_init__(self) -> None:
         given = [
             n
             for n, v in (("scale", self.scale), ("output_size", self.output_size))
@@ -185,7 +185,7 @@ class Resize2D(Layer):
             out = (h, w)
         return out, tuple(o / n for o, n in zip(out, sizes))
 
-    def predict(self, *inputs):
+    def predict(self, *inputs: Data) -> Output:
         x = inputs[0]
         data, fmt = data_and_format(x)
         fmt = spatial_2d_format(self, fmt, data.shape)

@@ -3,12 +3,12 @@
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, ClassVar
+from typing import Any, ClassVar, Self
 
 import jax
 
 from .. import ops
-from .._core import LayerError
+from .._core import Data, LayerError, Layout, Output
 from .._layer import learnable
 from ._checks import (
     data_and_format,
@@ -70,8 +70,8 @@ class TransposedConv2D(WeightsAndBias):
     _: dataclasses.KW_ONLY
     stride: Any = 1
     cropping: Any = 0
-    weights: jax.Array | None = learnable(default=None)
-    bias: jax.Array | None = learnable(default=None, l2_factor=0.0)  # MATLAB: BiasL2Factor 0
+    weights: jax.Array = learnable(default=None)
+    bias: jax.Array = learnable(default=None, l2_factor=0.0)  # MATLAB: BiasL2Factor 0
     weights_initializer: Any = "glorot"
     bias_initializer: Any = "zeros"
     weight_learn_rate_factor: float = 1.0
@@ -79,7 +79,7 @@ class TransposedConv2D(WeightsAndBias):
     bias_learn_rate_factor: float = 1.0
     bias_l2_factor: float = 0.0
 
-    def __post_init__(self):
+    def __post_init__(self) -> None:
         self.filter_size = int_pair(
             self, "filter_size", self.filter_size, fix="e.g. filter_size=4 or (4, 2)."
         )
@@ -103,7 +103,7 @@ class TransposedConv2D(WeightsAndBias):
                 "weights=None."
             )
 
-    def initialize(self, layout, *, key):
+    def initialize(self, layout: Layout, *, key: jax.Array) -> Self:
         layout = layout_format(
             self, layout, lambda f: sorted(f) == sorted("BSSC"), want="e.g. 'BSSC' (NHWC images)"
         )
@@ -117,7 +117,7 @@ class TransposedConv2D(WeightsAndBias):
             fan_out=fh * fw * self.num_filters,
         )
 
-    def predict(self, x):
+    def predict(self, x: Data) -> Output:
         require(self, "weights", "bias")
         data, fmt = data_and_format(x)
         fmt = spatial_2d_format(self, fmt, data.shape)

@@ -9,7 +9,7 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 
-from .._core import OpError
+from .._core import Data, OpError, Output
 from ._common import floating, pack, real, require_label, unpack, who
 
 
@@ -18,7 +18,7 @@ def _elementwise(op, x, fmt, fn):
     return pack(fn(data), fmt, formatted)
 
 
-def relu(x, *, fmt: str | None = None):
+def relu(x: Data, *, fmt: str | None = None) -> Output:
     """Rectified linear unit, ``max(x, 0)`` (MATLAB's ``relu``).
 
     Examples:
@@ -31,7 +31,7 @@ def relu(x, *, fmt: str | None = None):
     return _elementwise("relu", x, fmt, jax.nn.relu)
 
 
-def leaky_relu(x, scale: float = 0.01, *, fmt: str | None = None):
+def leaky_relu(x: Data, scale: float = 0.01, *, fmt: str | None = None) -> Output:
     """Leaky ReLU: ``x`` where positive, ``scale * x`` elsewhere (MATLAB's ``leakyrelu``).
 
     Args:
@@ -49,7 +49,7 @@ def leaky_relu(x, scale: float = 0.01, *, fmt: str | None = None):
     return _elementwise("leaky_relu", x, fmt, lambda v: jax.nn.leaky_relu(v, scale))
 
 
-def clipped_relu(x, ceiling: float, *, fmt: str | None = None):
+def clipped_relu(x: Data, ceiling: float, *, fmt: str | None = None) -> Output:
     """Clipped ReLU, ``min(max(x, 0), ceiling)`` (MATLAB's ``clippedReluLayer``).
 
     Examples:
@@ -62,8 +62,8 @@ def clipped_relu(x, ceiling: float, *, fmt: str | None = None):
     return _elementwise("clipped_relu", x, fmt, lambda v: jnp.clip(v, 0, ceiling))
 
 
-def elu(x, alpha: float = 1.0, *, fmt: str | None = None):
-    r"""Exponential linear unit: ``x`` where positive, :math:`\alpha (e^x - 1)` elsewhere.
+def elu(x: Data, alpha: float = 1.0, *, fmt: str | None = None) -> Output:
+    r"""Exponential linear unit: ``x`` where positive, $\alpha (e^x - 1)$ elsewhere.
 
     Examples:
       >>> import jax.numpy as jnp
@@ -75,13 +75,13 @@ def elu(x, alpha: float = 1.0, *, fmt: str | None = None):
     return _elementwise("elu", x, fmt, lambda v: jax.nn.elu(v, alpha))
 
 
-def gelu(x, *, approximation: str = "none", fmt: str | None = None):
-    r"""Gaussian error linear unit, :math:`x \Phi(x)` (MATLAB's ``gelu``).
+def gelu(x: Data, *, approximation: str = "none", fmt: str | None = None) -> Output:
+    r"""Gaussian error linear unit, $x \Phi(x)$ (MATLAB's ``gelu``).
 
     Args:
       x: any array; the format is kept.
       approximation: ``"none"`` (default: the exact form with ``erf``) or ``"tanh"``
-        (:math:`\frac{x}{2}(1 + \tanh(\sqrt{2/\pi}(x + 0.044715 x^3)))`).
+        ($\frac{x}{2}(1 + \tanh(\sqrt{2/\pi}(x + 0.044715 x^3)))$).
       fmt: the format of a plain ``x`` (only checked).
 
     Examples:
@@ -98,8 +98,8 @@ def gelu(x, *, approximation: str = "none", fmt: str | None = None):
     return _elementwise("gelu", x, fmt, lambda v: jax.nn.gelu(v, approximate=not exact))
 
 
-def swish(x, *, fmt: str | None = None):
-    r"""Swish, :math:`x \sigma(x)` (MATLAB's ``swishLayer``).
+def swish(x: Data, *, fmt: str | None = None) -> Output:
+    r"""Swish, $x \sigma(x)$ (MATLAB's ``swishLayer``).
 
     Examples:
       >>> import jax.numpy as jnp
@@ -110,8 +110,8 @@ def swish(x, *, fmt: str | None = None):
     return _elementwise("swish", x, fmt, jax.nn.swish)
 
 
-def sigmoid(x, *, fmt: str | None = None):
-    r"""Logistic sigmoid, :math:`1 / (1 + e^{-x})` (MATLAB's ``sigmoid``).
+def sigmoid(x: Data, *, fmt: str | None = None) -> Output:
+    r"""Logistic sigmoid, $1 / (1 + e^{-x})$ (MATLAB's ``sigmoid``).
 
     Examples:
       >>> import jax.numpy as jnp
@@ -122,7 +122,7 @@ def sigmoid(x, *, fmt: str | None = None):
     return _elementwise("sigmoid", x, fmt, jax.nn.sigmoid)
 
 
-def tanh(x, *, fmt: str | None = None):
+def tanh(x: Data, *, fmt: str | None = None) -> Output:
     """Hyperbolic tangent (MATLAB's ``tanh`` on a ``dlarray``).
 
     Examples:
@@ -134,7 +134,7 @@ def tanh(x, *, fmt: str | None = None):
     return _elementwise("tanh", x, fmt, jnp.tanh)
 
 
-def softmax(x, *, fmt: str | None = None):
+def softmax(x: Data, *, fmt: str | None = None) -> Output:
     """Softmax over the channel axis ``C`` (MATLAB's ``softmax``); any other axes are independent.
 
     Args:

@@ -19,7 +19,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from .._core import OpError
+from .._core import Data, OpError, Output
 from ._format_args import float_dtype, label, read, read_like, require
 
 _FORMAT = (
@@ -34,24 +34,24 @@ def is_attention_format(fmt: str) -> bool:
 
 
 def attention(
-    queries,
-    keys,
-    values,
+    queries: Data,
+    keys: Data,
+    values: Data,
     num_heads: int,
     *,
     fmt: str | None = None,
-    scale="auto",
-    padding_mask=None,
-    attention_mask="none",
+    scale: Data | str = "auto",
+    padding_mask: jax.Array | None = None,
+    attention_mask: jax.Array | str = "none",
     dropout_probability: float = 0.0,
-    key=None,
+    key: jax.Array | None = None,
     return_weights: bool = False,
-):
+) -> Output:
     r"""Multi-head scaled dot-product attention (MATLAB's ``attention`` function).
 
     The channels of the queries, keys and values are split into ``num_heads`` contiguous
-    blocks; per head, :math:`Y = \mathrm{softmax}(s\,Q K^\top + M)\,V` over the keys
-    (:math:`M`: 0 where attention is allowed, a large negative number where a mask forbids it),
+    blocks; per head, $Y = \mathrm{softmax}(s\,Q K^\top + M)\,V$ over the keys
+    ($M$: 0 where attention is allowed, a large negative number where a mask forbids it),
     and the heads' results are concatenated along ``C``.
 
     Args:
@@ -62,7 +62,7 @@ def attention(
       values: the keys' sequence length; any number of channels divisible by ``num_heads``.
       num_heads: the number of heads; it divides the channels of queries and values.
       fmt: the format of plain ``queries`` (and of plain keys, values and padding mask).
-      scale: ``"auto"`` (default: :math:`1/\sqrt{d}` with ``d`` the key channels per head) or
+      scale: ``"auto"`` (default: $1/\sqrt{d}$ with ``d`` the key channels per head) or
         a number.
       padding_mask: ``None`` (default) or an array in the keys' format and sizes (any number of
         channels; only the first is used): a query attends to a key step only where it is
@@ -129,7 +129,8 @@ def attention(
 def multi_head(q, k, v, *, mask, causal, scale, probability, key, return_weights):
     """Attention on split heads: ``(B, Lq, N, dk)``, ``(B, Lk, N, dk)``, ``(B, Lk, N, dv)``.
 
-    The computation itself, after :func:`attention`'s checks (``SelfAttention`` projects
+    The computation itself, after [`attention`][difffn.ops.attention]'s checks (``SelfAttention``
+    projects
     straight into heads and calls it too). ``mask`` is boolean, broadcastable to
     ``(B, N, Lq, Lk)``, or ``None``. Returns ``(y, weights)``, ``weights`` ``None`` when not
     asked for and the fused path ran.

@@ -9,11 +9,13 @@ one batch axis and unfolded after.
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
+from typing import Any
 
 import jax
 import jax.numpy as jnp
 
-from .._core import OpError
+from .._core import Data, OpError, Output
 from ._common import (
     ints,
     pack,
@@ -89,16 +91,16 @@ def _windowed(data, axes, c_axis, run):
 
 
 def conv(
-    x,
-    weights,
-    bias=None,
+    x: Data,
+    weights: Data,
+    bias: Data | None = None,
     *,
-    stride=1,
-    dilation_factor=1,
-    padding=0,
-    padding_value=0,
+    stride: int | Sequence[int] = 1,
+    dilation_factor: int | Sequence[int] = 1,
+    padding: Any = 0,
+    padding_value: float = 0,
     fmt: str | None = None,
-):
+) -> Output:
     r"""Deep learning convolution over the ``S`` axes (MATLAB's ``dlconv``).
 
     The window slides over the input's ``S`` axes (as many as ``weights`` has window
@@ -223,16 +225,17 @@ def _pad(data, axes, pads, mode):
 
 
 def conv_transpose(
-    x,
-    weights,
-    bias=None,
+    x: Data,
+    weights: Data,
+    bias: Data | None = None,
     *,
-    stride=1,
-    dilation_factor=1,
-    cropping=0,
+    stride: int | Sequence[int] = 1,
+    dilation_factor: int | Sequence[int] = 1,
+    cropping: Any = 0,
     fmt: str | None = None,
-):
-    r"""Transposed convolution (MATLAB's ``dltranspconv``): the adjoint of :func:`conv`.
+) -> Output:
+    r"""Transposed convolution (MATLAB's ``dltranspconv``): the adjoint of
+    [`conv`][difffn.ops.conv].
 
     ``conv_transpose(x, w)`` is the gradient of ``conv(y, w)`` with respect to ``y`` (before
     cropping): each input value spreads ``w`` over the output, ``stride`` apart. Output size per
@@ -240,7 +243,7 @@ def conv_transpose(
 
     Args:
       x: a ``df.FormattedArray`` with a ``C`` axis, or a plain array with ``fmt``; the window
-        axes are chosen as in :func:`conv`.
+        axes are chosen as in [`conv`][difffn.ops.conv].
       weights: ``(*window, num_filters, in_channels)`` (MATLAB's
         ``filterSize x numFilters x numChannels``: the output channels come first).
       bias: ``(num_filters,)``, a scalar, or ``None``.

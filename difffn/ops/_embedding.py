@@ -7,11 +7,13 @@ An index array's ``C`` axis, if it has one, has size 1 and becomes the vector ax
 
 from __future__ import annotations
 
+from typing import Any
+
 import jax
 import jax.numpy as jnp
 import numpy as np
 
-from .._core import FormatError, FormattedArray, OpError
+from .._core import Data, FormatError, FormattedArray, OpError, Output
 from ._format_args import label, read, shape_error
 
 
@@ -34,7 +36,7 @@ def _vectors_at_c(y, fmt: str):
     return jnp.moveaxis(y, -1, fmt.index("C")) if "C" in fmt else y
 
 
-def embed(x, weights, *, fmt: str | None = None):
+def embed(x: Data, weights: Data, *, fmt: str | None = None) -> Output:
     """Look up one vector per index (MATLAB's ``embed`` function).
 
     Args:
@@ -75,7 +77,9 @@ def embed(x, weights, *, fmt: str | None = None):
     return label(_vectors_at_c(y, fmt), out_fmt, formatted)
 
 
-def onehot_encode(x, num_classes: int, *, fmt: str | None = None, dtype=jnp.float32):
+def onehot_encode(
+    x: Data, num_classes: int, *, fmt: str | None = None, dtype: Any = jnp.float32
+) -> Output:
     """One-hot vectors of class indices (MATLAB's ``onehotencode``), on ``jax.nn.one_hot``.
 
     Args:
@@ -119,7 +123,7 @@ def onehot_encode(x, num_classes: int, *, fmt: str | None = None, dtype=jnp.floa
     return label(_vectors_at_c(y, fmt), out_fmt, formatted)
 
 
-def onehot_decode(x, *, fmt: str | None = None):
+def onehot_decode(x: Data, *, fmt: str | None = None) -> Output:
     """Class indices of one-hot vectors or scores (MATLAB's ``onehotdecode``): argmax over ``C``.
 
     Ties go to the first class. For class names, index them:

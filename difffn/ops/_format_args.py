@@ -92,7 +92,7 @@ def to_time_major(data, fmt: str) -> jax.Array:
 
 
 def from_time_major(ys, fmt: str) -> jax.Array:
-    """The inverse of :func:`to_time_major` for ``(T, B, H)``: ``fmt``'s axis order, ``C = H``."""
+    """The inverse of `to_time_major` for ``(T, B, H)``: ``fmt``'s axis order, ``C = H``."""
     work_fmt = "".join(a for a in "TB" if a not in fmt)[::-1] + fmt
     y = jnp.transpose(ys, ["TBC".index(a) for a in work_fmt])
     extra = len(work_fmt) - len(fmt)

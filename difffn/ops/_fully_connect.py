@@ -6,12 +6,14 @@ import math
 
 import jax.numpy as jnp
 
-from .._core import FormatError, OpError
+from .._core import Data, FormatError, OpError, Output
 from ._common import pack, plain, unpack, who
 
 
-def fully_connect(x, weights, bias=None, *, fmt: str | None = None):
-    r"""Fully connected operation, :math:`y = x W + b`, per observation and time step.
+def fully_connect(
+    x: Data, weights: Data, bias: Data | None = None, *, fmt: str | None = None
+) -> Output:
+    r"""Fully connected operation, $y = x W + b$, per observation and time step.
 
     The ``S``, ``C`` and ``U`` axes are flattened into one ``C`` axis in storage order (row-major)
     and ``B`` and ``T`` are kept in their order: ``"BSSC" -> "BC"``, ``"BC" -> "BC"``,

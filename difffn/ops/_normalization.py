@@ -1,8 +1,8 @@
 r"""Normalization: ``batchnorm``, ``layernorm``, ``groupnorm`` and ``instancenorm``.
 
-Every one computes :math:`y = \gamma (x - \mu) / \sqrt{\sigma^2 + \epsilon} + \beta` with a
-per-channel offset :math:`\beta` and scale :math:`\gamma`; they differ in the axes that the mean
-:math:`\mu` and the biased variance :math:`\sigma^2` are taken over (MATLAB's functions of the
+Every one computes $y = \gamma (x - \mu) / \sqrt{\sigma^2 + \epsilon} + \beta$ with a
+per-channel offset $\beta$ and scale $\gamma$; they differ in the axes that the mean
+$\mu$ and the biased variance $\sigma^2$ are taken over (MATLAB's functions of the
 same names).
 """
 
@@ -13,7 +13,7 @@ import math
 import jax
 import jax.numpy as jnp
 
-from .._core import FormatError, OpError
+from .._core import Data, FormatError, OpError, Output
 from ._common import floating, pack, per_channel, plain, real, require_label, unpack, who
 
 
@@ -37,18 +37,18 @@ def _normalize(op, data, axis, reduce, offset, scale, epsilon, stats=None):
 
 
 def batchnorm(
-    x,
-    offset,
-    scale,
-    mean=None,
-    variance=None,
+    x: Data,
+    offset: Data,
+    scale: Data,
+    mean: Data | None = None,
+    variance: Data | None = None,
     *,
     training: bool = False,
-    epsilon: float = 1e-5,
+    epsilon: float = 1e-05,
     mean_decay: float = 0.1,
     variance_decay: float = 0.1,
     fmt: str | None = None,
-):
+) -> Output:
     r"""Batch normalization over every axis but ``C`` (MATLAB's ``batchnorm``).
 
     MATLAB tells its three uses apart by the number of outputs asked for; here:
@@ -65,7 +65,7 @@ def batchnorm(
 
     Args:
       x: a ``df.FormattedArray`` with a ``C`` axis, or a plain array with ``fmt``.
-      offset, scale: :math:`\beta` and :math:`\gamma`, one value per channel (any shape).
+      offset, scale: $\beta$ and $\gamma$, one value per channel (any shape).
       mean, variance: running (or trained) statistics, one value per channel, or ``None``.
       training: update ``mean`` and ``variance`` with the batch's (see above).
       epsilon: added to the variance; default 1e-5.
@@ -139,14 +139,14 @@ def batchnorm(
 
 
 def layernorm(
-    x,
-    offset,
-    scale,
+    x: Data,
+    offset: Data,
+    scale: Data,
     *,
-    epsilon: float = 1e-5,
+    epsilon: float = 1e-05,
     operation_dimension: str = "auto",
     fmt: str | None = None,
-):
+) -> Output:
     r"""Layer normalization, per observation (MATLAB's ``layernorm``).
 
     The statistics are taken per observation (and time step) over the axes that
@@ -160,7 +160,7 @@ def layernorm(
 
     Args:
       x: a ``df.FormattedArray`` with a ``C`` axis, or a plain array with ``fmt``.
-      offset, scale: :math:`\beta` and :math:`\gamma`, one value per channel.
+      offset, scale: $\beta$ and $\gamma$, one value per channel.
       epsilon: added to the variance; default 1e-5.
       operation_dimension: see above.
       fmt: the format of a plain ``x``.
@@ -203,14 +203,14 @@ def layernorm(
 
 
 def groupnorm(
-    x,
-    num_groups,
-    offset,
-    scale,
+    x: Data,
+    num_groups: int | str,
+    offset: Data,
+    scale: Data,
     *,
-    epsilon: float = 1e-5,
+    epsilon: float = 1e-05,
     fmt: str | None = None,
-):
+) -> Output:
     r"""Group normalization, per observation (MATLAB's ``groupnorm``).
 
     The channels are split into ``num_groups`` groups of consecutive channels; the statistics
@@ -221,7 +221,7 @@ def groupnorm(
       x: a ``df.FormattedArray`` with a ``C`` axis, or a plain array with ``fmt``.
       num_groups: a positive int that divides the channels, ``"all-channels"`` (one group) or
         ``"channel-wise"`` (one group per channel: instance normalization).
-      offset, scale: :math:`\beta` and :math:`\gamma`, one value per channel.
+      offset, scale: $\beta$ and $\gamma$, one value per channel.
       epsilon: added to the variance; default 1e-5.
       fmt: the format of a plain ``x``.
 
@@ -291,7 +291,9 @@ def _group_normalize(op, data, fmt, axis, groups, offset, scale, epsilon):
     return (data - per_channel_stat(mean)) * (inv * gamma) + beta
 
 
-def instancenorm(x, offset, scale, *, epsilon: float = 1e-5, fmt: str | None = None):
+def instancenorm(
+    x: Data, offset: Data, scale: Data, *, epsilon: float = 1e-05, fmt: str | None = None
+) -> Output:
     r"""Instance normalization, per observation and channel (MATLAB's ``instancenorm``).
 
     The statistics are taken per observation (``B``) and channel over every other axis (``S``,
@@ -299,7 +301,7 @@ def instancenorm(x, offset, scale, *, epsilon: float = 1e-5, fmt: str | None = N
 
     Args:
       x: a ``df.FormattedArray`` with a ``C`` axis, or a plain array with ``fmt``.
-      offset, scale: :math:`\beta` and :math:`\gamma`, one value per channel.
+      offset, scale: $\beta$ and $\gamma$, one value per channel.
       epsilon: added to the variance; default 1e-5.
       fmt: the format of a plain ``x``.
 

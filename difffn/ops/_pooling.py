@@ -6,10 +6,13 @@ for convolution); global pooling reduces those axes to size 1.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+from typing import Any
+
 import jax
 import jax.numpy as jnp
 
-from .._core import OpError
+from .._core import Data, OpError, Output
 from ._common import floating, ints, pack, pairs, same_padding, unpack, who, window_axes
 
 
@@ -38,12 +41,20 @@ def _window(op, data, fmt, pool_size, stride, padding):
     return axes, (tuple(window), tuple(step), tuple(padding))
 
 
-def max_pool(x, pool_size, *, stride=1, padding=0, fmt: str | None = None):
+def max_pool(
+    x: Data,
+    pool_size: int | Sequence[int],
+    *,
+    stride: int | Sequence[int] = 1,
+    padding: Any = 0,
+    fmt: str | None = None,
+) -> Output:
     """Max pooling over the ``S`` axes (MATLAB's ``maxpool``); padding never wins.
 
     Args:
       x: a ``df.FormattedArray``, or a plain array with ``fmt``. The window slides over the
-        ``S`` axes (over ``T`` for sequences without ``S``), as :func:`conv` chooses them.
+        ``S`` axes (over ``T`` for sequences without ``S``), as [`conv`][difffn.ops.conv] chooses
+        them.
       pool_size: an int (every window axis), one int per window axis, or ``"global"`` (the
         maximum over all of them; each becomes size 1, as MATLAB's ``maxpool(X, "global")``).
       stride: an int or one per window axis; default 1.
@@ -81,16 +92,24 @@ def max_pool(x, pool_size, *, stride=1, padding=0, fmt: str | None = None):
     return pack(jax.lax.reduce_window(data, lowest, jax.lax.max, *spec), fmt, formatted)
 
 
-def avg_pool(x, pool_size, *, stride=1, padding=0, padding_value=0, fmt: str | None = None):
+def avg_pool(
+    x: Data,
+    pool_size: int | Sequence[int],
+    *,
+    stride: int | Sequence[int] = 1,
+    padding: Any = 0,
+    padding_value: float = 0,
+    fmt: str | None = None,
+) -> Output:
     """Average pooling over the ``S`` axes (MATLAB's ``avgpool``).
 
     Args:
       x: a ``df.FormattedArray``, or a plain array with ``fmt``; the window axes are chosen as
-        in :func:`max_pool`.
+        in [`max_pool`][difffn.ops.max_pool].
       pool_size: an int, one int per window axis, or ``"global"`` (the mean over all of them;
         each becomes size 1).
       stride: an int or one per window axis; default 1.
-      padding: as in :func:`max_pool`.
+      padding: as in [`max_pool`][difffn.ops.max_pool].
       padding_value: ``0`` (default: padded values count as zeros, every window divides by its
         full size) or ``"mean"`` (padding is left out: each window averages its input values
         only).

@@ -5,7 +5,7 @@ keeps the per-step arrays in cache, and it measured about 25% faster for forward
 projecting all steps in one product before the scan (``benchmarks/bench_layers.py`` sizes). Gate
 blocks are cut with ``jnp.split``, whose transpose is a concatenation (slices transpose to pads
 and adds, slower in XLA's CPU backward scan). The layers ``LSTM``, ``BiLSTM`` and ``GRU`` call
-:func:`lstm_scan` and :func:`gru_scan`, the same recurrences: one implementation per operation.
+`lstm_scan` and `gru_scan`, the same recurrences: one implementation per operation.
 
 Weights are stored for storage-order data: MATLAB's ``weights`` (``G*H x C``) transposed to
 ``(C, G*H)``, with MATLAB's gate order (LSTM: input, forget, cell candidate, output; GRU: reset,
@@ -17,7 +17,7 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 
-from .._core import FormattedArray, OpError
+from .._core import Data, FormattedArray, OpError, Output
 from ._format_args import (
     check_choice,
     float_dtype,
@@ -54,7 +54,7 @@ def lstm_scan(xs, h0, c0, w, r, b, *, gate, act, reverse=False, sequence=True, m
       ``(hs, h, c)``: the hidden states of every step ``(T, B, H)`` (``None`` unless
       ``sequence``) and the final hidden and cell states ``(B, H)``. ``reverse`` runs from the
       last step to the first (the backward direction of a BiLSTM), ``hs`` still in time order.
-      With a padding ``mask`` ``(T, B)`` (True at data), see :func:`_masked`.
+      With a padding ``mask`` ``(T, B)`` (True at data), see `_masked`.
     """
     bias = jnp.reshape(b, (1, -1))
 
@@ -137,24 +137,24 @@ def gru_scan(xs, h0, w, r, b, *, mode, gate, act, reverse=False, sequence=True, 
 
 
 def lstm(
-    x,
-    hidden_state,
-    cell_state,
-    weights,
-    recurrent_weights,
-    bias,
+    x: Data,
+    hidden_state: Data,
+    cell_state: Data,
+    weights: Data,
+    recurrent_weights: Data,
+    bias: Data,
     *,
     fmt: str | None = None,
-    mask=None,
+    mask: jax.Array | None = None,
     state_activation_function: str = "tanh",
     gate_activation_function: str = "sigmoid",
-):
+) -> Output:
     r"""Long short-term memory over the ``T`` axis (MATLAB's ``lstm`` function).
 
-    With :math:`z = x_t W + h_{t-1} R + b` split into four blocks of ``H`` in MATLAB's gate
-    order (input :math:`i`, forget :math:`f`, cell candidate :math:`g`, output :math:`o`):
-    :math:`c_t = \sigma(f) c_{t-1} + \sigma(i) \tanh(g)`, :math:`h_t = \sigma(o) \tanh(c_t)`
-    (:math:`\sigma`, :math:`\tanh`: the gate and state activation functions).
+    With $z = x_t W + h_{t-1} R + b$ split into four blocks of ``H`` in MATLAB's gate
+    order (input $i$, forget $f$, cell candidate $g$, output $o$):
+    $c_t = \sigma(f) c_{t-1} + \sigma(i) \tanh(g)$, $h_t = \sigma(o) \tanh(c_t)$
+    ($\sigma$, $\tanh$: the gate and state activation functions).
 
     Args:
       x: the sequence: a ``C`` axis and optionally ``B`` and ``T`` in any order (``"BTC"``,
@@ -234,49 +234,49 @@ def lstm(
 
 
 def gru(
-    x,
-    hidden_state,
-    weights,
-    recurrent_weights,
-    bias,
+    x: Data,
+    hidden_state: Data,
+    weights: Data,
+    recurrent_weights: Data,
+    bias: Data,
     *,
     fmt: str | None = None,
-    mask=None,
+    mask: jax.Array | None = None,
     reset_gate_mode: str = "after-multiplication",
     state_activation_function: str = "tanh",
     gate_activation_function: str = "sigmoid",
-):
+) -> Output:
     r"""Gated recurrent unit over the ``T`` axis (MATLAB's ``gru`` function).
 
-    With the blocks of ``H`` in MATLAB's order (reset :math:`r`, update :math:`z`, candidate):
-    :math:`r_t = \sigma(x_t W_r + h_{t-1} R_r + b_r)`,
-    :math:`z_t = \sigma(x_t W_z + h_{t-1} R_z + b_z)`,
-    :math:`h_t = (1 - z_t) \odot \tilde h_t + z_t \odot h_{t-1}`, and the candidate
-    :math:`\tilde h_t` by ``reset_gate_mode``:
+    With the blocks of ``H`` in MATLAB's order (reset $r$, update $z$, candidate):
+    $r_t = \sigma(x_t W_r + h_{t-1} R_r + b_r)$,
+    $z_t = \sigma(x_t W_z + h_{t-1} R_z + b_z)$,
+    $h_t = (1 - z_t) \odot \tilde h_t + z_t \odot h_{t-1}$, and the candidate
+    $\tilde h_t$ by ``reset_gate_mode``:
 
     - ``"after-multiplication"`` (MATLAB's default; flax's ``GRUCell``):
-      :math:`\tanh(x_t W_h + b_h + r_t \odot (h_{t-1} R_h))`;
-    - ``"before-multiplication"``: :math:`\tanh(x_t W_h + b_h + (r_t \odot h_{t-1}) R_h)`;
+      $\tanh(x_t W_h + b_h + r_t \odot (h_{t-1} R_h))$;
+    - ``"before-multiplication"``: $\tanh(x_t W_h + b_h + (r_t \odot h_{t-1}) R_h)$;
     - ``"recurrent-bias-after-multiplication"`` (cuDNN's and PyTorch's): ``bias`` has ``6H``
-      values, the input biases :math:`b_W` then the recurrent biases :math:`b_R` (each in gate
-      order), :math:`b_R` added to :math:`h_{t-1} R` in every gate and
-      :math:`\tilde h_t = \tanh(x_t W_h + b_{Wh} + r_t \odot (h_{t-1} R_h + b_{Rh}))`.
+      values, the input biases $b_W$ then the recurrent biases $b_R$ (each in gate
+      order), $b_R$ added to $h_{t-1} R$ in every gate and
+      $\tilde h_t = \tanh(x_t W_h + b_{Wh} + r_t \odot (h_{t-1} R_h + b_{Rh}))$.
 
     Args:
-      x: the sequence, as for :func:`lstm`.
-      hidden_state: the initial hidden state, as for :func:`lstm`.
+      x: the sequence, as for [`lstm`][difffn.ops.lstm].
+      hidden_state: the initial hidden state, as for [`lstm`][difffn.ops.lstm].
       weights: ``(C, 3H)`` (MATLAB's ``weights`` transposed).
       recurrent_weights: ``(H, 3H)``.
       bias: ``(3H,)``, or ``(6H,)`` with ``"recurrent-bias-after-multiplication"``.
       fmt: the format of a plain ``x``.
-      mask: a padding mask, as for :func:`lstm`.
+      mask: a padding mask, as for [`lstm`][difffn.ops.lstm].
       reset_gate_mode: see above (default ``"after-multiplication"``).
       state_activation_function: ``"tanh"`` (default) or ``"softsign"``.
       gate_activation_function: ``"sigmoid"`` (default) or ``"hard-sigmoid"``.
 
     Returns:
       ``(y, h)``: every step's hidden state in ``x``'s format with ``H`` channels, and the final
-      hidden state, as for :func:`lstm`.
+      hidden state, as for [`lstm`][difffn.ops.lstm].
 
     Raises:
       FormatError: ``x`` has no format, or one with axes other than ``B``, ``T``, ``C``.
