@@ -12,9 +12,9 @@ added an axis, says so and how to fix it.
 ``jax_numpy_rank_promotion="raise"``, fail for a lower-rank ``w``) while ``x * w`` keeps the
 format. So the operators get the ``FormattedArray`` back (JAX then returns ``NotImplemented`` and
 Python calls ours: the format is kept), ``jnp.asarray``/``jnp.array`` get the plain array (an
-explicit conversion), and the other ``jax.numpy`` and ``jax.nn`` functions a [`FormatError`][difffn.FormatError]
-(also a ``TypeError``) that names ``df.ops`` and ``df.stripdims``: ``jnp.exp(x)`` cannot keep the
-format, and silently dropping it is what MATLAB never does. Elsewhere (``jax.lax``) a
+explicit conversion), and the other ``jax.numpy`` and ``jax.nn`` functions a
+[`FormatError`][difffn.FormatError] (also a ``TypeError``) that names ``df.ops`` and
+``df.stripdims``: ``jnp.exp(x)`` cannot keep the format, and silently dropping it is what MATLAB never does. Elsewhere (``jax.lax``) a
 ``FormattedArray`` is not an array to JAX, as before.
 """
 

@@ -3,7 +3,7 @@
 A checkpoint is the folder ``<checkpoint_path>/net_checkpoint__<iteration>__<yyyy_mm_dd__HH_MM_SS>``
 (MATLAB's name, without ``.mat``) holding the ``arrays`` and ``progress`` items of
 ``_checkpoint_sharded`` and ``difffn_manifest.json`` (``_manifest``: the size and SHA-256 of
-every file). Every process of the run calls [`save`][difffn.save]: orbax's ``Checkpointer`` writes
+every file). Every process of the run calls `Writer.save`: orbax's ``Checkpointer`` writes
 the items collectively into ``.net_checkpoint__…partial`` (its own temporary folder, renamed when
 every process has written its shards); process 0 then writes the manifest, renames the folder to
 its final name and fsyncs the checkpoint folder. After each of these steps the processes vote
@@ -61,7 +61,7 @@ def _fsync_folder(folder: Path) -> None:
 class Writer:
     """Writes the checkpoints of one run: when due, atomically, then prunes the old ones.
 
-    Every process of a multi-process run makes one and calls [`save`][difffn.save] at the same points.
+    Every process of a multi-process run makes one and calls `Writer.save` at the same points.
 
     Args:
       options: the run's ``TrainingOptions``.
@@ -105,8 +105,8 @@ class Writer:
         """Write a checkpoint of ``state``; return its folder (None if it could not be written).
 
         A failed write (a full disk, a folder removed or read-only) warns with
-        [`CheckpointWarning`][difffn.CheckpointWarning] (in every process) and returns None; the checkpoints written
-        before are kept. Every process takes each step or none does (a collective vote after
+        [`CheckpointWarning`][difffn.CheckpointWarning] (in every process) and returns None; the
+        checkpoints written before are kept. Every process takes each step or none does (a collective vote after
         each step), so no process waits for another that gave up.
         """
         self.iteration = state.iteration
