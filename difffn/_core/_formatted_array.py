@@ -6,16 +6,16 @@ caches on it and retraces when it changes. JAX rebuilds pytrees with placeholder
 every operation that relies on the format checks the rank first and, if ``jax.vmap`` removed or
 added an axis, says so and how to fix it.
 
-``__jax_array__`` is answered by whom it is asked (`__jax_array__`):
-``jax.Array``'s operators call it on their right operand before Python tries ours, so a plain
-``__jax_array__`` would make ``w * x`` silently return a plain array (and, under
-``jax_numpy_rank_promotion="raise"``, fail for a lower-rank ``w``) while ``x * w`` keeps the
-format. So the operators get the ``FormattedArray`` back (JAX then returns ``NotImplemented`` and
-Python calls ours: the format is kept), ``jnp.asarray``/``jnp.array`` get the plain array (an
-explicit conversion), and the other ``jax.numpy`` and ``jax.nn`` functions a
-[`FormatError`][difffn.FormatError] (also a ``TypeError``) that names ``df.ops`` and
-``df.stripdims``: ``jnp.exp(x)`` cannot keep the format, and silently dropping it is what MATLAB never does. Elsewhere (``jax.lax``) a
-``FormattedArray`` is not an array to JAX, as before.
+``__jax_array__`` is answered by whom it is asked (`__jax_array__`): ``jax.Array``'s operators call
+it on their right operand before Python tries ours, so a plain ``__jax_array__`` would make ``w *
+x`` silently return a plain array (and, under ``jax_numpy_rank_promotion="raise"``, fail for a
+lower-rank ``w``) while ``x * w`` keeps the format. So the operators get the ``FormattedArray`` back
+(JAX then returns ``NotImplemented`` and Python calls ours: the format is kept),
+``jnp.asarray``/``jnp.array`` get the plain array (an explicit conversion), and the other
+``jax.numpy`` and ``jax.nn`` functions a [`FormatError`][difffn.FormatError] (also a ``TypeError``)
+that names ``df.ops`` and ``df.stripdims``: ``jnp.exp(x)`` cannot keep the format, and silently
+dropping it is what MATLAB never does. Elsewhere (``jax.lax``) a ``FormattedArray`` is not an array
+to JAX, as before.
 """
 
 from __future__ import annotations

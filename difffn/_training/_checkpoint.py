@@ -16,13 +16,13 @@ After a checkpoint is committed, the oldest ones beyond ``checkpoint_keep`` are 
 [`CheckpointWarning`][difffn.CheckpointWarning]: training goes on, and the older checkpoints
 stay as they were.
 
-Resuming reads a checkpoint, or the newest valid one in a folder (`find`): a damaged
-newest checkpoint (a file flipped, truncated or missing, not a difffn checkpoint, from a newer
-difffn) is reported with a [`CheckpointWarning`][difffn.CheckpointWarning] naming the file,
-and the previous good one is used. In a multi-process run every process checks, and process 0's choice is every
+Resuming reads a checkpoint, or the newest valid one in a folder (`find`): a damaged newest
+checkpoint (a file flipped, truncated or missing, not a difffn checkpoint, from a newer difffn) is
+reported with a [`CheckpointWarning`][difffn.CheckpointWarning] naming the file, and the previous
+good one is used. In a multi-process run every process checks, and process 0's choice is every
 process's. Checkpoints of earlier releases still resume: single files
-``net_checkpoint__<iteration>__<date>.difffn`` (a difffn container of kind ``"checkpoint"``) and
-the ``<step>`` folders of multi-process runs (``_checkpoint_sharded``).
+``net_checkpoint__<iteration>__<date>.difffn`` (a difffn container of kind ``"checkpoint"``) and the
+``<step>`` folders of multi-process runs (``_checkpoint_sharded``).
 """
 
 from __future__ import annotations

@@ -106,8 +106,8 @@ class Writer:
 
         A failed write (a full disk, a folder removed or read-only) warns with
         [`CheckpointWarning`][difffn.CheckpointWarning] (in every process) and returns None; the
-        checkpoints written before are kept. Every process takes each step or none does (a collective vote after
-        each step), so no process waits for another that gave up.
+        checkpoints written before are kept. Every process takes each step or none does (a
+        collective vote after each step), so no process waits for another that gave up.
         """
         self.iteration = state.iteration
         name = folder_name(state.iteration, broadcast_int(int(time.time())))
