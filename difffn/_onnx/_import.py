@@ -27,7 +27,7 @@ import json
 import re
 from collections import defaultdict
 
-from .._core import NetworkError, ONNXImportError
+from .._core import Error, ONNXImportError
 from .._network import Network
 from ..layers import FunctionLayer, Placeholder
 from . import _labels, _mapping_attention
@@ -36,8 +36,8 @@ from ._import_emit import Emission
 from ._import_fold import Folding
 from ._import_inputs import Inputs
 from ._import_values import Const, Deferred, ImportResult, NodeInfo, Runtime
-from ._layers import NodeFunction, ONNXInput, Step
-from ._load import GraphSpec, Node, Subgraph, load_model, read_graph
+from ._layers import NodeFunction, ONNXEntry, Step
+from ._load import CONVERTED_KEY, GraphSpec, Node, Subgraph, load_model, read_graph
 from ._ops import Attrs, FrozenArray, Unsupported, lookup
 
 
@@ -108,7 +108,14 @@ def import_model(path_or_model, *, placeholders=False, input_shapes=None, input_
     if input_formats is None:  # a file df.export_onnx wrote says its inputs' formats
         props = {p.key: p.value for p in model.metadata_props}
         input_formats = json.loads(props.get(FORMATS_KEY, "{}"))
-    return Importer(spec, placeholders, dict(input_shapes or {}), dict(input_formats)).run()
+    importer = Importer(spec, placeholders, dict(input_shapes or {}), dict(input_formats))
+    props = {p.key: p.value for p in model.metadata_props}
+    if CONVERTED_KEY in props:
+        importer.note = (
+            f"; the file's opset {props[CONVERTED_KEY]} was converted to opset {spec.opset} by "
+            "onnx.version_converter"
+        )
+    return importer.run()
 
 
 def layer_name(name: str) -> str:
@@ -139,6 +146,8 @@ class Importer(Inputs, Folding, Emission):
             self.consumers[name.name].append((None, 0))
         self.graph_outputs = {info.name for info in spec.outputs}
         self.entries: list[tuple[int, str, list]] = []  # input layers: index, labels, shape
+        self.note = ""  # said in every input layer's description (an opset conversion)
+        self.variable_sizes: list[str] = []  # the inputs' sizes that may vary, for messages
 
     # -- the walk ---------------------------------------------------------------------------------
 
@@ -180,33 +189,44 @@ class Importer(Inputs, Folding, Emission):
                 value = self._in_onnx_order(info.name, value)
             outputs.append("/".join(value.port))
             output_labels[info.name] = value.labels
-        # A network of input layers is traced when it is built, and one input layer needs all
-        # inputs entered by input layers. A placeholder cannot run, and an input of another
-        # kind (integers, a rank without an input layer) is not one: such a network takes its
-        # inputs as they are (MATLAB returns a network with placeholders uninitialized).
-        if not any(isinstance(layer, (Placeholder, ONNXInput)) for layer in self.layers):
+        # A network of input layers is traced when it is built (its layouts checked). A
+        # placeholder cannot run (MATLAB returns a network with placeholders uninitialized), and
+        # a graph may tie an input's sizes to each other: such a network takes its inputs
+        # through ONNXEntry layers, which check the data when the network runs.
+        if not any(isinstance(layer, Placeholder) for layer in self.layers):
             try:
                 return ImportResult(self._network(outputs), input_labels, output_labels)
-            except NetworkError:
-                pass  # the graph ties the first axis of an input to other sizes: see below
+            except Error:
+                pass  # the graph ties the sizes of an input to each other: see below
         return ImportResult(self._network(outputs, entries=True), input_labels, output_labels)
 
     def _network(self, outputs, *, entries=False) -> Network:
         """The network, its inputs entered by input layers or, with ``entries``, by
-        ``ONNXInput`` layers, which check the data's sizes but are not traced when the network
+        ``ONNXEntry`` layers, which check the data's sizes but are not traced when the network
         is built."""
         layers = list(self.layers)
         if entries:
             for index, labels, shape in self.entries:
                 perm = _labels.storage_perm(labels)
-                layers[index] = ONNXInput(
+                layers[index] = ONNXEntry(
                     tuple(shape[i] for i in perm),
                     _labels.storage_format(labels),
+                    labels,
                     name=layers[index].name,
+                    description=layers[index].description,
                 )
-        # each layer a chain of its own: every input is wired by a connection
+        # Each layer a chain of its own: every input is wired by a connection. The outputs are
+        # named only where the network's own (every unused output, in layer order) differ, so
+        # that an edit moves them as in any network.
+        used = {source for source, _ in self.connections}
+        default = [
+            f"{layer.name}/{port}"
+            for layer in layers
+            for port in layer.output_names
+            if f"{layer.name}/{port}" not in used
+        ]
         return Network([[layer] for layer in layers], connections=self.connections,
-                       outputs=outputs)  # fmt: skip
+                       outputs=None if default == list(outputs) else outputs)  # fmt: skip
 
     def _in_onnx_order(self, name: str, value: Runtime) -> Runtime:
         """A network output flattened channels-last, put back in ONNX's feature order."""
@@ -288,10 +308,10 @@ class Importer(Inputs, Folding, Emission):
             ]
             is_output = any(name in self.graph_outputs for name in node.outputs)
             if "runtime" not in data and not (is_output and looked_at):
-                fixed = all(
-                    meta[i] == "dtype" or not set(info.input_labels[i]) & set("BT")
-                    for i in looked_at
-                )
+                # A size read from a runtime tensor is evaluated while tracing (a Program):
+                # any axis may follow the batch or a sequence length (after a transpose or a
+                # reshape its labels no longer say so), and tracing fixes every size anyway.
+                fixed = all(meta[i] == "dtype" for i in looked_at)
                 if "program" in data or not fixed:
                     self._defer(node, a)
                 else:

@@ -74,6 +74,12 @@ class Folding:
 
     def stand_in(self, name: str) -> np.ndarray:
         """A deferred tensor's value at the stand-in sizes (for decisions at import)."""
+        cache = self.__dict__.setdefault("_stand_ins", {})
+        if name not in cache:
+            cache[name] = self._evaluate_stand_in(name)
+        return cache[name]
+
+    def _evaluate_stand_in(self, name: str) -> np.ndarray:
         program = self.program(name)
         shapes = {}
         for source in program.sources:

@@ -17,6 +17,10 @@ from ._import_values import Runtime
 from ._layers import ONNXInput
 from ._ops import Unsupported, np_dtype
 
+# Sizes a variable batch or sequence length takes while the graph is imported: not 1, which
+# broadcasts (ambiguous), and not each other, so that a size computed from one is told apart.
+STAND_IN = {"B": 3, "T": 5}
+
 
 class Inputs:
     """``Importer``'s graph inputs (uses ``input_shapes``, ``input_formats``, ``consumers``,
@@ -70,9 +74,13 @@ class Inputs:
             if isinstance(n, int) and n >= 0:
                 shape.append(None if label == "B" else n)
                 stand_in.append(n)
+                if label == "B":
+                    self.variable_sizes.append(f"{info.name!r} axis {axis} (batch)")
             elif label in "BT":
                 shape.append(None)
-                stand_in.append(1)
+                stand_in.append(STAND_IN[label])
+                what = {"B": "batch", "T": "sequence length"}[label]
+                self.variable_sizes.append(f"{info.name!r} axis {axis} ({what})")
             else:
                 example = ["None" if lab == "B" else "..." for lab in labels]
                 example[axis] = "<size>"
@@ -91,6 +99,10 @@ class Inputs:
             ) from None
         name = self.unique(info.name)
         layer = self._input_layer(name, labels, shape, dtype, 0 in stand_in)
+        layer = layer.replace(
+            description=f"ONNX input {info.name!r}, {labels!r} in ONNX order"
+            f" ({_labels.storage_format(labels)!r} here){self.note}"
+        )
         self.entries.append((len(self.layers), labels, shape))
         self.layers.append(layer)
         self.values[info.name] = Runtime((name, "out"), labels, tuple(stand_in), dtype)
@@ -107,4 +119,6 @@ class Inputs:
         if floating and labels in ("BTC", "TBC"):
             return SequenceInput(sizes["C"], name=name)
         perm = _labels.storage_perm(labels)
-        return ONNXInput(tuple(shape[i] for i in perm), _labels.storage_format(labels), name=name)
+        return ONNXInput(
+            tuple(shape[i] for i in perm), _labels.storage_format(labels), labels, name=name
+        )

@@ -258,6 +258,15 @@ def _load_families() -> None:
     """Import the operator families once (they register themselves)."""
     if not _LOADED:
         _LOADED.append(True)
+        from . import (  # noqa: F401 - each family registers its operators
+            _mapping_attention,
+            _ops_math,
+            _ops_nn,
+            _ops_reduce,
+            _ops_resize,
+            _ops_rnn,
+            _ops_tensor,
+        )
 
 
 def run(op_type: str, a: Attrs, inputs):

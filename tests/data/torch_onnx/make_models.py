@@ -289,9 +289,7 @@ def main():
         versions["onnxscript"] = onnxscript.__version__
     except ImportError:
         pass
-    (HERE / "VERSIONS.txt").write_text(
-        "".join(f"{k}=={v}\n" for k, v in versions.items())
-    )
+    (HERE / "VERSIONS.txt").write_text("".join(f"{k}=={v}\n" for k, v in versions.items()))
     (HERE / "models.json").write_text(json.dumps(made, indent=1) + "\n")
     print(json.dumps(made))
 

@@ -1,0 +1,166 @@
+"""Models exported by PyTorch (``tests/data/torch_onnx``, made by its ``make_models.py``; torch
+is not a test dependency): a ViT, GPT-2, BERT, (bi)LSTM/GRU classifiers with and without initial
+states, a 1-D CNN and a U-Net, each exported by the TorchScript exporter and, where it works,
+the dynamo exporter. difffn's import runs them at every stored batch size with ONNX Runtime's
+outputs (and torch's), gives torch's float64 gradients, and exports them back to files that
+ONNX Runtime runs with ``net.predict``'s outputs.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import onnxruntime as ort
+import pytest
+
+import difffn as df
+from difffn._onnx import _labels
+from difffn._onnx._import import import_model
+
+DATA = Path(__file__).parent / "data" / "torch_onnx"
+MADE = json.loads((DATA / "models.json").read_text())
+FILES = [(name, file) for name, files in MADE.items() for file in files]
+BATCHES = (1, 2, 3, 5)
+
+
+def _stored(name):
+    with np.load(DATA / f"{name}.npz") as z:
+        return dict(z)
+
+
+def _session(path):
+    options = ort.SessionOptions()
+    options.intra_op_num_threads = 1
+    options.inter_op_num_threads = 1
+    return ort.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])
+
+
+def _to_difffn(x, labels):
+    return np.transpose(x, _labels.storage_perm(labels))
+
+
+def _to_onnx(y, labels):
+    return np.transpose(np.asarray(y), _labels.inverse(_labels.storage_perm(labels)))
+
+
+def _predict(result, xs):
+    net = result.network
+    labels = list(result.input_labels.values())
+    args = [_to_difffn(x, lab) for x, lab in zip(xs, labels)]
+    ys = net.predict(*args)
+    ys = ys if isinstance(ys, tuple) else (ys,)
+    out_labels = list(result.output_labels.values())
+    return [_to_onnx(df.stripdims(y), lab) for y, lab in zip(ys, out_labels)]
+
+
+@pytest.fixture(scope="module")
+def imported():
+    cache = {}
+
+    def get(file):
+        if file not in cache:
+            cache[file] = import_model(str(DATA / file))
+        return cache[file]
+
+    return get
+
+
+@pytest.mark.parametrize(("name", "file"), FILES, ids=[f for _, f in FILES])
+def test_runs_at_every_batch_size_like_onnx_runtime_and_torch(name, file, imported):
+    stored = _stored(name)
+    result = imported(file)
+    session = _session(DATA / file)
+    names = [i.name for i in session.get_inputs()]
+    for batch in BATCHES:
+        xs = [stored[f"x{i}_b{batch}"] for i in range(len(names))]
+        expected = session.run(None, dict(zip(names, xs)))
+        got = _predict(result, xs)
+        assert len(got) == len(expected)
+        for k, (y, e) in enumerate(zip(got, expected)):
+            scale = float(np.max(np.abs(e))) + 1e-6
+            assert y.shape == e.shape, (file, batch, k)
+            np.testing.assert_allclose(y, e, atol=2e-5 * scale, rtol=1e-4)
+            # and the file computes what torch computed
+            np.testing.assert_allclose(e, stored[f"y{k}_b{batch}"], atol=2e-5 * scale, rtol=1e-4)
+
+
+GRADIENTS = [(name, file) for name, file in FILES if "grad_out" in _stored(name)]
+
+
+def _float64(net):
+    def cast(leaf):
+        if hasattr(leaf, "dtype") and jnp.issubdtype(leaf.dtype, jnp.floating):
+            return jnp.asarray(leaf, jnp.float64)
+        return leaf
+
+    return jax.tree.map(cast, net)
+
+
+@pytest.mark.parametrize(("name", "file"), GRADIENTS, ids=[f for _, f in GRADIENTS])
+def test_input_gradients_match_torch_in_float64(name, file, x64):
+    stored = _stored(name)
+    result = import_model(str(DATA / file))
+    net = _float64(result.network)
+    labels = list(result.input_labels.values())
+    out_labels = list(result.output_labels.values())
+    count = len([k for k in stored if k.startswith("grad_x")])
+    xs = [_to_difffn(stored[f"grad_x{i}"], lab) for i, lab in zip(range(count), labels)]
+    cot = jnp.asarray(stored["grad_cot"])
+
+    def loss(x0):
+        ys = net.predict(x0, *xs[1:])
+        y = ys[0] if isinstance(ys, tuple) else ys
+        y = jnp.transpose(df.stripdims(y), _labels.inverse(_labels.storage_perm(out_labels[0])))
+        return jnp.sum(y * cot)
+
+    grad = jax.grad(loss)(jnp.asarray(xs[0]))
+    assert grad.dtype == jnp.float64
+    expected = stored["grad_out"]
+    got = _to_onnx(grad, labels[0])
+    np.testing.assert_allclose(got, expected, rtol=1e-9, atol=1e-11 * np.max(np.abs(expected)))
+
+
+def _export_layouts(net):
+    """The input layers' layouts with batch 2 (a network that computes sizes from shapes is
+    traced at concrete sizes)."""
+    layouts = []
+    for layout in net.input_layouts:
+        shape = tuple(2 if n is None else n for n in layout.shape)
+        layouts.append(df.Layout(shape, layout.format))
+    return layouts
+
+
+@pytest.mark.parametrize(("name", "file"), FILES, ids=[f for _, f in FILES])
+def test_exports_back_and_onnx_runtime_agrees_with_predict(name, file, imported, tmp_path):
+    stored = _stored(name)
+    result = imported(file)
+    net = result.network
+    assert all(isinstance(layer, df.InputLayer) for layer in net.input_layers)
+    try:
+        path = df.export_onnx(net, tmp_path / "back.onnx")
+        batches = (2, 3)
+    except df.ONNXExportError as error:
+        assert "needs concrete sizes" in str(error)
+        path = df.export_onnx(net, *_export_layouts(net), tmp_path / "back.onnx")
+        batches = (2,)
+    session = _session(path)
+    labels = list(result.input_labels.values())
+    names = [i.name for i in session.get_inputs()]
+    assert names == list(net.input_names)
+    for batch in batches:
+        xs = [_to_difffn(stored[f"x{i}_b{batch}"], lab) for i, lab in enumerate(labels)]
+        feeds = {
+            n: x.astype(np.float32) if np.issubdtype(x.dtype, np.floating) else x
+            for n, x in zip(names, xs)
+        }
+        got = session.run(None, feeds)
+        ys = net.predict(*xs)
+        ys = ys if isinstance(ys, tuple) else (ys,)
+        for g, y in zip(got, ys):
+            y = np.asarray(df.stripdims(y))
+            scale = float(np.max(np.abs(y))) + 1e-6
+            np.testing.assert_allclose(g, y, atol=2e-5 * scale, rtol=1e-4)
