@@ -297,8 +297,8 @@ class Importer(Inputs, Folding, Emission):
             len(node.outputs),
             "" if node.domain == "ai.onnx" else node.domain,
         )
-        info = self._info(node, a, inputs)
         try:
+            info = self._info(node, a, inputs)  # programs' stand-in values: may raise
             if definition.check is not None:
                 definition.check(a, info)
             meta = dict(definition.meta)
@@ -311,7 +311,9 @@ class Importer(Inputs, Folding, Emission):
                 # A size read from a runtime tensor is evaluated while tracing (a Program):
                 # any axis may follow the batch or a sequence length (after a transpose or a
                 # reshape its labels no longer say so), and tracing fixes every size anyway.
-                fixed = all(meta[i] == "dtype" for i in looked_at)
+                fixed = all(meta[i] == "dtype" for i in looked_at) and not any(
+                    i < len(node.inputs) and info.input_kinds[i] == "program" for i in meta
+                )
                 if "program" in data or not fixed:
                     self._defer(node, a)
                 else:
