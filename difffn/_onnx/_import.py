@@ -42,7 +42,12 @@ from ._ops import Attrs, FrozenArray, Unsupported, lookup
 
 
 def import_onnx(
-    path_or_model, *, placeholders=False, input_shapes=None, input_formats=None
+    path_or_model,
+    *,
+    placeholders: bool = False,
+    input_shapes: dict | None = None,
+    input_formats: dict | None = None,
+    input_data_formats: dict | str | None = None,
 ) -> Network:
     """Import an ONNX model as a ``df.Network`` (MATLAB's ``importNetworkFromONNX``).
 
@@ -67,6 +72,11 @@ def import_onnx(
         ``InputDataFormats``), e.g. ``"BCSS"`` (NCHW image), ``"TBC"``, ``"BC"``; by default
         chosen from the rank and what the input feeds, or read from the file's metadata
         when ``df.export_onnx`` wrote it.
+      input_data_formats: the network takes these inputs in ONNX's axis order (MATLAB's
+        ``InputDataFormats``): ``{input name: labels}`` in ONNX order (e.g. ``"BCS"`` for a
+        PyTorch ``Conv1d``'s NCL input; it also sets ``input_formats``), or ``"onnx"`` for every
+        input with its labels. Otherwise inputs are taken in difffn's storage order (channels
+        last: NHWC images, NLC signals).
 
     Returns:
       An initialized ``df.Network``.
@@ -98,17 +108,27 @@ def import_onnx(
         placeholders=placeholders,
         input_shapes=input_shapes,
         input_formats=input_formats,
+        input_data_formats=input_data_formats,
     ).network
 
 
-def import_model(path_or_model, *, placeholders=False, input_shapes=None, input_formats=None):
+def import_model(
+    path_or_model,
+    *,
+    placeholders=False,
+    input_shapes=None,
+    input_formats=None,
+    input_data_formats=None,
+):
     """``import_onnx``, returning an :class:`ImportResult`."""
     model = load_model(path_or_model)
     spec = _mapping_attention.fuse(read_graph(model))
     if input_formats is None:  # a file df.export_onnx wrote says its inputs' formats
         props = {p.key: p.value for p in model.metadata_props}
         input_formats = json.loads(props.get(FORMATS_KEY, "{}"))
-    importer = Importer(spec, placeholders, dict(input_shapes or {}), dict(input_formats))
+    input_formats, onnx_order = _data_formats(spec, dict(input_formats), input_data_formats)
+    importer = Importer(spec, placeholders, dict(input_shapes or {}), input_formats)
+    importer.onnx_order = onnx_order
     props = {p.key: p.value for p in model.metadata_props}
     if CONVERTED_KEY in props:
         importer.note = (
@@ -116,6 +136,30 @@ def import_model(path_or_model, *, placeholders=False, input_shapes=None, input_
             "onnx.version_converter"
         )
     return importer.run()
+
+
+def _data_formats(spec: GraphSpec, input_formats: dict, given) -> tuple[dict, set[str]]:
+    """``input_formats`` with those that ``input_data_formats`` gives, and the inputs taken in
+    ONNX's order."""
+    names = [i.name for i in spec.inputs]
+    if given is None:
+        return input_formats, set()
+    if isinstance(given, str) and given == "onnx":
+        return input_formats, set(names)
+    if not isinstance(given, dict) or not all(isinstance(v, str) for v in given.values()):
+        raise ONNXImportError(
+            f"df.import_onnx: input_data_formats must be 'onnx' or {{input name: labels in ONNX "
+            f"order}}; got {given!r}. Fix: e.g. input_data_formats={{{names[0]!r}: 'BCS'}} "
+            "(labels from B, C, S, T, U), or input_data_formats='onnx'."
+        )
+    for name, labels in given.items():
+        if name in input_formats and input_formats[name] != labels:
+            raise ONNXImportError(
+                f"df.import_onnx: input_formats[{name!r}] is {input_formats[name]!r} but "
+                f"input_data_formats[{name!r}] is {labels!r}. Fix: give the labels once, in "
+                "input_data_formats."
+            )
+    return {**input_formats, **given}, set(given)
 
 
 def layer_name(name: str) -> str:
@@ -146,6 +190,7 @@ class Importer(Inputs, Folding, Emission):
             self.consumers[name.name].append((None, 0))
         self.graph_outputs = {info.name for info in spec.outputs}
         self.entries: list[tuple[int, str, list]] = []  # input layers: index, labels, shape
+        self.onnx_order: set[str] = set()  # inputs the network takes in ONNX's axis order
         self.note = ""  # said in every input layer's description (an opset conversion)
         self.variable_sizes: list[str] = []  # the inputs' sizes that may vary, for messages
 
@@ -206,11 +251,11 @@ class Importer(Inputs, Folding, Emission):
         is built."""
         layers = list(self.layers)
         if entries:
-            for index, labels, shape in self.entries:
-                perm = _labels.storage_perm(labels)
+            for index, labels, shape, onnx_order in self.entries:
+                perm = range(len(labels)) if onnx_order else _labels.storage_perm(labels)
                 layers[index] = ONNXEntry(
                     tuple(shape[i] for i in perm),
-                    _labels.storage_format(labels),
+                    labels if onnx_order else _labels.storage_format(labels),
                     labels,
                     name=layers[index].name,
                     description=layers[index].description,

@@ -11,10 +11,10 @@ from __future__ import annotations
 import numpy as np
 
 from .._core import ONNXImportError
-from ..layers import FeatureInput, ImageInput, SequenceInput
+from ..layers import FeatureInput, FunctionLayer, ImageInput, SequenceInput
 from . import _labels
 from ._import_values import Runtime
-from ._layers import ONNXInput
+from ._layers import ONNXInput, ToStorage
 from ._ops import Unsupported, np_dtype
 
 # Sizes a variable batch or sequence length takes while the graph is imported: not 1, which
@@ -98,14 +98,29 @@ class Inputs:
                 f"df.import_onnx: the model input {info.name!r}: {error}."
             ) from None
         name = self.unique(info.name)
-        layer = self._input_layer(name, labels, shape, dtype, 0 in stand_in)
-        layer = layer.replace(
-            description=f"ONNX input {info.name!r}, {labels!r} in ONNX order"
-            f" ({_labels.storage_format(labels)!r} here){self.note}"
-        )
-        self.entries.append((len(self.layers), labels, shape))
+        onnx_order = info.name in self.onnx_order
+        if onnx_order:
+            layer = ONNXInput(tuple(shape), labels, labels, name=name)
+            where = f"taken in ONNX's order {labels!r}"
+        else:
+            layer = self._input_layer(name, labels, shape, dtype, 0 in stand_in)
+            where = f"{labels!r} in ONNX order ({_labels.storage_format(labels)!r} here)"
+        layer = layer.replace(description=f"ONNX input {info.name!r}, {where}{self.note}")
+        self.entries.append((len(self.layers), labels, shape, onnx_order))
         self.layers.append(layer)
-        self.values[info.name] = Runtime((name, "out"), labels, tuple(stand_in), dtype)
+        port = (name, "out")
+        if onnx_order:  # the network stores it channels-last, as every imported tensor
+            step = FunctionLayer(
+                ToStorage(labels),
+                formattable=True,
+                num_inputs=1,
+                name=self.unique(f"{info.name}_to_storage"),
+                description=f"ONNX input {info.name!r}: {labels!r} to difffn's storage order",
+            )
+            self.layers.append(step)
+            self.connections.append((f"{name}/out", f"{step.name}/in"))
+            port = (step.name, "out")
+        self.values[info.name] = Runtime(port, labels, tuple(stand_in), dtype)
         return labels
 
     def _input_layer(self, name, labels, shape, dtype, empty):

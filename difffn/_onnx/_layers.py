@@ -212,6 +212,24 @@ def _stored(x, expected: str):
     return jnp.asarray(x)
 
 
+@dataclasses.dataclass(frozen=True)
+class ToStorage:
+    """Data in ONNX's axis order (``labels``, e.g. ``"BCSS"``) to difffn's storage order
+    (``"BSSC"``): the step after an input that ``import_onnx(..., input_data_formats=...)``
+    lets take ONNX's order."""
+
+    labels: str
+
+    @property
+    def __name__(self):  # FunctionLayer's default description
+        return "ToStorage"
+
+    def __call__(self, x):
+        data = x.data if isinstance(x, FormattedArray) else jnp.asarray(x)
+        stored = _labels.to_storage(data, self.labels)
+        return FormattedArray._wrap(stored, _labels.storage_format(self.labels))
+
+
 class ONNXOperator(FunctionLayer):
     """A ``FunctionLayer`` over an ONNX operator, with the node's constants as learnables.
 
