@@ -121,17 +121,18 @@ def test_input_gradients_match_torch_in_float64(name, file, x64):
     assert grad.dtype == jnp.float64
     expected = stored["grad_out"]
     got = _to_onnx(grad, labels[0])
-    np.testing.assert_allclose(got, expected, rtol=1e-9, atol=1e-11 * np.max(np.abs(expected)))
+    # The U-Net's exporters fold each batch norm into its convolution in float32, and difffn's
+    # LSTM has one bias where ONNX has two (their float32 sum): the weights differ from torch's
+    # float64 model by float32 rounding there (elsewhere the check is float64's).
+    tolerance = 1e-5 if name in ("unet", "lstm", "bilstm", "lstm2", "seqlstm") else 1e-9
+    scale = np.max(np.abs(expected))
+    np.testing.assert_allclose(got, expected, rtol=tolerance, atol=tolerance * 1e-2 * scale)
 
 
-def _export_layouts(net):
-    """The input layers' layouts with batch 2 (a network that computes sizes from shapes is
-    traced at concrete sizes)."""
-    layouts = []
-    for layout in net.input_layouts:
-        shape = tuple(2 if n is None else n for n in layout.shape)
-        layouts.append(df.Layout(shape, layout.format))
-    return layouts
+def _export_layouts(net, xs):
+    """The input layouts at the sizes of ``xs`` (a network that computes sizes from shapes,
+    or unrolls a recurrence, is traced at concrete sizes)."""
+    return [df.Layout(x.shape, layout.format) for x, layout in zip(xs, net.input_layouts)]
 
 
 @pytest.mark.parametrize(("name", "file"), FILES, ids=[f for _, f in FILES])
@@ -140,23 +141,23 @@ def test_exports_back_and_onnx_runtime_agrees_with_predict(name, file, imported,
     result = imported(file)
     net = result.network
     assert all(isinstance(layer, df.InputLayer) for layer in net.input_layers)
+    labels = list(result.input_labels.values())
     try:
         path = df.export_onnx(net, tmp_path / "back.onnx")
         batches = (2, 3)
     except df.ONNXExportError as error:
         assert "needs concrete sizes" in str(error)
-        path = df.export_onnx(net, *_export_layouts(net), tmp_path / "back.onnx")
+        xs = [_to_difffn(stored[f"x{i}_b2"], lab) for i, lab in enumerate(labels)]
+        path = df.export_onnx(net, *_export_layouts(net, xs), tmp_path / "back.onnx")
         batches = (2,)
     session = _session(path)
-    labels = list(result.input_labels.values())
     names = [i.name for i in session.get_inputs()]
     assert names == list(net.input_names)
     for batch in batches:
         xs = [_to_difffn(stored[f"x{i}_b{batch}"], lab) for i, lab in enumerate(labels)]
-        feeds = {
-            n: x.astype(np.float32) if np.issubdtype(x.dtype, np.floating) else x
-            for n, x in zip(names, xs)
-        }
+        types = {"tensor(float)": np.float32, "tensor(int32)": np.int32,
+                 "tensor(int64)": np.int64}  # fmt: skip
+        feeds = {i.name: x.astype(types[i.type]) for i, x in zip(session.get_inputs(), xs)}
         got = session.run(None, feeds)
         ys = net.predict(*xs)
         ys = ys if isinstance(ys, tuple) else (ys,)
@@ -164,3 +165,19 @@ def test_exports_back_and_onnx_runtime_agrees_with_predict(name, file, imported,
             y = np.asarray(df.stripdims(y))
             scale = float(np.max(np.abs(y))) + 1e-6
             np.testing.assert_allclose(g, y, atol=2e-5 * scale, rtol=1e-4)
+
+
+# PyTorch's LSTM/GRU nodes (batch first through Transpose, zero states of the batch's size)
+# become difffn's recurrent layers; a bidirectional GRU (difffn has none) and states given as
+# network inputs stay ONNX operators.
+RECURRENT = {
+    "lstm": ["LSTM"], "bilstm": ["BiLSTM"], "gru": ["GRU"], "lstm2": ["LSTM", "LSTM"],
+    "seqlstm": ["LSTM"], "bigru": [], "bilstm_states": [], "bigru_states": [],
+}  # fmt: skip
+RECURRENT_FILES = [(n, f) for n, f in FILES if n in RECURRENT]
+
+
+@pytest.mark.parametrize(("name", "file"), RECURRENT_FILES, ids=[f for _, f in RECURRENT_FILES])
+def test_recurrent_nodes_import_as_difffn_layers_where_exact(name, file, imported):
+    kinds = [type(layer).__name__ for layer in imported(file).network.layers]
+    assert [k for k in kinds if k in ("LSTM", "BiLSTM", "GRU")] == RECURRENT[name]

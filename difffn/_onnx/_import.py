@@ -257,6 +257,7 @@ class Importer(Inputs, Folding, Emission):
                     tuple(shape[i] for i in perm),
                     labels if onnx_order else _labels.storage_format(labels),
                     labels,
+                    getattr(layers[index], "input_dtype", "float32"),
                     name=layers[index].name,
                     description=layers[index].description,
                 )

@@ -100,7 +100,7 @@ class Inputs:
         name = self.unique(info.name)
         onnx_order = info.name in self.onnx_order
         if onnx_order:
-            layer = ONNXInput(tuple(shape), labels, labels, name=name)
+            layer = ONNXInput(tuple(shape), labels, labels, np.dtype(dtype).name, name=name)
             where = f"taken in ONNX's order {labels!r}"
         else:
             layer = self._input_layer(name, labels, shape, dtype, 0 in stand_in)
@@ -135,5 +135,9 @@ class Inputs:
             return SequenceInput(sizes["C"], name=name)
         perm = _labels.storage_perm(labels)
         return ONNXInput(
-            tuple(shape[i] for i in perm), _labels.storage_format(labels), labels, name=name
+            tuple(shape[i] for i in perm),
+            _labels.storage_format(labels),
+            labels,
+            np.dtype(dtype).name,
+            name=name,
         )

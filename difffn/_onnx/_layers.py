@@ -264,6 +264,7 @@ class ONNXEntry(Layer):
     input_shape: tuple = ()
     input_format: str = ""
     onnx_format: str = ""
+    input_dtype: str = "float32"  # what the model file declares (token ids: "int64")
 
     def __post_init__(self):
         self.input_shape = tuple(self.input_shape)
@@ -306,6 +307,7 @@ class ONNXInput(ONNXEntry, InputLayer):
       input_shape: the input's sizes in storage order, batch and other unknown sizes ``None``.
       input_format: its difffn format (e.g. ``"BSC"`` for a 1-D signal given NCL in ONNX).
       onnx_format: its labels in ONNX axis order (e.g. ``"BCS"``), for messages.
+      input_dtype: the element type the model file declares (``df.export_onnx`` writes it).
 
     Examples:
       >>> import jax.numpy as jnp

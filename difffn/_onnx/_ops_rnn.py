@@ -58,8 +58,10 @@ def _run_direction(cell, projected, carry, lengths, reverse):
     steps = projected.shape[0]
     t = jnp.arange(steps)[:, None]
     if lengths is None:
+        # every sequence is whole: a reversed scan (which df.export_onnx unrolls; a gather
+        # of the reversed steps has no ONNX lowering)
         valid = jnp.ones((steps, projected.shape[1]), bool)
-        order = jnp.flip(jnp.broadcast_to(t, valid.shape), 0) if reverse else None
+        order = None
     else:
         valid = t < lengths[None, :]
         # reversed within each sequence: step t reads step length - 1 - t
@@ -74,7 +76,7 @@ def _run_direction(cell, projected, carry, lengths, reverse):
         new_carry = tuple(jnp.where(ok, n, c) for n, c in zip(new_carry, carry))
         return new_carry, jnp.where(ok, h, jnp.zeros_like(h))
 
-    carry, hs = lax.scan(step, carry, (projected, valid))
+    carry, hs = lax.scan(step, carry, (projected, valid), reverse=reverse and order is None)
     if order is not None:
         hs = jnp.take_along_axis(hs, order[:, :, None], axis=0)
     return carry, hs
