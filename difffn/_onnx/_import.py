@@ -189,7 +189,7 @@ class Importer(Inputs, Folding, Emission):
         for name in spec.outputs:
             self.consumers[name.name].append((None, 0))
         self.graph_outputs = {info.name for info in spec.outputs}
-        self.entries: list[tuple[int, str, list]] = []  # input layers: index, labels, shape
+        self.entries: list[tuple[int, str, list, bool]] = []  # index, labels, shape, ONNX order
         self.onnx_order: set[str] = set()  # inputs the network takes in ONNX's axis order
         self.note = ""  # said in every input layer's description (an opset conversion)
         self.variable_sizes: list[str] = []  # the inputs' sizes that may vary, for messages

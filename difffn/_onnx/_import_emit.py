@@ -11,6 +11,8 @@ tensor kinds and adds layers and connections.
 
 from __future__ import annotations
 
+from typing import Any
+
 import jax
 import numpy as np
 
@@ -25,6 +27,10 @@ from ._ops import Attrs, FrozenArray, Unsupported, np_dtype
 class Emission:
     """``Importer``'s layers for runtime nodes (uses ``values``, ``layers``, ``connections``,
     ``spec``, ``placeholders``, ``fail``, ``unique``, ``program`` and ``stand_in``)."""
+
+    values: dict[str, Any]
+    consumers: dict
+    variable_sizes: list[str]
 
     def _unsupported(self, node: Node, reason: str) -> None:
         if not self.placeholders:

@@ -8,6 +8,8 @@ of ``Importer`` (``_import``): it writes the importer's table of tensor kinds.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import numpy as np
 
 from .._core import ONNXImportError
@@ -25,6 +27,13 @@ STAND_IN = {"B": 3, "T": 5}
 class Inputs:
     """``Importer``'s graph inputs (uses ``input_shapes``, ``input_formats``, ``consumers``,
     ``layers``, ``entries``, ``values`` and ``unique``)."""
+
+    layers: list
+    connections: list
+    note: str
+    onnx_order: set[str]
+    variable_sizes: list[str]
+    unique: Callable[[str], str]
 
     def _input_labels(self, name: str, rank: int, elem_type: int) -> str:
         if name in self.input_formats:
@@ -134,10 +143,6 @@ class Inputs:
         if floating and labels in ("BTC", "TBC"):
             return SequenceInput(sizes["C"], name=name)
         perm = _labels.storage_perm(labels)
-        return ONNXInput(
-            tuple(shape[i] for i in perm),
-            _labels.storage_format(labels),
-            labels,
-            np.dtype(dtype).name,
-            name=name,
-        )
+        shape = tuple(shape[i] for i in perm)
+        storage = _labels.storage_format(labels)
+        return ONNXInput(shape, storage, labels, np.dtype(dtype).name, name=name)
