@@ -330,6 +330,9 @@ class Lowering:
         dn = p["dimension_numbers"]
         x_aval, i_aval = eqn.invars[0].aval, eqn.invars[1].aval
         rank, batch = len(x_aval.shape), len(i_aval.shape) - 1
+        nd = self._gather_nd(eqn, ins, scope)
+        if nd is not None:
+            return nd
         axis = dn.collapsed_slice_dims[0] if len(dn.collapsed_slice_dims) == 1 else -1
         expected = tuple(range(axis)) + tuple(range(axis + batch, rank - 1 + batch))
         whole = tuple(1 if k == axis else n for k, n in enumerate(x_aval.shape))
@@ -348,6 +351,28 @@ class Lowering:
         else:
             (indices,) = self.node("Squeeze", [ins[1], last], scope)
         return self.node("Gather", [ins[0], indices], scope, axis=axis)
+
+    def _gather_nd(self, eqn, ins, scope):
+        """``x[i0, i1, ...]`` with index arrays (the leading ``k`` axes indexed, whole slices
+        of the rest, no batching axes) as ONNX's ``GatherND``; else None."""
+        p, dn = eqn.params, eqn.params["dimension_numbers"]
+        x_shape, i_shape = eqn.invars[0].aval.shape, eqn.invars[1].aval.shape
+        k, batch = i_shape[-1] if i_shape else 0, len(i_shape) - 1
+        leading = tuple(range(k))
+        if (
+            k < 2
+            or dn.operand_batching_dims
+            or tuple(dn.collapsed_slice_dims) != leading
+            or tuple(dn.start_index_map) != leading
+            or tuple(p["slice_sizes"]) != (1,) * k + tuple(x_shape[k:])
+            or tuple(dn.offset_dims) != tuple(range(batch, batch + len(x_shape) - k))
+        ):
+            return None
+        if isinstance(ins[1], Const):
+            indices = self.const(np.asarray(ins[1].value).astype(np.int64), "indices")
+        else:
+            (indices,) = self.node("Cast", [ins[1]], scope, to=7)  # INT64
+        return self.node("GatherND", [ins[0], indices], scope, batch_dims=0)
 
     def _p_split(self, eqn, ins, scope):
         sizes = self.const(np.array(eqn.params["sizes"], np.int64), "split")
