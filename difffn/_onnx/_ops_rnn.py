@@ -82,6 +82,10 @@ def _run_direction(cell, projected, carry, lengths, reverse):
     return carry, hs
 
 
+def _batched(state, batch: int, dtype):
+    return jnp.broadcast_to(state.astype(dtype), (batch, state.shape[-1]))
+
+
 def _rnn(a, x, w, r, b, lengths, h0, c0=None, p=None):
     kind = a.op_type
     gates = _GATES[kind]
@@ -106,14 +110,15 @@ def _rnn(a, x, w, r, b, lengths, h0, c0=None, p=None):
         projected = jnp.einsum("tni,gi->tng", x.astype(dtype), wd)
         projected = projected + bd[None, None, : gates * hidden]
         rb = bd[None, gates * hidden :]
-        h = jnp.zeros((batch, hidden), dtype) if h0 is None else h0[d].astype(dtype)
+        # initial states of batch size 1 (a file exported at batch 1) serve every sequence
+        h = jnp.zeros((batch, hidden), dtype) if h0 is None else _batched(h0[d], batch, dtype)
 
         def clipped(z):
             return z if clip is None else jnp.clip(z, -clip, clip)
 
         if kind == "LSTM":
             g, act_h = rest
-            c = jnp.zeros((batch, hidden), dtype) if c0 is None else c0[d].astype(dtype)
+            c = jnp.zeros((batch, hidden), dtype) if c0 is None else _batched(c0[d], batch, dtype)
             pd = None if p is None else p[d].astype(dtype)
             couple = bool(a.get("input_forget", 0))
 
