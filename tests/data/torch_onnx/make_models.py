@@ -11,7 +11,9 @@ batch and sequence axes) and, where it works, the dynamo exporter (opset 18, ``d
 Next to each ``NAME.onnx`` is ``NAME.npz``: inputs and torch's outputs at several batch sizes
 (``x_b{n}``/``y_b{n}`` per input and output index) and, for floating-point inputs, torch's
 gradient of ``sum(output * cotangent)`` with respect to the first input in float64
-(``grad_x``/``grad_cot``/``grad_out``, at ``grad_batch``). ``VERSIONS.txt`` records the versions.
+(``grad_x{i}``/``grad_cot``/``grad_out``, at batch 2). ``VERSIONS.txt`` records the versions,
+``models.json`` the files each model got: GPT-2 of transformers 5.24 has no TorchScript file
+(that exporter has no ``aten::diff`` at opset 17, which transformers' masking uses).
 """
 
 from __future__ import annotations
