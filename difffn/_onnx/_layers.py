@@ -17,6 +17,7 @@ ONNX graph computes from other tensors' shapes (``Shape -> Gather -> Concat -> R
 from __future__ import annotations
 
 import dataclasses
+import functools
 from typing import Any
 
 import jax
@@ -55,7 +56,15 @@ class Program:
     output: str
 
     def evaluate(self, shapes) -> np.ndarray:
-        """The value, given ``{source: jax.ShapeDtypeStruct in ONNX order}``."""
+        """The value, given ``{source: jax.ShapeDtypeStruct in ONNX order}`` (computed once
+        per program and sizes: layers that share a program, and retraces, reuse it)."""
+        key = tuple(sorted((n, tuple(s.shape), str(s.dtype)) for n, s in shapes.items()))
+        try:
+            return _evaluated(self, key).copy()
+        except TypeError:  # unhashable (symbolic) sizes: evaluated each time
+            return self._evaluate(shapes)
+
+    def _evaluate(self, shapes) -> np.ndarray:
         env: dict[str, Any] = {name: value.array for name, value in self.constants}
         env.update(shapes)
         with jax.ensure_compile_time_eval():
@@ -65,6 +74,12 @@ class Program:
                     if name:
                         env[name] = value
             return np.asarray(env[self.output])
+
+
+@functools.lru_cache(maxsize=512)
+def _evaluated(program: Program, key) -> np.ndarray:
+    shapes = {n: jax.ShapeDtypeStruct(shape, np.dtype(dtype)) for n, shape, dtype in key}
+    return program._evaluate(shapes)
 
 
 def expand_to(value, rank: int, labels: str):
