@@ -209,7 +209,8 @@ def test_input_formats_and_shapes_can_be_given():
     ):
         df.import_onnx(m)
     net = df.import_onnx(m, input_shapes={"x": (None, 3, 16)}, input_formats={"x": "BCS"})
-    assert net.input_names == ("x/in",) and net.layers[0].input_format == "BSC"
+    assert net.input_names == ("x",) and net.layers[0].input_format == "BSC"
+    assert isinstance(net.layers[0], df.InputLayer)  # an input layer, named like one
     x = np.random.default_rng(0).standard_normal((2, 16, 3)).astype(np.float32)
     np.testing.assert_array_equal(net.predict(x).data, np.maximum(x, 0))
     with pytest.raises(df.ONNXImportError, match=r"input_formats\['x'\] is 'BCX'; expected 3"):
@@ -237,7 +238,7 @@ def test_truncated_and_non_onnx_files_are_named_errors(tmp_path):
         df.import_onnx(42)
 
 
-def test_checker_failures_and_old_opsets_are_named_errors():
+def test_checker_failures_and_old_opsets_are_named_errors(monkeypatch):
     bad = cnn()
     bad.graph.node[0].input[1] = "no_such_weight"
     with pytest.raises(df.ONNXImportError, match=r"not valid ONNX \(onnx.checker says"):
@@ -249,9 +250,20 @@ def test_checker_failures_and_old_opsets_are_named_errors():
         [],
         opset=8,
     )
+    net = df.import_onnx(old)  # converted by onnx.version_converter
+    assert "opset 8 was converted to opset 13" in net.layers[0].description
+    x = np.linspace(-1, 1, 6, dtype=np.float32).reshape(2, 3)
+    np.testing.assert_array_equal(np.asarray(df.stripdims(net.predict(x))), np.maximum(x, 0))
+    from onnx import version_converter
+
+    def refuse(model, version):
+        raise RuntimeError("no adapter for Relu")
+
+    monkeypatch.setattr(version_converter, "convert_version", refuse)
     with pytest.raises(
         df.ONNXImportError,
-        match=r"opset 8; difffn reads opset 9 or newer.*onnx.version_converter.convert_version",
+        match=r"opset 8; difffn reads opset 9 or newer and converts older ones with "
+        r"onnx.version_converter, which failed.*RuntimeError: no adapter for Relu.*Fix: export",
     ):
         df.import_onnx(old)
 

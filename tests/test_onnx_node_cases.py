@@ -39,10 +39,6 @@ SUPPORTED = sorted(_ops.OPS)
 
 # name pattern -> (why difffn does not run the case, what its ONNXImportError says)
 EXCLUDED = {
-    r"^test_(and|or|xor)(2d|3d|4d|_bcast\w+)$|^test_not_[234]d$": (
-        "written for opset 7 or older; difffn reads opset 9 or newer (the issue's range)",
-        r"opset [1-8]; difffn reads opset 9 or newer",
-    ),
     r"FLOAT8|FLOAT4|INT4|UINT4|INT2|UINT2|e8m0": (
         "8-, 4- and 2-bit element types: difffn has no dtype for them",
         r"the element type \w+ is not supported",

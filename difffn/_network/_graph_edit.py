@@ -25,6 +25,7 @@ belongs to a structure: an edit that changes the graph or a layer's structure ge
 from __future__ import annotations
 
 import dataclasses
+import warnings
 
 import jax
 
@@ -68,7 +69,31 @@ def connect_layers(net, source: str, destination: str):
             "merge both with an Addition or Concatenation layer."
         )
     edges = (*net.connections, (src_name, dst_name))
-    return _rebuild(net, net.layers, [], edges, _outputs(net), what)
+    outputs = _outputs(net)
+    if outputs is not None and src_name in outputs:
+        _warn_stale(g, what, outputs, src_name, dst[0], edges)
+    return _rebuild(net, net.layers, [], edges, outputs, what)
+
+
+def _warn_stale(g, what, outputs, src_name, dst, edges):
+    """An output named explicitly now feeds a layer whose results nothing uses: the network
+    keeps the named outputs (the edit does not move them), which is worth saying."""
+    fed = {c[0] for c in edges}
+    unused = [
+        g.port_name(dst, o, "output")
+        for o in range(len(g.ports[dst][1]))
+        if g.port_name(dst, o, "output") not in fed and g.port_name(dst, o, "output") not in outputs
+    ]
+    if unused:
+        warnings.warn(
+            f"{what}: the network's outputs were named explicitly ({list(outputs)}, e.g. by "
+            f"df.import_onnx or Network(..., outputs=...)), and {src_name!r} stays an output "
+            f"while {unused} is used by nothing. Fix: give the outputs again, e.g. "
+            f"df.Network([[layer] for layer in net.layers], connections=net.connections, "
+            f"outputs={unused!r}).",
+            UserWarning,
+            stacklevel=3,
+        )
 
 
 def disconnect_layers(net, source: str, destination: str):

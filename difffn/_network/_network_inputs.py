@@ -8,6 +8,8 @@ against each input layer's layout.
 
 from __future__ import annotations
 
+import itertools
+
 import jax
 import jax.numpy as jnp
 
@@ -56,9 +58,29 @@ def prepare(net, inputs) -> tuple:
                     f"network input {name!r} expects size {want} on axis {axis} "
                     f"({layout.format[axis]!r}) of {layout}; got shape {x.shape}. Fix: "
                     "pass data of the size the network was built for (its input layer's)."
+                    + _transposed(layout, x.shape)
                 )
         prepared.append(x)
     return tuple(prepared)
+
+
+def _transposed(layout, shape) -> str:
+    """How to reorder data whose sizes fit the layout in another axis order (channels first,
+    as PyTorch and ONNX store images and signals)."""
+    if len(shape) > 6:
+        return ""
+    for perm in itertools.permutations(range(len(shape))):
+        if perm != tuple(range(len(shape))) and all(
+            n is None or n == shape[p] for n, p in zip(layout.shape, perm)
+        ):
+            if "B" in layout.format and perm[layout.format.index("B")] != 0:
+                continue  # keep the batch first
+            return (
+                f" Its sizes fit {layout.format!r} in another order (channels first, as "
+                f"ONNX and PyTorch store them?): np.transpose(x, {perm}); a network from "
+                "df.import_onnx takes ONNX's order with input_data_formats='onnx'."
+            )
+    return ""
 
 
 def _complex_learnables(net) -> bool:

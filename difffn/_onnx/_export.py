@@ -187,7 +187,8 @@ def _entry_layout(net, k):
 
 
 def _input_specs(net, layouts):
-    """Abstract inputs (float32) with symbolic sizes, and where each symbol is read from."""
+    """Abstract inputs (float32 unless the input layer says) with symbolic sizes, and where
+    each symbol is read from."""
     names, symbols = [], {}
     for k, layout in enumerate(layouts):
         for axis, (size, label) in enumerate(zip(layout.shape, layout.format)):
@@ -206,8 +207,19 @@ def _input_specs(net, layouts):
             (dims_["B" if label == "B" else f"d{k}_{axis}"] if size is None else size)
             for axis, (size, label) in enumerate(zip(layout.shape, layout.format))
         )
-        specs.append(jax.ShapeDtypeStruct(shape, jnp.float32))
+        specs.append(jax.ShapeDtypeStruct(shape, _input_dtype(net, k)))
     return specs, symbols
+
+
+def _input_dtype(net, k):
+    """float32, or the element type an imported network's input layer declares (token ids)."""
+    g = net.graph
+    for i, sources in enumerate(g.sources):
+        if any(s.kind == "input" and s.index == k for s in sources):
+            # int64 token ids are int32 without jax's x64 mode: the file says what JAX computes
+            dtype = jnp.dtype(getattr(net.layers[i], "input_dtype", "float32"))
+            return jax.dtypes.canonicalize_dtype(dtype)
+    return jnp.float32
 
 
 def _scope(name: str) -> str:

@@ -28,7 +28,7 @@ import re
 from collections import defaultdict
 from typing import Any
 
-from .._core import NetworkError, ONNXImportError
+from .._core import Error, ONNXImportError
 from .._network import Network
 from ..layers import FunctionLayer, Placeholder
 from . import _labels, _limits, _mapping_attention
@@ -37,17 +37,18 @@ from ._import_emit import Emission
 from ._import_fold import Folding
 from ._import_inputs import Inputs
 from ._import_values import Const, Deferred, ImportResult, NodeInfo, Runtime
-from ._layers import NodeFunction, ONNXInput, Step
-from ._load import GraphSpec, Node, Subgraph, load_model, read_graph
+from ._layers import NodeFunction, ONNXEntry, Step
+from ._load import CONVERTED_KEY, GraphSpec, Node, Subgraph, load_model, read_graph
 from ._ops import Attrs, FrozenArray, Unsupported, lookup
 
 
 def import_onnx(
     path_or_model: Any,
     *,
-    placeholders: Any = False,
-    input_shapes: Any = None,
-    input_formats: Any = None,
+    placeholders: bool = False,
+    input_shapes: dict | None = None,
+    input_formats: dict | None = None,
+    input_data_formats: dict | str | None = None,
     max_tensor_bytes: int = _limits.DEFAULT_MAX_TENSOR_BYTES,
 ) -> Network:
     """Import an ONNX model as a ``df.Network`` (MATLAB's ``importNetworkFromONNX``).
@@ -73,6 +74,11 @@ def import_onnx(
         ``InputDataFormats``), e.g. ``"BCSS"`` (NCHW image), ``"TBC"``, ``"BC"``; by default
         chosen from the rank and what the input feeds, or read from the file's metadata
         when ``df.export_onnx`` wrote it.
+      input_data_formats: the network takes these inputs in ONNX's axis order (MATLAB's
+        ``InputDataFormats``): ``{input name: labels}`` in ONNX order (e.g. ``"BCS"`` for a
+        PyTorch ``Conv1d``'s NCL input; it also sets ``input_formats``), or ``"onnx"`` for every
+        input with its labels. Otherwise inputs are taken in difffn's storage order (channels
+        last: NHWC images, NLC signals).
       max_tensor_bytes: the most bytes of any one tensor the import builds (initializers,
         external data, constant-folded nodes such as ``ConstantOfShape``, ``Expand``,
         ``Range``); default 4 GiB. A larger one is an ``ONNXImportError`` naming it, before it
@@ -109,6 +115,7 @@ def import_onnx(
         placeholders=placeholders,
         input_shapes=input_shapes,
         input_formats=input_formats,
+        input_data_formats=input_data_formats,
         max_tensor_bytes=max_tensor_bytes,
     ).network
 
@@ -119,20 +126,56 @@ def import_model(
     placeholders=False,
     input_shapes=None,
     input_formats=None,
+    input_data_formats=None,
     max_tensor_bytes: int = _limits.DEFAULT_MAX_TENSOR_BYTES,
 ):
     """``import_onnx``, returning an `ImportResult`."""
     with _limits.bound(max_tensor_bytes):
-        return _import_model(path_or_model, placeholders, input_shapes, input_formats)
+        return _import_model(
+            path_or_model, placeholders, input_shapes, input_formats, input_data_formats
+        )
 
 
-def _import_model(path_or_model, placeholders, input_shapes, input_formats):
+def _import_model(path_or_model, placeholders, input_shapes, input_formats, input_data_formats):
     model = load_model(path_or_model)
     spec = _mapping_attention.fuse(read_graph(model))
     if input_formats is None:  # a file df.export_onnx wrote says its inputs' formats
         props = {p.key: p.value for p in model.metadata_props}
         input_formats = json.loads(props.get(FORMATS_KEY, "{}"))
-    return Importer(spec, placeholders, dict(input_shapes or {}), dict(input_formats)).run()
+    input_formats, onnx_order = _data_formats(spec, dict(input_formats), input_data_formats)
+    importer = Importer(spec, placeholders, dict(input_shapes or {}), input_formats)
+    importer.onnx_order = onnx_order
+    props = {p.key: p.value for p in model.metadata_props}
+    if CONVERTED_KEY in props:
+        importer.note = (
+            f"; the file's opset {props[CONVERTED_KEY]} was converted to opset {spec.opset} by "
+            "onnx.version_converter"
+        )
+    return importer.run()
+
+
+def _data_formats(spec: GraphSpec, input_formats: dict, given) -> tuple[dict, set[str]]:
+    """``input_formats`` with those that ``input_data_formats`` gives, and the inputs taken in
+    ONNX's order."""
+    names = [i.name for i in spec.inputs]
+    if given is None:
+        return input_formats, set()
+    if isinstance(given, str) and given == "onnx":
+        return input_formats, set(names)
+    if not isinstance(given, dict) or not all(isinstance(v, str) for v in given.values()):
+        raise ONNXImportError(
+            f"df.import_onnx: input_data_formats must be 'onnx' or {{input name: labels in ONNX "
+            f"order}}; got {given!r}. Fix: e.g. input_data_formats={{{names[0]!r}: 'BCS'}} "
+            "(labels from B, C, S, T, U), or input_data_formats='onnx'."
+        )
+    for name, labels in given.items():
+        if name in input_formats and input_formats[name] != labels:
+            raise ONNXImportError(
+                f"df.import_onnx: input_formats[{name!r}] is {input_formats[name]!r} but "
+                f"input_data_formats[{name!r}] is {labels!r}. Fix: give the labels once, in "
+                "input_data_formats."
+            )
+    return {**input_formats, **given}, set(given)
 
 
 def layer_name(name: str) -> str:
@@ -162,7 +205,10 @@ class Importer(Inputs, Folding, Emission):
         for name in spec.outputs:
             self.consumers[name.name].append((None, 0))
         self.graph_outputs = {info.name for info in spec.outputs}
-        self.entries: list[tuple[int, str, list]] = []  # input layers: index, labels, shape
+        self.entries: list[tuple[int, str, list, bool]] = []  # index, labels, shape, ONNX order
+        self.onnx_order: set[str] = set()  # inputs the network takes in ONNX's axis order
+        self.note = ""  # said in every input layer's description (an opset conversion)
+        self.variable_sizes: list[str] = []  # the inputs' sizes that may vary, for messages
 
     # -- the walk ---------------------------------------------------------------------------------
 
@@ -204,33 +250,45 @@ class Importer(Inputs, Folding, Emission):
                 value = self._in_onnx_order(info.name, value)
             outputs.append("/".join(value.port))
             output_labels[info.name] = value.labels
-        # A network of input layers is traced when it is built, and one input layer needs all
-        # inputs entered by input layers. A placeholder cannot run, and an input of another
-        # kind (integers, a rank without an input layer) is not one: such a network takes its
-        # inputs as they are (MATLAB returns a network with placeholders uninitialized).
-        if not any(isinstance(layer, (Placeholder, ONNXInput)) for layer in self.layers):
+        # A network of input layers is traced when it is built (its layouts checked). A
+        # placeholder cannot run (MATLAB returns a network with placeholders uninitialized), and
+        # a graph may tie an input's sizes to each other: such a network takes its inputs
+        # through ONNXEntry layers, which check the data when the network runs.
+        if not any(isinstance(layer, Placeholder) for layer in self.layers):
             try:
                 return ImportResult(self._network(outputs), input_labels, output_labels)
-            except NetworkError:
-                pass  # the graph ties the first axis of an input to other sizes: see below
+            except Error:
+                pass  # the graph ties the sizes of an input to each other: see below
         return ImportResult(self._network(outputs, entries=True), input_labels, output_labels)
 
     def _network(self, outputs, *, entries=False) -> Network:
         """The network, its inputs entered by input layers or, with ``entries``, by
-        ``ONNXInput`` layers, which check the data's sizes but are not traced when the network
+        ``ONNXEntry`` layers, which check the data's sizes but are not traced when the network
         is built."""
         layers = list(self.layers)
         if entries:
-            for index, labels, shape in self.entries:
-                perm = _labels.storage_perm(labels)
-                layers[index] = ONNXInput(
+            for index, labels, shape, onnx_order in self.entries:
+                perm = range(len(labels)) if onnx_order else _labels.storage_perm(labels)
+                layers[index] = ONNXEntry(
                     tuple(shape[i] for i in perm),
-                    _labels.storage_format(labels),
+                    labels if onnx_order else _labels.storage_format(labels),
+                    labels,
+                    getattr(layers[index], "input_dtype", "float32"),
                     name=layers[index].name,
+                    description=layers[index].description,
                 )
-        # each layer a chain of its own: every input is wired by a connection
+        # Each layer a chain of its own: every input is wired by a connection. The outputs are
+        # named only where the network's own (every unused output, in layer order) differ, so
+        # that an edit moves them as in any network.
+        used = {source for source, _ in self.connections}
+        default = [
+            f"{layer.name}/{port}"
+            for layer in layers
+            for port in layer.output_names
+            if f"{layer.name}/{port}" not in used
+        ]
         return Network([[layer] for layer in layers], connections=self.connections,
-                       outputs=outputs)  # fmt: skip
+                       outputs=None if default == list(outputs) else outputs)  # fmt: skip
 
     def _in_onnx_order(self, name: str, value: Runtime) -> Runtime:
         """A network output flattened channels-last, put back in ONNX's feature order."""
@@ -301,8 +359,8 @@ class Importer(Inputs, Folding, Emission):
             len(node.outputs),
             "" if node.domain == "ai.onnx" else node.domain,
         )
-        info = self._info(node, a, inputs)
         try:
+            info = self._info(node, a, inputs)  # programs' stand-in values: may raise
             if definition.check is not None:
                 definition.check(a, info)
             meta = dict(definition.meta)
@@ -312,9 +370,11 @@ class Importer(Inputs, Folding, Emission):
             ]
             is_output = any(name in self.graph_outputs for name in node.outputs)
             if "runtime" not in data and not (is_output and looked_at):
-                fixed = all(
-                    meta[i] == "dtype" or not set(info.input_labels[i]) & set("BT")
-                    for i in looked_at
+                # A size read from a runtime tensor is evaluated while tracing (a Program):
+                # any axis may follow the batch or a sequence length (after a transpose or a
+                # reshape its labels no longer say so), and tracing fixes every size anyway.
+                fixed = all(meta[i] == "dtype" for i in looked_at) and not any(
+                    i < len(node.inputs) and info.input_kinds[i] == "program" for i in meta
                 )
                 if "program" in data or not fixed:
                     self._defer(node, a)

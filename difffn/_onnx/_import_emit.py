@@ -11,6 +11,8 @@ tensor kinds and adds layers and connections.
 
 from __future__ import annotations
 
+from typing import Any
+
 import jax
 import numpy as np
 
@@ -25,6 +27,10 @@ from ._ops import Attrs, FrozenArray, Unsupported, np_dtype
 class Emission:
     """``Importer``'s layers for runtime nodes (uses ``values``, ``layers``, ``connections``,
     ``spec``, ``placeholders``, ``fail``, ``unique``, ``program`` and ``stand_in``)."""
+
+    values: dict[str, Any]
+    consumers: dict
+    variable_sizes: list[str]
 
     def _unsupported(self, node: Node, reason: str) -> None:
         if not self.placeholders:
@@ -70,7 +76,7 @@ class Emission:
             if info is not None and info.dims is not None:
                 shape = tuple(d if isinstance(d, int) and d > 0 else 1 for d in info.dims)
             elif out_labels[i] is not None:
-                shape = self.values[runtime[0]].shape
+                shape = self._guessed_shape(name, self.values[runtime[0]])
             labels = out_labels[i] if out_labels[i] is not None else ""
             dtype = self.values[runtime[0]].dtype
             if info is not None and info.elem_type > 0:
@@ -79,6 +85,41 @@ class Emission:
                 except Unsupported:
                     pass  # the replacement decides; the first input's type is the guess
             self.values[name] = Runtime((layer.name, layer.output_names[i]), labels, shape, dtype)
+
+    def _guessed_shape(self, name: str, first: Runtime):
+        """A placeholder output's shape when the file gives none (torch writes no type for a
+        custom operator's output): its first input's, with the channels its consumers take
+        (a Conv's or Gemm's weights say how many), so that the layers after it import."""
+        shape = first.shape
+        if shape is None or "C" not in first.labels:
+            return shape
+        for node, position in self.consumers.get(name, []):
+            channels = self._channels_taken(node, position)
+            if channels is not None:
+                shape = list(shape)
+                shape[first.labels.index("C")] = channels
+                return tuple(shape)
+        return shape
+
+    def _channels_taken(self, node, position: int):
+        """How many channels (features) ``node`` takes on its data input, from its weights."""
+        if node is None or position != 0 or len(node.inputs) < 2:
+            return None
+        weights = self.values.get(node.inputs[1])
+        if not isinstance(weights, Const) or weights.value.ndim == 0:
+            return None
+        w, attrs = weights.value, dict(node.attributes)
+        if node.op_type == "Conv" and w.ndim >= 3:
+            return int(w.shape[1]) * int(attrs.get("group", 1))
+        if node.op_type == "ConvTranspose" and w.ndim >= 3:
+            return int(w.shape[0])
+        if node.op_type == "Gemm" and w.ndim == 2:
+            return int(w.shape[1] if attrs.get("transB", 0) else w.shape[0])
+        if node.op_type == "MatMul" and w.ndim == 2:
+            return int(w.shape[0])
+        if node.op_type in ("BatchNormalization", "InstanceNormalization") and w.ndim == 1:
+            return int(w.shape[0])
+        return None
 
     def _broken(self, node: Node) -> None:
         for name in node.outputs:
@@ -250,10 +291,6 @@ class Emission:
                     sources.append((source, layer_inputs.index(source)))
                 programs.append(program)
                 slots.append(("program", len(programs) - 1))
-        for source, _ in sources:
-            value = self.values[source]
-            if value.order is not None:
-                raise Unsupported("the shape of a reordered flattened image is read")
         fn = NodeFunction(
             node.op_type,
             a,
@@ -263,6 +300,8 @@ class Emission:
             mode,
             tuple(programs),
             tuple(dict.fromkeys(sources)),
+            tuple(tuple(self.values[n].shape or ()) for n in layer_inputs),
+            ", ".join(self.variable_sizes),
         )
         name = self.unique(node.name)
         description = f"ONNX {node.op_type} node {node.name!r}"

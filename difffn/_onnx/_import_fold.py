@@ -75,9 +75,29 @@ class Folding:
 
     def stand_in(self, name: str) -> np.ndarray:
         """A deferred tensor's value at the stand-in sizes (for decisions at import)."""
-        program = self.program(name)
-        shapes = {}
-        for source in program.sources:
-            value = self.values[source]
-            shapes[source] = jax.ShapeDtypeStruct(value.shape, value.dtype)
-        return program.evaluate(shapes)
+        cache = self.__dict__.setdefault("_stand_ins", {})
+        if name not in cache:
+            cache[name] = self._evaluate_stand_in(name)
+        return cache[name]
+
+    def _evaluate_stand_in(self, name: str) -> np.ndarray:
+        """The producing step on its inputs' stand-in values (each deferred input's cached:
+        one step per tensor, not the whole program again)."""
+        step = self.steps[name]
+        meta = dict(lookup(step.op_type).meta)
+        args = []
+        for position, inp in enumerate(step.inputs):
+            value = self.values.get(inp) if inp else None
+            if value is None:
+                args.append(None)
+            elif isinstance(value, Deferred):
+                args.append(self.stand_in(inp))
+            elif isinstance(value, Const):
+                args.append(value.value)
+            elif position in meta:  # a runtime tensor read for its shape or dtype
+                args.append(jax.ShapeDtypeStruct(value.shape, value.dtype))
+            else:
+                args.append(None)
+        with jax.ensure_compile_time_eval():
+            outputs = run(step.op_type, step.attrs, args)
+        return np.asarray(outputs[step.outputs.index(name)])

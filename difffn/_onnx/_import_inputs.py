@@ -8,19 +8,32 @@ of ``Importer`` (``_import``): it writes the importer's table of tensor kinds.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import numpy as np
 
 from .._core import ONNXImportError
-from ..layers import FeatureInput, ImageInput, SequenceInput
+from ..layers import FeatureInput, FunctionLayer, ImageInput, SequenceInput
 from . import _labels
 from ._import_values import Runtime
-from ._layers import ONNXInput
+from ._layers import ONNXInput, ToStorage
 from ._ops import Unsupported, np_dtype
+
+# Sizes a variable batch or sequence length takes while the graph is imported: not 1, which
+# broadcasts (ambiguous), and not each other, so that a size computed from one is told apart.
+STAND_IN = {"B": 3, "T": 5}
 
 
 class Inputs:
     """``Importer``'s graph inputs (uses ``input_shapes``, ``input_formats``, ``consumers``,
     ``layers``, ``entries``, ``values`` and ``unique``)."""
+
+    layers: list
+    connections: list
+    note: str
+    onnx_order: set[str]
+    variable_sizes: list[str]
+    unique: Callable[[str], str]
 
     def _input_labels(self, name: str, rank: int, elem_type: int) -> str:
         if name in self.input_formats:
@@ -70,9 +83,13 @@ class Inputs:
             if isinstance(n, int) and n >= 0:
                 shape.append(None if label == "B" else n)
                 stand_in.append(n)
+                if label == "B":
+                    self.variable_sizes.append(f"{info.name!r} axis {axis} (batch)")
             elif label in "BT":
                 shape.append(None)
-                stand_in.append(1)
+                stand_in.append(STAND_IN[label])
+                what = {"B": "batch", "T": "sequence length"}[label]
+                self.variable_sizes.append(f"{info.name!r} axis {axis} ({what})")
             else:
                 example = ["None" if lab == "B" else "..." for lab in labels]
                 example[axis] = "<size>"
@@ -90,10 +107,29 @@ class Inputs:
                 f"df.import_onnx: the model input {info.name!r}: {error}."
             ) from None
         name = self.unique(info.name)
-        layer = self._input_layer(name, labels, shape, dtype, 0 in stand_in)
-        self.entries.append((len(self.layers), labels, shape))
+        onnx_order = info.name in self.onnx_order
+        if onnx_order:
+            layer = ONNXInput(tuple(shape), labels, labels, np.dtype(dtype).name, name=name)
+            where = f"taken in ONNX's order {labels!r}"
+        else:
+            layer = self._input_layer(name, labels, shape, dtype, 0 in stand_in)
+            where = f"{labels!r} in ONNX order ({_labels.storage_format(labels)!r} here)"
+        layer = layer.replace(description=f"ONNX input {info.name!r}, {where}{self.note}")
+        self.entries.append((len(self.layers), labels, shape, onnx_order))
         self.layers.append(layer)
-        self.values[info.name] = Runtime((name, "out"), labels, tuple(stand_in), dtype)
+        port = (name, "out")
+        if onnx_order:  # the network stores it channels-last, as every imported tensor
+            step = FunctionLayer(
+                ToStorage(labels),
+                formattable=True,
+                num_inputs=1,
+                name=self.unique(f"{info.name}_to_storage"),
+                description=f"ONNX input {info.name!r}: {labels!r} to difffn's storage order",
+            )
+            self.layers.append(step)
+            self.connections.append((f"{name}/out", f"{step.name}/in"))
+            port = (step.name, "out")
+        self.values[info.name] = Runtime(port, labels, tuple(stand_in), dtype)
         return labels
 
     def _input_layer(self, name, labels, shape, dtype, empty):
@@ -107,4 +143,6 @@ class Inputs:
         if floating and labels in ("BTC", "TBC"):
             return SequenceInput(sizes["C"], name=name)
         perm = _labels.storage_perm(labels)
-        return ONNXInput(tuple(shape[i] for i in perm), _labels.storage_format(labels), name=name)
+        shape = tuple(shape[i] for i in perm)
+        storage = _labels.storage_format(labels)
+        return ONNXInput(shape, storage, labels, np.dtype(dtype).name, name=name)

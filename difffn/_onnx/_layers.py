@@ -17,17 +17,19 @@ ONNX graph computes from other tensors' shapes (``Shape -> Gather -> Concat -> R
 from __future__ import annotations
 
 import dataclasses
+import functools
 from typing import Any
 
 import jax
 import jax.numpy as jnp
 import numpy as np
+from jax.extend.core import InconclusiveDimensionOperation
 
-from .._core import FormatError, FormattedArray, LayerError, Layout, dims
-from .._layer import Layer, learnable
+from .._core import Error, FormatError, FormattedArray, LayerError, Layout, ONNXImportError, dims
+from .._layer import InputLayer, Layer, learnable
 from ..layers import FunctionLayer
 from . import _labels, _limits
-from ._ops import Attrs, FrozenArray, lookup, run
+from ._ops import Attrs, FrozenArray, Unsupported, lookup, run
 
 
 @dataclasses.dataclass(frozen=True)
@@ -54,7 +56,15 @@ class Program:
     output: str
 
     def evaluate(self, shapes) -> np.ndarray:
-        """The value, given ``{source: jax.ShapeDtypeStruct in ONNX order}``."""
+        """The value, given ``{source: jax.ShapeDtypeStruct in ONNX order}`` (computed once
+        per program and sizes: layers that share a program, and retraces, reuse it)."""
+        key = tuple(sorted((n, tuple(s.shape), str(s.dtype)) for n, s in shapes.items()))
+        try:
+            return _evaluated(self, key).copy()
+        except TypeError:  # unhashable (symbolic) sizes: evaluated each time
+            return self._evaluate(shapes)
+
+    def _evaluate(self, shapes) -> np.ndarray:
         env: dict[str, Any] = {name: value.array for name, value in self.constants}
         env.update(shapes)
         with jax.ensure_compile_time_eval():
@@ -67,6 +77,12 @@ class Program:
                     if name:
                         env[name] = value
             return np.asarray(env[self.output])
+
+
+@functools.lru_cache(maxsize=512)
+def _evaluated(program: Program, key) -> np.ndarray:
+    shapes = {n: jax.ShapeDtypeStruct(shape, np.dtype(dtype)) for n, shape, dtype in key}
+    return program._evaluate(shapes)
 
 
 def expand_to(value, rank: int, labels: str):
@@ -100,12 +116,51 @@ class NodeFunction:
     mode: str = "onnx"
     programs: tuple[Program, ...] = ()
     sources: tuple[tuple[str, int], ...] = ()
+    imported: tuple = ()  # per layer input, its ONNX shape at the import's stand-in sizes
+    variable: str = ""  # the model inputs' sizes that may vary, for messages
 
     @property
     def __name__(self):  # FunctionLayer's default description
         return self.op_type
 
     def __call__(self, *inputs, params=None):
+        try:
+            return self._call(inputs, params)
+        except (jax.errors.ConcretizationTypeError, InconclusiveDimensionOperation):
+            raise  # symbolic sizes (df.export_onnx): the exporter says which sizes to give
+        except (Unsupported, TypeError, ValueError) as error:
+            if isinstance(error, Error):
+                raise
+            raise ONNXImportError(self._explain(inputs, error)) from None
+
+    def _explain(self, inputs, error) -> str:
+        """Why the node cannot run here: its input sizes now and at import."""
+        now = [_onnx_shape(tuple(jnp.shape(x)), lab) for x, lab in zip(inputs, self.in_labels)]
+        reason = str(error).splitlines()[0] if str(error) else type(error).__name__
+        message = (
+            f"the imported ONNX {self.op_type} node {self.attrs.name!r} cannot run on its "
+            f"inputs' sizes {now} (ONNX order): {reason}."
+        )
+        changed = [
+            f"input {k} axis {axis}: {before[axis]} at import, {shape[axis]} now"
+            for k, (shape, before) in enumerate(zip(now, self.imported))
+            if len(shape) == len(before)
+            for axis in range(len(shape))
+            if shape[axis] != before[axis]
+        ]
+        if changed:
+            message += (
+                f" The sizes that differ from the import ({'; '.join(changed)}) follow the model "
+                f"inputs' variable sizes ({self.variable or 'batch'}), but the file fixes a size "
+                "this node uses as a constant (not computed from tensor shapes)."
+            )
+        return message + (
+            " Fix: call the network with the sizes the file was exported with, or export the "
+            "model with those axes dynamic (torch.onnx.export(..., dynamic_axes=...) or "
+            "dynamic_shapes=...)."
+        )
+
+    def _call(self, inputs, params):
         arrays = [_stored(x, _labels.storage_format(lab)) for x, lab in zip(inputs, self.in_labels)]
         shapes = {
             name: jax.ShapeDtypeStruct(
@@ -175,6 +230,24 @@ def _stored(x, expected: str):
     return jnp.asarray(x)
 
 
+@dataclasses.dataclass(frozen=True)
+class ToStorage:
+    """Data in ONNX's axis order (``labels``, e.g. ``"BCSS"``) to difffn's storage order
+    (``"BSSC"``): the step after an input that ``import_onnx(..., input_data_formats=...)``
+    lets take ONNX's order."""
+
+    labels: str
+
+    @property
+    def __name__(self):  # FunctionLayer's default description
+        return "ToStorage"
+
+    def __call__(self, x):
+        data = x.data if isinstance(x, FormattedArray) else jnp.asarray(x)
+        stored = _labels.to_storage(data, self.labels)
+        return FormattedArray._wrap(stored, _labels.storage_format(self.labels))
+
+
 class ONNXOperator(FunctionLayer):
     """A ``FunctionLayer`` over an ONNX operator, with the node's constants as learnables.
 
@@ -191,31 +264,25 @@ class ONNXOperator(FunctionLayer):
         return self.fn(*inputs, params=self.params)
 
 
-class ONNXInput(Layer):
-    """The entry of an ONNX input of any format and dtype: it checks and labels the data.
+class ONNXEntry(Layer):
+    """The entry of an ONNX input in a network that cannot check its layout when it is built
+    (one with ``df.layers.Placeholder`` s, which cannot run): it checks and labels the data.
 
-    Unlike an input layer it does not fix the network input's layout for difffn (integer
-    token ids, or sizes that the graph ties to each other): ``net.initialize`` then needs the
-    layout, and ``predict`` takes the data as it is.
+    ``net.initialize`` then needs the layouts; after the placeholders are replaced,
+    ``df.import_onnx`` 's networks otherwise start with `ONNXInput` layers.
 
     Args:
       input_shape: the input's sizes in storage order, batch and other unknown sizes ``None``.
       input_format: its difffn format (e.g. ``"BSC"`` for a 1-D signal given NCL in ONNX).
-
-    Examples:
-      >>> import jax.numpy as jnp
-      >>> from difffn._onnx._layers import ONNXInput
-      >>> layer = ONNXInput((None, 16, 2), "BSC", name="signal")
-      >>> layer.input_layout
-      Layout((None, 16, 2), 'BSC')
-      >>> layer(jnp.ones((4, 16, 2), jnp.int32)).format
-      'BSC'
+      onnx_format: its labels in ONNX axis order (e.g. ``"BCS"``), for messages.
     """
 
     formattable = True
 
     input_shape: tuple = ()
     input_format: str = ""
+    onnx_format: str = ""
+    input_dtype: str = "float32"  # what the model file declares (token ids: "int64")
 
     def __post_init__(self):
         self.input_shape = tuple(self.input_shape)
@@ -237,7 +304,50 @@ class ONNXInput(Layer):
             n is not None and n != m for n, m in zip(self.input_shape, data.shape)
         ):
             raise LayerError(
-                f"ONNXInput (layer {self.name!r}) expects shape {self.input_shape} (None: any) "
-                f"in format {self.input_format!r}; got {tuple(data.shape)}."
+                f"{type(self).__name__} (layer {self.name!r}) expects shape {self.input_shape} "
+                f"(None: any) in format {self.input_format!r}; got {tuple(data.shape)}."
+                + _transpose_hint(
+                    data.shape, self.input_shape, self.input_format, self.onnx_format
+                )  # fmt: skip
             )
         return FormattedArray._wrap(data, self.input_format)
+
+
+class ONNXInput(ONNXEntry, InputLayer):
+    """The input layer of an imported ONNX input (any format and dtype): a ``df.InputLayer``
+    that knows the input's layout, checks the data's sizes and labels it with its format.
+
+    Made by ``df.import_onnx`` for inputs that are not images, feature vectors or vector
+    sequences (token ids, 1-D signals, volumes, ...); data comes in difffn's storage order
+    (channels last) unless the network was imported with ``input_data_formats``.
+
+    Args:
+      input_shape: the input's sizes in storage order, batch and other unknown sizes ``None``.
+      input_format: its difffn format (e.g. ``"BSC"`` for a 1-D signal given NCL in ONNX).
+      onnx_format: its labels in ONNX axis order (e.g. ``"BCS"``), for messages.
+      input_dtype: the element type the model file declares (``df.export_onnx`` writes it).
+
+    Examples:
+      >>> import jax.numpy as jnp
+      >>> import difffn as df
+      >>> from difffn._onnx._layers import ONNXInput
+      >>> layer = ONNXInput((None, 16, 2), "BSC", "BCS", name="signal")
+      >>> isinstance(layer, df.InputLayer), layer.input_layout
+      (True, Layout((None, 16, 2), 'BSC'))
+      >>> layer(jnp.ones((4, 16, 2), jnp.int32)).format
+      'BSC'
+    """
+
+
+def _transpose_hint(got, shape, fmt: str, onnx_format: str) -> str:
+    """How to give data in ONNX's axis order to an input that takes storage order."""
+    if not onnx_format or onnx_format == fmt or len(got) != len(shape):
+        return ""
+    perm = _labels.storage_perm(onnx_format)
+    if all(n is None or n == got[p] for n, p in zip(shape, perm)):
+        return (
+            f" The data looks like ONNX's order {onnx_format!r}. Fix: "
+            f"np.transpose(x, {tuple(perm)}), or import with "
+            "df.import_onnx(path, input_data_formats=...) to pass ONNX's order."
+        )
+    return ""

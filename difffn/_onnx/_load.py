@@ -114,13 +114,33 @@ def load_model(source):
         ) from None
     opset = default_opset(model)
     if opset < MIN_OPSET:
-        raise ONNXImportError(
-            f"df.import_onnx: the model uses ONNX opset {opset}; difffn reads opset {MIN_OPSET} "
-            "or newer (what MATLAB's exportONNXNetwork and torch.onnx.export write). Fix: "
-            "convert it, e.g. onnx.version_converter.convert_version(model, 13), or export it "
-            "again with a newer opset."
-        )
+        model = _converted(onnx, model, opset)
     return model
+
+
+CONVERTED_KEY = "difffn.converted_from_opset"
+CONVERT_TO = 13
+
+
+def _converted(onnx, model, opset: int):
+    """A model of opset 6-8 converted by the onnx package's version converter (MATLAB's
+    importer reads opset 6 and newer); the original opset is kept in its metadata."""
+    from onnx import version_converter
+
+    try:
+        converted = version_converter.convert_version(model, CONVERT_TO)
+        onnx.checker.check_model(converted)
+    except Exception as error:  # noqa: BLE001 - the converter raises many kinds
+        first = str(error).strip().splitlines()[0] if str(error).strip() else repr(error)
+        raise ONNXImportError(
+            f"df.import_onnx: the model uses ONNX opset {opset}; difffn reads opset "
+            f"{MIN_OPSET} or newer and converts older ones with onnx.version_converter, which "
+            f"failed for this model ({type(error).__name__}: {first}). Fix: export it again "
+            "with a newer opset (torch.onnx.export(..., opset_version=17))."
+        ) from None
+    entry = converted.metadata_props.add()
+    entry.key, entry.value = CONVERTED_KEY, str(opset)
+    return converted
 
 
 def _parse(onnx, data: bytes, where: str):

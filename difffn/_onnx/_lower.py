@@ -308,6 +308,72 @@ class Lowering:
     def _p_concatenate(self, eqn, ins, scope):
         return self.node("Concat", ins, scope, axis=int(eqn.params["dimension"]))
 
+    def _p_stack(self, eqn, ins, scope):
+        axes = self.const(np.array([eqn.params["axis"]], np.int64), "axes")
+        parts = [self.node("Unsqueeze", [x, axes], scope)[0] for x in ins]
+        return self.node("Concat", parts, scope, axis=int(eqn.params["axis"]))
+
+    def _p_round(self, eqn, ins, scope):
+        if int(eqn.params.get("rounding_method", 0)) == 1:  # to nearest even, as ONNX's Round
+            return self.node("Round", ins, scope)
+        half = self.const(np.array(0.5, eqn.invars[0].aval.dtype), "half")
+        (size,) = self.node("Abs", ins, scope)
+        (shifted,) = self.node("Add", [size, half], scope)
+        (down,) = self.node("Floor", [shifted], scope)
+        (sign,) = self.node("Sign", ins, scope)
+        return self.node("Mul", [sign, down], scope)
+
+    def _p_gather(self, eqn, ins, scope):
+        """``jnp.take(x, indices, axis)`` (one collapsed axis, whole slices) as ONNX's
+        ``Gather``; other gathers have no lowering."""
+        p = eqn.params
+        dn = p["dimension_numbers"]
+        x_aval, i_aval = eqn.invars[0].aval, eqn.invars[1].aval
+        rank, batch = len(x_aval.shape), len(i_aval.shape) - 1
+        nd = self._gather_nd(eqn, ins, scope)
+        if nd is not None:
+            return nd
+        axis = dn.collapsed_slice_dims[0] if len(dn.collapsed_slice_dims) == 1 else -1
+        expected = tuple(range(axis)) + tuple(range(axis + batch, rank - 1 + batch))
+        whole = tuple(1 if k == axis else n for k, n in enumerate(x_aval.shape))
+        if (
+            axis < 0
+            or tuple(dn.start_index_map) != (axis,)
+            or tuple(dn.offset_dims) != expected
+            or tuple(p["slice_sizes"]) != whole
+            or dn.operand_batching_dims
+            or i_aval.shape[-1:] != (1,)
+        ):
+            return self._unsupported(eqn, scope, "a gather other than jnp.take along one axis")
+        last = self.const(np.array([batch], np.int64), "axes")
+        if isinstance(ins[1], Const):
+            indices = self.const(np.asarray(ins[1].value)[..., 0].astype(np.int64), "indices")
+        else:
+            (indices,) = self.node("Squeeze", [ins[1], last], scope)
+        return self.node("Gather", [ins[0], indices], scope, axis=axis)
+
+    def _gather_nd(self, eqn, ins, scope):
+        """``x[i0, i1, ...]`` with index arrays (the leading ``k`` axes indexed, whole slices
+        of the rest, no batching axes) as ONNX's ``GatherND``; else None."""
+        p, dn = eqn.params, eqn.params["dimension_numbers"]
+        x_shape, i_shape = eqn.invars[0].aval.shape, eqn.invars[1].aval.shape
+        k, batch = i_shape[-1] if i_shape else 0, len(i_shape) - 1
+        leading = tuple(range(k))
+        if (
+            k < 2
+            or dn.operand_batching_dims
+            or tuple(dn.collapsed_slice_dims) != leading
+            or tuple(dn.start_index_map) != leading
+            or tuple(p["slice_sizes"]) != (1,) * k + tuple(x_shape[k:])
+            or tuple(dn.offset_dims) != tuple(range(batch, batch + len(x_shape) - k))
+        ):
+            return None
+        if isinstance(ins[1], Const):
+            indices = self.const(np.asarray(ins[1].value).astype(np.int64), "indices")
+        else:
+            (indices,) = self.node("Cast", [ins[1]], scope, to=7)  # INT64
+        return self.node("GatherND", [ins[0], indices], scope, batch_dims=0)
+
     def _p_split(self, eqn, ins, scope):
         sizes = self.const(np.array(eqn.params["sizes"], np.int64), "split")
         return self.node("Split", [ins[0], sizes], scope, n_out=len(eqn.outvars),

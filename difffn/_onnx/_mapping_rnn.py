@@ -11,8 +11,9 @@ reshape (no transpose) gives ONNX's tensor.
 
 A node maps when difffn computes exactly the same: a forward LSTM or GRU, a bidirectional LSTM
 (``BiLSTM``), constant weights, default or sigmoid/hard-sigmoid gates and tanh/softsign states,
-no clip, no peepholes, no ``sequence_lens``, and either ``Y`` or ``Y_h`` used (the layer has one
-output). Other RNN nodes run as ONNX operators.
+no clip, no peepholes, no ``sequence_lens``, constant initial states (or PyTorch's zeros of
+the batch's size), and either ``Y`` or ``Y_h`` used (the layer has one output). Other RNN nodes
+(a bidirectional GRU, initial states given as network inputs) run as ONNX operators.
 """
 
 from __future__ import annotations
@@ -64,15 +65,28 @@ def _sequence_labels(a) -> str:
     return "BTC" if a.get("layout", 0) else "TBC"
 
 
-def _initial(info, i, directions: int, hidden: int):
-    """Initial state ``i`` as difffn's ``(1, D*H)``, or None when it cannot be mapped."""
+def _initial(imp, info, i, directions: int, hidden: int):
+    """Initial state ``i`` as difffn's ``(1, D*H)``, or None when it cannot be mapped.
+
+    PyTorch writes the zero state of an RNN called without one as zeros of a size computed
+    from the batch (``ConstantOfShape`` or ``Expand`` of ``Shape``): a program whose value is
+    zeros (at the stand-in sizes, of shape ``(D, N, H)``) is the layer's zero state."""
     value = const(info, i)
-    if absent(info, i):
+    if absent(info, i) or _zeros(imp, info, i, directions, hidden):
         return np.zeros((1, directions * hidden), np.float32)
     if floating(value) and value.size == directions * hidden:
         per_direction = value.reshape(directions, hidden)  # (D, 1, H) or (1, D, H)
         return per_direction.reshape(1, directions * hidden)
     return None
+
+
+def _zeros(imp, info, i, directions: int, hidden: int) -> bool:
+    if i >= len(info.input_kinds) or info.input_kinds[i] != "program":
+        return False
+    value = imp.stand_in(info.inputs[i])
+    x = imp.values[info.inputs[0]]
+    batch = x.shape[x.labels.index("B")]
+    return value.shape == (directions, batch, hidden) and not np.any(value)
 
 
 def _outputs(imp, info, count: int):
@@ -96,7 +110,7 @@ def _lstm(imp, info, out_shapes, out_dtypes, out_labels):
         return False
     hidden = int(r.shape[-1])
     which = _outputs(imp, info, 3)
-    hidden_state, cell_state = (_initial(info, i, directions, hidden) for i in (5, 6))
+    hidden_state, cell_state = (_initial(imp, info, i, directions, hidden) for i in (5, 6))
     b = const(info, 3)
     if which is None or hidden_state is None or cell_state is None:
         return False
@@ -148,7 +162,7 @@ def _gru(imp, info, out_shapes, out_dtypes, out_labels):
     gate, state = _GATE_FUNCTIONS.get(gate), _STATE_FUNCTIONS.get(state)
     hidden = int(r.shape[-1])
     which = _outputs(imp, info, 2)
-    hidden_state = _initial(info, 5, directions, hidden)
+    hidden_state = _initial(imp, info, 5, directions, hidden)
     b = const(info, 3)
     if gate is None or state is None or directions != 1 or which is None or hidden_state is None:
         return False

@@ -197,9 +197,10 @@ def _pool_setup(a, x):
 @op("MaxPool", check=_check_pool, labels=_labels.image)
 def max_pool(a, x):
     window, strides, dilations, pads, _ = _pool_setup(a, x)
-    lowest = -jnp.inf if jnp.issubdtype(x.dtype, jnp.floating) else jnp.iinfo(x.dtype).min
+    lowest = -np.inf if jnp.issubdtype(x.dtype, jnp.floating) else jnp.iinfo(x.dtype).min
+    # a concrete (NumPy) initial value: JAX then writes reduce_window_max, which exports
     return lax.reduce_window(
-        x, jnp.asarray(lowest, x.dtype), lax.max, window, strides, pads, window_dilation=dilations
+        x, np.array(lowest, x.dtype), lax.max, window, strides, pads, window_dilation=dilations
     )
 
 
@@ -208,7 +209,7 @@ def average_pool(a, x):
     window, strides, dilations, pads, extra = _pool_setup(a, x)
     x = floating(x)
     total = lax.reduce_window(
-        x, jnp.zeros((), x.dtype), lax.add, window, strides, pads, window_dilation=dilations
+        x, np.zeros((), x.dtype), lax.add, window, strides, pads, window_dilation=dilations
     )
     if a.get("count_include_pad", 0):
         # explicit padding counts, the ceil_mode extension does not
@@ -219,7 +220,7 @@ def average_pool(a, x):
         ones = jnp.ones((1, 1, *x.shape[2:]), x.dtype)
         count_pads = pads
     count = lax.reduce_window(
-        ones, jnp.zeros((), x.dtype), lax.add, window, strides, count_pads,
+        ones, np.zeros((), x.dtype), lax.add, window, strides, count_pads,
         window_dilation=dilations,
     )  # fmt: skip
     return total / count
@@ -230,7 +231,7 @@ def lp_pool(a, x):
     window, strides, dilations, pads, _ = _pool_setup(a, x)
     p = float(a.get("p", 2))
     total = lax.reduce_window(
-        jnp.abs(x) ** p, jnp.zeros((), x.dtype), lax.add, window, strides, pads,
+        jnp.abs(x) ** p, np.zeros((), x.dtype), lax.add, window, strides, pads,
         window_dilation=dilations,
     )  # fmt: skip
     return total ** (1 / p)
@@ -350,7 +351,7 @@ def lrn(a, x):
     window = (1, size) + (1,) * (x.ndim - 2)
     pads = ((0, 0), ((size - 1) // 2, size - 1 - (size - 1) // 2)) + ((0, 0),) * (x.ndim - 2)
     square_sum = lax.reduce_window(
-        jnp.square(x), jnp.zeros((), x.dtype), lax.add, window, (1,) * x.ndim, pads
+        jnp.square(x), np.zeros((), x.dtype), lax.add, window, (1,) * x.ndim, pads
     )
     return x / (bias + alpha / size * square_sum) ** beta
 

@@ -58,8 +58,10 @@ def _run_direction(cell, projected, carry, lengths, reverse):
     steps = projected.shape[0]
     t = jnp.arange(steps)[:, None]
     if lengths is None:
+        # every sequence is whole: a reversed scan (which df.export_onnx unrolls; a gather
+        # of the reversed steps has no ONNX lowering)
         valid = jnp.ones((steps, projected.shape[1]), bool)
-        order = jnp.flip(jnp.broadcast_to(t, valid.shape), 0) if reverse else None
+        order = None
     else:
         valid = t < lengths[None, :]
         # reversed within each sequence: step t reads step length - 1 - t
@@ -74,10 +76,14 @@ def _run_direction(cell, projected, carry, lengths, reverse):
         new_carry = tuple(jnp.where(ok, n, c) for n, c in zip(new_carry, carry))
         return new_carry, jnp.where(ok, h, jnp.zeros_like(h))
 
-    carry, hs = lax.scan(step, carry, (projected, valid))
+    carry, hs = lax.scan(step, carry, (projected, valid), reverse=reverse and order is None)
     if order is not None:
         hs = jnp.take_along_axis(hs, order[:, :, None], axis=0)
     return carry, hs
+
+
+def _batched(state, batch: int, dtype):
+    return jnp.broadcast_to(state.astype(dtype), (batch, state.shape[-1]))
 
 
 def _rnn(a, x, w, r, b, lengths, h0, c0=None, p=None):
@@ -104,14 +110,15 @@ def _rnn(a, x, w, r, b, lengths, h0, c0=None, p=None):
         projected = jnp.einsum("tni,gi->tng", x.astype(dtype), wd)
         projected = projected + bd[None, None, : gates * hidden]
         rb = bd[None, gates * hidden :]
-        h = jnp.zeros((batch, hidden), dtype) if h0 is None else h0[d].astype(dtype)
+        # initial states of batch size 1 (a file exported at batch 1) serve every sequence
+        h = jnp.zeros((batch, hidden), dtype) if h0 is None else _batched(h0[d], batch, dtype)
 
         def clipped(z):
             return z if clip is None else jnp.clip(z, -clip, clip)
 
         if kind == "LSTM":
             g, act_h = rest
-            c = jnp.zeros((batch, hidden), dtype) if c0 is None else c0[d].astype(dtype)
+            c = jnp.zeros((batch, hidden), dtype) if c0 is None else _batched(c0[d], batch, dtype)
             pd = None if p is None else p[d].astype(dtype)
             couple = bool(a.get("input_forget", 0))
 

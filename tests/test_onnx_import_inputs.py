@@ -1,0 +1,167 @@
+"""What an imported network is, as a network: old opsets converted, input layers that are
+``df.InputLayer`` s (data in ONNX's order on request, a fix line when it comes in that order
+anyway), edits that move the outputs, and placeholders that keep the shapes after them."""
+
+from __future__ import annotations
+
+import os
+
+import jax.numpy as jnp
+import numpy as np
+import onnx
+import onnxruntime as ort
+import pytest
+from onnx import TensorProto, helper, numpy_helper
+
+import difffn as df
+
+CONVERTED = os.path.join(
+    os.path.dirname(onnx.__file__), "backend", "test", "data", "pytorch-converted"
+)
+
+
+def _case(name):
+    """A PyTorch-converted operator test of the onnx package: model (opset 6), input, output."""
+    folder = os.path.join(CONVERTED, name)
+    model = onnx.load(os.path.join(folder, "model.onnx"))
+    data = os.path.join(folder, "test_data_set_0")
+    arrays = []
+    for file in ("input_0.pb", "output_0.pb"):
+        tensor = onnx.TensorProto()
+        with open(os.path.join(data, file), "rb") as f:
+            tensor.ParseFromString(f.read())
+        arrays.append(numpy_helper.to_array(tensor))
+    return model, arrays[0], arrays[1]
+
+
+@pytest.mark.parametrize("name", ["test_Conv1d", "test_MaxPool1d", "test_Conv2d", "test_Linear"])
+def test_opset_6_models_are_converted_and_match_their_outputs(name):
+    model, x, expected = _case(name)
+    assert model.opset_import[0].version < 9
+    net = df.import_onnx(model, input_data_formats="onnx")
+    (entry,) = net.input_layers
+    assert isinstance(entry, df.InputLayer)
+    assert "converted to opset 13 by onnx.version_converter" in entry.description
+    y = np.asarray(df.stripdims(net.predict(x)))
+    if y.ndim > 2:  # outputs are stored channels-last
+        y = np.moveaxis(y, -1, 1)
+    np.testing.assert_allclose(y, expected, rtol=1e-4, atol=1e-5)
+
+
+def _conv1d_model():
+    rng = np.random.default_rng(0)
+    w = numpy_helper.from_array(rng.standard_normal((5, 4, 3)).astype(np.float32), "w")
+    node = helper.make_node("Conv", ["x", "w"], ["y"], name="/conv", pads=[1, 1])
+    graph = helper.make_graph(
+        [node], "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["N", 4, 10])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["N", 5, 10])], [w],
+    )  # fmt: skip
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+
+
+def test_input_layers_are_input_layers_and_take_onnx_order_on_request():
+    model = _conv1d_model()
+    x = np.random.default_rng(1).standard_normal((2, 4, 10)).astype(np.float32)
+    (expected,) = ort.InferenceSession(model.SerializeToString()).run(None, {"x": x})
+    stored = df.import_onnx(model)
+    (entry,) = stored.input_layers
+    assert isinstance(entry, df.InputLayer)
+    assert entry.input_layout == df.Layout((None, 10, 4), "BSC")
+    y = stored.predict(np.transpose(x, (0, 2, 1)))
+    np.testing.assert_allclose(np.moveaxis(np.asarray(df.stripdims(y)), -1, 1), expected,
+                               rtol=1e-5, atol=1e-5)  # fmt: skip
+    # data in ONNX's order: the error says how to transpose
+    with pytest.raises(df.Error, match=r"(?s)expects size 10 on axis 1.*got shape \(2, 4, 10\)"
+                       r".*np.transpose\(x, \(0, 2, 1\)\).*input_data_formats='onnx'"):  # fmt: skip
+        stored.predict(x)
+    onnx_order = df.import_onnx(model, input_data_formats={"x": "BCS"})
+    assert onnx_order.input_layers[0].input_layout == df.Layout((None, 4, 10), "BCS")
+    y = onnx_order.predict(x)
+    np.testing.assert_allclose(np.moveaxis(np.asarray(df.stripdims(y)), -1, 1), expected,
+                               rtol=1e-5, atol=1e-5)  # fmt: skip
+    with pytest.raises(df.ONNXImportError, match=r"input_data_formats must be 'onnx' or"):
+        df.import_onnx(model, input_data_formats=3)
+
+
+def _classifier():
+    rng = np.random.default_rng(2)
+    inits = [
+        numpy_helper.from_array(rng.standard_normal((4, 3)).astype(np.float32), "fc1.w"),
+        numpy_helper.from_array(rng.standard_normal((3, 2)).astype(np.float32), "fc2.w"),
+    ]
+    nodes = [
+        helper.make_node("MatMul", ["x", "fc1.w"], ["h"], name="fc1"),
+        helper.make_node("Relu", ["h"], ["r"], name="relu"),
+        helper.make_node("MatMul", ["r", "fc2.w"], ["logits"], name="fc2"),
+    ]
+    graph = helper.make_graph(
+        nodes, "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["N", 4])],
+        [helper.make_tensor_value_info("logits", TensorProto.FLOAT, ["N", 2])], inits,
+    )  # fmt: skip
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+
+
+def test_editing_an_imported_network_moves_its_outputs():
+    net = df.import_onnx(_classifier())
+    assert net.output_names == ("fc2",)
+    edited = net.add_layers(df.layers.Softmax(name="sm")).connect_layers("fc2", "sm")
+    assert edited.output_names == ("sm",)
+    x = np.random.default_rng(3).standard_normal((5, 4)).astype(np.float32)
+    logits = np.asarray(df.stripdims(net.predict(x)))
+    probabilities = np.asarray(df.stripdims(edited.predict(x)))
+    e = np.exp(logits - logits.max(axis=1, keepdims=True))
+    np.testing.assert_allclose(probabilities, e / e.sum(axis=1, keepdims=True), rtol=1e-5)
+
+
+def test_an_edit_that_leaves_named_outputs_stale_warns():
+    layers = [df.layers.FeatureInput(4, name="in"), df.layers.FullyConnected(2, name="fc")]
+    net = df.Network(layers, outputs=["fc"])
+    with pytest.warns(UserWarning, match=r"(?s)outputs were named explicitly \(\['fc/out'\].*"
+                      r"'fc/out' stays an output while \['sm/out'\] is used by nothing.*Fix"):  # fmt: skip
+        edited = net.add_layers(df.layers.Softmax(name="sm")).connect_layers("fc", "sm")
+    assert edited.output_names == ("fc",)
+
+
+def _custom_then_conv(op, domain):
+    """x (N, 3, 8, 8) -> op (3 -> 6 channels; torch writes no output type) -> Conv -> Relu ->
+    Flatten -> Gemm."""
+    rng = np.random.default_rng(0)
+    inits = [
+        numpy_helper.from_array(0.2 * rng.standard_normal((4, 6, 3, 3)).astype(np.float32), "w"),
+        numpy_helper.from_array(0.1 * rng.standard_normal(4).astype(np.float32), "b"),
+        numpy_helper.from_array(0.05 * rng.standard_normal((5, 256)).astype(np.float32), "fc"),
+    ]
+    extra = {"axis": 1} if op == "Concat" else {}
+    inputs = ["x", "x"] if op == "Concat" else ["x"]
+    nodes = [
+        helper.make_node(op, inputs, ["d"], name="/double", domain=domain, **extra),
+        helper.make_node("Conv", ["d", "w", "b"], ["c"], name="/conv/Conv", pads=[1, 1, 1, 1]),
+        helper.make_node("Relu", ["c"], ["r"], name="/relu"),
+        helper.make_node("Flatten", ["r"], ["f"], name="/flatten", axis=1),
+        helper.make_node("Gemm", ["f", "fc"], ["y"], name="/fc/Gemm", transB=1),
+    ]
+    graph = helper.make_graph(
+        nodes, "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["N", 3, 8, 8])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["N", 5])], inits,
+    )  # fmt: skip
+    opsets = [helper.make_opsetid("", 17)] + ([helper.make_opsetid(domain, 1)] if domain else [])
+    return helper.make_model(graph, opset_imports=opsets)
+
+
+def test_placeholders_keep_the_shapes_when_the_operator_has_no_output_type():
+    net = df.import_onnx(_custom_then_conv("DoubleChannels", "my.ops"), placeholders=True)
+    kinds = [type(layer).__name__ for layer in net.layers]
+    assert kinds.count("Placeholder") == 1
+    assert {"Conv2D", "FullyConnected"} <= set(kinds)
+    (placeholder,) = [lyr for lyr in net.layers if isinstance(lyr, df.layers.Placeholder)]
+    with pytest.raises(df.LayerError, match=r"stands for the operation 'DoubleChannels'"):
+        net.predict(np.ones((1, 8, 8, 3), np.float32))
+    double = df.layers.FunctionLayer(
+        lambda x: jnp.concatenate([x, x], axis=-1), name=placeholder.name
+    )
+    fixed = net.replace_layer(placeholder.name, double)
+    x = np.random.default_rng(4).standard_normal((2, 3, 8, 8)).astype(np.float32)
+    reference = _custom_then_conv("Concat", "").SerializeToString()
+    (expected,) = ort.InferenceSession(reference).run(None, {"x": x})
+    y = fixed.predict(np.transpose(x, (0, 2, 3, 1)))
+    np.testing.assert_allclose(np.asarray(df.stripdims(y)), expected, rtol=1e-4, atol=1e-5)
