@@ -128,8 +128,7 @@ def trainnet(*args, key=None, resume_from=None):
             + (" (the keywords of the dict)." if isinstance(options, dict) else ".")
         )
     check_key(who, key, OptionsError, optional=True)
-    if options.compilation_cache is not None:
-        _compilation_cache.use(options.compilation_cache)
+    _compilation_cache.use(options.compilation_cache)
     loss_fn = get_loss(loss, who=who)
     checkpoint = None
     if resume_from is not None:
