@@ -257,6 +257,16 @@ _LOADED = []
 def _load_families() -> None:
     """Import the operator families once (they register themselves)."""
     if not _LOADED:
+        from . import (  # noqa: F401
+            _mapping_attention,
+            _ops_math,
+            _ops_nn,
+            _ops_reduce,
+            _ops_resize,
+            _ops_rnn,
+            _ops_tensor,
+        )
+
         _LOADED.append(True)
 
 

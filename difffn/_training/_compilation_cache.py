@@ -46,6 +46,11 @@ _DEFAULT_MAX_SIZE = -1  # no bound
 _CACHE_SUFFIX, _ATIME_SUFFIX = "-cache", "-atime"
 
 
+def _setting(name: str):
+    """JAX's current value of a configuration option (``jax.config`` declares none of them)."""
+    return getattr(jax.config, name)
+
+
 def default_folder() -> str:
     """The user's cache folder for compiled programs: ``$XDG_CACHE_HOME/difffn/xla``, or
     ``~/.cache/difffn/xla`` (the XDG base-directory convention, as ``platformdirs`` resolves it
@@ -67,7 +72,7 @@ def resolve(option: str | None) -> str | None:
     """
     if option != "auto":
         return option
-    if jax.config.jax_compilation_cache_dir is not None:
+    if _setting("jax_compilation_cache_dir") is not None:
         return None
     value = os.environ.get(ENVIRONMENT_VARIABLE, "").strip()
     if value.lower() in OFF_WORDS:
@@ -113,11 +118,11 @@ def use(option: str | None) -> str | None:
         return None
     folder = os.path.abspath(folder)
     os.makedirs(folder, exist_ok=True)
-    bound = jax.config.jax_compilation_cache_max_size == _DEFAULT_MAX_SIZE
+    bound = _setting("jax_compilation_cache_max_size") == _DEFAULT_MAX_SIZE
     if bound:
         _require_filelock()
         _date_unused_entries(folder)
-    if jax.config.jax_compilation_cache_dir != folder:
+    if _setting("jax_compilation_cache_dir") != folder:
         # JAX opens its cache once per process, at the first compilation after a folder is
         # set; a new folder needs the open one closed first.
         _jax_cache.reset_cache()
@@ -125,9 +130,9 @@ def use(option: str | None) -> str | None:
     if bound:
         _jax_cache.reset_cache()  # JAX reads the size bound when it opens the cache
         jax.config.update("jax_compilation_cache_max_size", MAX_SIZE_BYTES)
-    if jax.config.jax_persistent_cache_min_compile_time_secs == _DEFAULT_MIN_COMPILE_TIME_S:
+    if _setting("jax_persistent_cache_min_compile_time_secs") == _DEFAULT_MIN_COMPILE_TIME_S:
         jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.0)
-    if jax.config.jax_persistent_cache_min_entry_size_bytes == _DEFAULT_MIN_ENTRY_SIZE:
+    if _setting("jax_persistent_cache_min_entry_size_bytes") == _DEFAULT_MIN_ENTRY_SIZE:
         jax.config.update("jax_persistent_cache_min_entry_size_bytes", -1)  # -1: no minimum
     return folder
 
