@@ -91,3 +91,15 @@ def test_without_torch_the_benchmark_says_how_to_add_it(monkeypatch):
     monkeypatch.setattr(_torch.importlib.util, "find_spec", lambda name: None)
     assert not _torch.available() and bench_models.torch_variants("resnet") == ()
     assert "pip install torch" in _torch.HOW_TO_ADD
+
+
+def test_cpu_flags_benchmark_compiles_each_candidate_and_compares_its_losses():
+    from benchmarks import bench_cpu_flags
+
+    xnn = bench_cpu_flags.CANDIDATES["xnnpack dot"]
+    candidates = {"default": {}, "xnnpack dot": xnn, "bogus": {"xla_cpu_no_such_option": True}}
+    with jax.numpy_rank_promotion("allow"):
+        result = bench_cpu_flags.measure("transformer", True, candidates)
+    assert result["default"]["loss_diff"] == 0.0 and result["default"]["step_s"] > 0
+    assert result["xnnpack dot"]["loss_diff"] < 1e-5  # the same losses, other kernels
+    assert "xla_cpu_no_such_option" in result["bogus"]["error"]
