@@ -42,8 +42,8 @@ CANDIDATES = {
     "ynnpack conv": {"xla_cpu_experimental_ynn_fusion_type": f"{_T}INDIVIDUAL_CONVOLUTION"},
     "fast math": {"xla_cpu_enable_fast_math": True},
 }
-STEPS = {False: 6, True: 2}
-ROUNDS = {False: 5, True: 1}
+STEPS = {False: 3, True: 2}
+ROUNDS = {False: 3, True: 1}
 
 
 def _step_and_state(model_name: str, quick: bool):

@@ -58,6 +58,22 @@ LEARN_RATE, MOMENTUM = 0.01, 0.9
 BATCHES = {False: 3, True: 2}  # mini-batches per epoch (full, quick)
 EPOCHS = {False: (1, 3), True: (1, 2)}  # SHORT, LONG
 ROUNDS = {False: 9, True: 2}
+# a shorter run on a loaded machine: fewer rounds, and only some loops (difffn's and the
+# hand-written one are always kept), e.g. BENCH_MODELS_LOOPS="torch eager,torch.compile"
+ROUNDS_VARIABLE, LOOPS_VARIABLE = "BENCH_MODELS_ROUNDS", "BENCH_MODELS_LOOPS"
+
+
+def _rounds(quick: bool) -> int:
+    return int(os.environ.get(ROUNDS_VARIABLE) or ROUNDS[quick])
+
+
+def selected(loops) -> tuple[str, ...]:
+    """The loops to run: all, or those ``BENCH_MODELS_LOOPS`` names (and the two baselines)."""
+    wanted = os.environ.get(LOOPS_VARIABLE, "")
+    if not wanted:
+        return tuple(loops)
+    names = {n.strip() for n in wanted.split(",")} | {"difffn.trainnet", "jax.jit + optax"}
+    return tuple(f for f in loops if f in names)
 
 
 def parameters(net: df.Network):
@@ -259,14 +275,14 @@ def _timing_worker(model_name, quick, with_torch=False):
     change of the machine's speed hits all four alike (timed one process after another, the
     ratios moved by 20-40 % between runs on the shared machine).
     """
-    loops = FRAMEWORKS + (torch_variants(model_name) if with_torch else ())
+    loops = selected(FRAMEWORKS + (torch_variants(model_name) if with_torch else ()))
     trainers = {f: trainer(model_name, f, quick=quick, batches=BATCHES[quick]) for f in loops}
     for train in trainers.values():
         jax.block_until_ready(train(1))  # compiled and warm from here on
     short, long = EPOCHS[quick]
     samples = {f: {short: [], long: []} for f in loops}
     cpu = {f: {short: [], long: []} for f in loops}  # CPU seconds of the whole process
-    for _ in range(ROUNDS[quick]):
+    for _ in range(_rounds(quick)):
         for f, train in trainers.items():
             for epochs, times in samples[f].items():
                 start, start_cpu = time.perf_counter(), time.process_time()
@@ -347,10 +363,14 @@ def print_results(model_name: str, results: dict, quick: bool) -> None:
         f"({'equal' if worst <= 1e-4 else 'NOT EQUAL: the loops compute different things'})"
     )
     mine = results["difffn.trainnet"]["step_s"]
+    others = "".join(
+        f"/ {f} = {results[f]['step_s'] / mine:.2f}x, "
+        for f in ("flax.nnx", "equinox")
+        if f in results
+    )
     print(
         f"targets: difffn / jit+optax steps/s = {base['step_s'] / mine:.2f}x (>= 1.0x), "
-        f"/ nnx = {results['flax.nnx']['step_s'] / mine:.2f}x, "
-        f"/ equinox = {results['equinox']['step_s'] / mine:.2f}x (>= 1.5x); "
+        f"{others}(>= 1.5x); "
         f"peak memory {results['difffn.trainnet']['maxrss_mib'] / base['maxrss_mib']:.2f}x "
         "(<= 1.1x)"
     )
@@ -384,8 +404,9 @@ def run(*, quick: bool = False) -> None:
     if not _torch.available():
         print(_torch.HOW_TO_ADD)
     for model_name in MODELS:
-        results = {f: _in_subprocess("--worker", model_name, f, *flags) for f in FRAMEWORKS}
-        variants = torch_variants(model_name)
+        frameworks = selected(FRAMEWORKS)
+        results = {f: _in_subprocess("--worker", model_name, f, *flags) for f in frameworks}
+        variants = selected(torch_variants(model_name))
         with tempfile.TemporaryDirectory() as folder:
             data = _torch_data(model_name, quick, folder) if variants else ""
             for variant in variants:
