@@ -78,7 +78,7 @@ def _resnet(sizes: dict, params: dict, state: dict, channels_last: bool):
                 self.conv.bias.copy_(tensor(p["bias"]).reshape(-1))
 
         def forward(self, x):
-            n = x.shape[-1]
+            n = int(x.shape[-1])  # a constant in torch.onnx.export's trace: a static Pad
             total = max((math.ceil(n / self.stride) - 1) * self.stride + self.k - n, 0)
             low = total // 2
             if low == total - low:

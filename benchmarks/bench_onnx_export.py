@@ -26,7 +26,7 @@ import numpy as np
 from . import _model_resnet, _torch, bench_models
 from ._timing import table
 
-ROUNDS = {False: 40, True: 3}
+ROUNDS = {False: 15, True: 3}
 
 
 def _network(sizes):
