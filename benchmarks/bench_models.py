@@ -370,7 +370,7 @@ def print_results(model_name: str, results: dict, quick: bool) -> None:
     )
     print(
         f"targets: difffn / jit+optax steps/s = {base['step_s'] / mine:.2f}x (>= 1.0x), "
-        f"{others}(>= 1.5x); "
+        f"{others + '(>= 1.5x); ' if others else ''}"
         f"peak memory {results['difffn.trainnet']['maxrss_mib'] / base['maxrss_mib']:.2f}x "
         "(<= 1.1x)"
     )
