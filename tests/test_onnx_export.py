@@ -257,3 +257,22 @@ def test_a_transpose_read_twice_or_a_graph_output_is_kept(tmp_path):
     for name in net.output_names:
         np.testing.assert_allclose(got[name], net.predict(x, outputs=[name]).data,
                                    rtol=1e-5, atol=1e-6)  # fmt: skip
+
+
+def test_attention_and_layer_norm_are_unchanged_by_the_rewrites(tmp_path):
+    # transposes of the heads sink only where every input agrees; ONNX Runtime without its own
+    # rewrites runs exactly the file difffn wrote
+    net = df.Network([
+        L.SequenceInput(8, name="in"), L.SelfAttention(2, 8, name="attn"),
+        L.LayerNorm(name="ln"), L.FullyConnected(3, name="fc"),
+    ]).initialize(key=jax.random.key(8))  # fmt: skip
+    layout = df.Layout((None, 5, 8), "BTC")
+    x = np.random.default_rng(9).standard_normal((2, 5, 8)).astype(np.float32)
+    plain = df.export_onnx(net, layout, tmp_path / "plain.onnx", optimize=False)
+    fast = df.export_onnx(net, layout, tmp_path / "fast.onnx")
+    options = ort.SessionOptions()
+    options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
+    for path in (plain, fast):
+        (got,) = ort.InferenceSession(str(path), options).run(None, {"in": x})
+        np.testing.assert_allclose(got, net.predict(x).data, rtol=1e-5, atol=1e-6)
+    assert len(onnx.load(fast).graph.node) <= len(onnx.load(plain).graph.node)
