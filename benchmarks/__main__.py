@@ -20,6 +20,8 @@ BENCHMARKS = [
     "scale",
     "memory",
     "models",
+    "cpu_flags",
+    "onnx_export",
 ]
 
 

@@ -32,9 +32,9 @@ equinox's; peak memory <= 1.1x the hand-written loop's.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import os
-import resource
 import statistics
 import subprocess
 import sys
@@ -43,11 +43,13 @@ import time
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 import optax
 
 import difffn as df
 
-from . import _model_resnet, _model_transformer
+from . import _model_resnet, _model_transformer, _torch
+from ._memory import peak_rss_mib
 from ._timing import table
 
 MODELS = {"resnet": _model_resnet, "transformer": _model_transformer}
@@ -56,6 +58,22 @@ LEARN_RATE, MOMENTUM = 0.01, 0.9
 BATCHES = {False: 3, True: 2}  # mini-batches per epoch (full, quick)
 EPOCHS = {False: (1, 3), True: (1, 2)}  # SHORT, LONG
 ROUNDS = {False: 9, True: 2}
+# a shorter run on a loaded machine: fewer rounds, and only some loops (difffn's and the
+# hand-written one are always kept), e.g. BENCH_MODELS_LOOPS="torch eager,torch.compile"
+ROUNDS_VARIABLE, LOOPS_VARIABLE = "BENCH_MODELS_ROUNDS", "BENCH_MODELS_LOOPS"
+
+
+def _rounds(quick: bool) -> int:
+    return int(os.environ.get(ROUNDS_VARIABLE) or ROUNDS[quick])
+
+
+def selected(loops) -> tuple[str, ...]:
+    """The loops to run: all, or those ``BENCH_MODELS_LOOPS`` names (and the two baselines)."""
+    wanted = os.environ.get(LOOPS_VARIABLE, "")
+    if not wanted:
+        return tuple(loops)
+    names = {n.strip() for n in wanted.split(",")} | {"difffn.trainnet", "jax.jit + optax"}
+    return tuple(f for f in loops if f in names)
 
 
 def parameters(net: df.Network):
@@ -200,35 +218,36 @@ def _equinox(model, sizes, X, T, net, cache=None):
 TRAINERS = dict(zip(FRAMEWORKS, (_difffn, _hand_written, _nnx, _equinox)))
 
 
+def torch_variants(model_name: str) -> tuple[str, ...]:
+    """The PyTorch loops of a model, when torch is installed (else none)."""
+    return _torch.VARIANTS[model_name] if _torch.available() else ()
+
+
 def trainer(model_name: str, framework: str, *, quick: bool, batches: int, cache=None):
-    """``train(epochs) -> (leaves, losses)`` of one framework on ``batches`` synthetic batches."""
+    """``train(epochs) -> (leaves, losses)`` of one framework on ``batches`` synthetic batches
+    (a PyTorch variant's leaves are None)."""
     model = MODELS[model_name]
     sizes = model.QUICK if quick else model.FULL
     X, T = model.data(sizes, batches)
     net = model.difffn_network(sizes)
+    if framework in _torch.VARIANTS[model_name]:
+        params, state = jax.tree.map(np.asarray, parameters(net))
+        return _torch.trainer(model_name, framework, dataclasses.asdict(sizes), params, state, X, T)
     return TRAINERS[framework](model, sizes, X, T, net, cache)
 
 
+def _torch_data(model_name: str, quick: bool, folder: str) -> str:
+    """The ``.npz`` file a PyTorch worker reads: sizes, difffn's initial parameters, data."""
+    model = MODELS[model_name]
+    sizes = model.QUICK if quick else model.FULL
+    X, T = model.data(sizes, BATCHES[quick])
+    params, state = jax.tree.map(np.asarray, parameters(model.difffn_network(sizes)))
+    path = os.path.join(folder, f"{model_name}.npz")
+    _torch.save(path, dataclasses.asdict(sizes), params, state, X, T)
+    return path
+
+
 # -- one framework in its own process --------------------------------------------------------------
-
-
-def peak_rss_mib() -> float:
-    """This process's peak resident memory in MiB, its own only.
-
-    Linux's ``ru_maxrss`` keeps the parent's high-water mark across ``fork`` and ``execve``: a
-    worker started by a parent holding 1.7 GiB reported 1.7 GiB whatever it used. ``VmHWM`` in
-    ``/proc/self/status`` belongs to the process's own address space, new at ``execve``.
-    """
-    try:
-        with open("/proc/self/status") as status:
-            for line in status:
-                if line.startswith("VmHWM:"):
-                    return int(line.split()[1]) / 1024  # kB
-    except OSError:
-        pass
-    # elsewhere: ru_maxrss (KiB on Linux, bytes on macOS)
-    scale = 2**20 if sys.platform == "darwin" else 2**10
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / scale
 
 
 def _worker(model_name, framework, quick, cache):
@@ -249,20 +268,21 @@ def _worker(model_name, framework, quick, cache):
     print(json.dumps(result))
 
 
-def _timing_worker(model_name, quick):
+def _timing_worker(model_name, quick, with_torch=False):
     """Every framework's steady-state time per step, in one process, interleaved.
 
     Each round runs every framework's short and long run back to back, so a burst of load or a
     change of the machine's speed hits all four alike (timed one process after another, the
     ratios moved by 20-40 % between runs on the shared machine).
     """
-    trainers = {f: trainer(model_name, f, quick=quick, batches=BATCHES[quick]) for f in FRAMEWORKS}
+    loops = selected(FRAMEWORKS + (torch_variants(model_name) if with_torch else ()))
+    trainers = {f: trainer(model_name, f, quick=quick, batches=BATCHES[quick]) for f in loops}
     for train in trainers.values():
         jax.block_until_ready(train(1))  # compiled and warm from here on
     short, long = EPOCHS[quick]
-    samples = {f: {short: [], long: []} for f in FRAMEWORKS}
-    cpu = {f: {short: [], long: []} for f in FRAMEWORKS}  # CPU seconds of the whole process
-    for _ in range(ROUNDS[quick]):
+    samples = {f: {short: [], long: []} for f in loops}
+    cpu = {f: {short: [], long: []} for f in loops}  # CPU seconds of the whole process
+    for _ in range(_rounds(quick)):
         for f, train in trainers.items():
             for epochs, times in samples[f].items():
                 start, start_cpu = time.perf_counter(), time.process_time()
@@ -290,8 +310,8 @@ def _timing_worker(model_name, quick):
     print(json.dumps(result))
 
 
-def _in_subprocess(*args) -> dict:
-    command = [sys.executable, "-m", "benchmarks.bench_models", *args]
+def _in_subprocess(*args, module="benchmarks.bench_models") -> dict:
+    command = [sys.executable, "-m", module, *args]
     done = subprocess.run(command, capture_output=True, text=True, check=False)
     if done.returncode:
         raise RuntimeError(f"{' '.join(command)} failed:\n{done.stderr[-3000:]}")
@@ -333,14 +353,34 @@ def print_results(model_name: str, results: dict, quick: bool) -> None:
         "vs jit+optax",
     ]
     print(table(rows, [*header, "first step", "loss step 0, 1", "noise"]))
+    first = {f: np.asarray(r["losses"]) for f, r in results.items()}
+    worst = max(
+        float(np.max(np.abs(v - first["jax.jit + optax"]) / np.abs(first["jax.jit + optax"])))
+        for v in first.values()
+    )
+    print(
+        f"losses at steps 0 and 1 against jit+optax's: largest relative difference {worst:.1e} "
+        f"({'equal' if worst <= 1e-4 else 'NOT EQUAL: the loops compute different things'})"
+    )
     mine = results["difffn.trainnet"]["step_s"]
+    others = "".join(
+        f"/ {f} = {results[f]['step_s'] / mine:.2f}x, "
+        for f in ("flax.nnx", "equinox")
+        if f in results
+    )
     print(
         f"targets: difffn / jit+optax steps/s = {base['step_s'] / mine:.2f}x (>= 1.0x), "
-        f"/ nnx = {results['flax.nnx']['step_s'] / mine:.2f}x, "
-        f"/ equinox = {results['equinox']['step_s'] / mine:.2f}x (>= 1.5x); "
+        f"{others + '(>= 1.5x); ' if others else ''}"
         f"peak memory {results['difffn.trainnet']['maxrss_mib'] / base['maxrss_mib']:.2f}x "
         "(<= 1.1x)"
     )
+    eager = results.get("torch eager")
+    if eager is not None:
+        best = min(r["step_s"] for f, r in results.items() if f.startswith("torch"))
+        print(
+            f"against PyTorch: difffn / torch eager steps/s = {eager['step_s'] / mine:.2f}x "
+            f"(target >= 1.0x), / fastest PyTorch loop = {best / mine:.2f}x"
+        )
 
 
 def cache_pair(model_name: str, quick: bool) -> None:
@@ -361,9 +401,19 @@ def cache_pair(model_name: str, quick: bool) -> None:
 
 def run(*, quick: bool = False) -> None:
     flags = ["--quick"] if quick else []
+    if not _torch.available():
+        print(_torch.HOW_TO_ADD)
     for model_name in MODELS:
-        results = {f: _in_subprocess("--worker", model_name, f, *flags) for f in FRAMEWORKS}
-        timings = _in_subprocess("--timing", model_name, *flags)
+        frameworks = selected(FRAMEWORKS)
+        results = {f: _in_subprocess("--worker", model_name, f, *flags) for f in frameworks}
+        variants = selected(torch_variants(model_name))
+        with tempfile.TemporaryDirectory() as folder:
+            data = _torch_data(model_name, quick, folder) if variants else ""
+            for variant in variants:
+                results[variant] = _in_subprocess(
+                    "--worker", model_name, variant, data, module="benchmarks._torch"
+                )
+        timings = _in_subprocess("--timing", model_name, *flags, *(["--torch"] if variants else []))
         for f, r in results.items():
             r.update(timings[f])
         print_results(model_name, results, quick)
@@ -377,9 +427,10 @@ def main(argv=None) -> int:
     modes.add_argument("--timing", metavar="MODEL")
     parser.add_argument("--quick", action="store_true")
     parser.add_argument("--cache", default=None)
+    parser.add_argument("--torch", action="store_true", help="time the PyTorch loops too")
     args = parser.parse_args(argv)
     if args.timing:
-        _timing_worker(args.timing, args.quick)
+        _timing_worker(args.timing, args.quick, args.torch)
     else:
         _worker(*args.worker, args.quick, args.cache)
     return 0

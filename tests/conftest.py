@@ -11,6 +11,10 @@
   suite's time is XLA compiling many small programs once each, which this cuts by about 15%
   (measured on the layer tests); the programs compute the same operations, only less fast.
   Benchmarks and users run with XLA's defaults.
+- trainnet's persistent compilation cache (on by default in the user's cache folder) is off
+  (``DIFFFN_COMPILATION_CACHE=off``, inherited by the subprocesses the suite launches): the
+  suite never writes into the real home folder; tests/test_compilation_cache.py turns it on in
+  temporary folders.
 """
 
 from __future__ import annotations
@@ -20,6 +24,7 @@ import os
 from helpers import TEST_XLA_FLAGS
 
 os.environ["XLA_FLAGS"] = f"{os.environ.get('XLA_FLAGS', '')} {TEST_XLA_FLAGS}".strip()
+os.environ["DIFFFN_COMPILATION_CACHE"] = "off"
 
 import jax  # noqa: E402  (after XLA_FLAGS)
 import pytest  # noqa: E402

@@ -69,3 +69,37 @@ def test_worker_memory_is_its_own_not_its_parents():
     assert held.nbytes / 2**20 >= 1024
     assert 10 < own < 900, f"the worker reported {own:.0f} MiB, its parent holds over 1 GiB"
     assert bench_models.peak_rss_mib() > 1024
+
+
+@pytest.mark.slow  # builds and trains the PyTorch models (runs where torch is installed)
+@pytest.mark.parametrize("model", ["resnet", "transformer"])
+def test_pytorch_loops_compute_the_same_losses(model, hand_written):
+    """PyTorch is not a dependency: where it is installed (the benchmark's own environment), its
+    eager loops start from difffn's parameters and match the hand-written JAX loop's losses."""
+    pytest.importorskip("torch")
+    expected = hand_written(model)
+    for variant in bench_models.torch_variants(model):
+        if variant == "torch.compile":
+            continue  # the same model, compiled: minutes of compiling; the benchmark checks it
+        _, losses = bench_models.trainer(model, variant, quick=True, batches=2)(1)
+        np.testing.assert_allclose(losses, expected, rtol=1e-5, err_msg=variant)
+
+
+def test_without_torch_the_benchmark_says_how_to_add_it(monkeypatch):
+    from benchmarks import _torch
+
+    monkeypatch.setattr(_torch.importlib.util, "find_spec", lambda name: None)
+    assert not _torch.available() and bench_models.torch_variants("resnet") == ()
+    assert "pip install torch" in _torch.HOW_TO_ADD
+
+
+def test_cpu_flags_benchmark_compiles_each_candidate_and_compares_its_losses():
+    from benchmarks import bench_cpu_flags
+
+    xnn = bench_cpu_flags.CANDIDATES["xnnpack dot"]
+    candidates = {"default": {}, "xnnpack dot": xnn, "bogus": {"xla_cpu_no_such_option": True}}
+    with jax.numpy_rank_promotion("allow"):
+        result = bench_cpu_flags.measure("transformer", True, candidates)
+    assert result["default"]["loss_diff"] == 0.0 and result["default"]["step_s"] > 0
+    assert result["xnnpack dot"]["loss_diff"] < 1e-5  # the same losses, other kernels
+    assert "xla_cpu_no_such_option" in result["bogus"]["error"]

@@ -1,13 +1,17 @@
-"""TrainingOptions(compilation_cache=...): JAX's persistent compilation cache across processes."""
+"""TrainingOptions(compilation_cache=...): JAX's persistent compilation cache across processes,
+on by default in the user's cache folder (the suite turns the default off in conftest.py)."""
 
 from __future__ import annotations
 
 import json
+import os
 
+import jax
 import pytest
 from helpers import run_python, unwritable_folder
 
 import difffn as df
+from difffn._training import _compilation_cache
 
 # Trains a tiny network with the cache in argv[1]; prints the cache hits JAX's monitoring events
 # counted and the misses it logged (jax_explain_cache_misses logs each persistent-cache miss).
@@ -25,30 +29,36 @@ logging.getLogger("jax._src.compiler").addHandler(handler)
 jax.jit(lambda x: x + 1)(1.0)  # compiled before the cache is on: trainnet must still turn it on
 net = df.Network([df.layers.FeatureInput(2, name="in"), df.layers.FullyConnected(1, name="fc")])
 X = np.arange(16, dtype=np.float32).reshape(8, 2) / 16
-options = df.TrainingOptions(
-    max_epochs=1, mini_batch_size=4, verbose=False, compilation_cache=sys.argv[1]
-)
+cache = {"default": {}}.get(sys.argv[1], {"compilation_cache": sys.argv[1]})
+options = df.TrainingOptions(max_epochs=1, mini_batch_size=4, verbose=False, **cache)
 net, info = df.trainnet(X, X[:, :1], net, "mse", options)
 print(json.dumps({
     "hits": events.count("/jax/compilation_cache/cache_hits"),
     "misses": sum(m.startswith("PERSISTENT COMPILATION CACHE MISS") for m in misses),
     "dir": jax.config.jax_compilation_cache_dir,
+    "max_size": jax.config.jax_compilation_cache_max_size,
     "loss": [float(v) for v in info.training_history["loss"]],
 }))
 """
 
 
-def _train(folder) -> dict:
-    done = run_python(TRAIN, str(folder), timeout=120)
+def _train(folder, env=None) -> dict:
+    done = run_python(TRAIN, str(folder), timeout=120, env=env)
     assert done.returncode == 0, done.stderr[-3000:]
     return json.loads(done.stdout.strip().splitlines()[-1])
 
 
 def test_a_second_process_reads_what_the_first_compiled(tmp_path):
     folder = tmp_path / "cache" / "jax"  # missing: trainnet creates it
+    folder.mkdir(parents=True)
+    (folder / "old-cache").write_bytes(b"0" * 10)  # written by an unbounded run: no -atime file
     first = _train(folder)
     written = sorted(p.name for p in folder.iterdir())
     assert first["dir"] == str(folder)
+    # bounded: JAX's LRU eviction is on, so it records each entry's last use (-atime files)
+    assert first["max_size"] == _compilation_cache.MAX_SIZE_BYTES
+    entries = [n.removesuffix("-cache") for n in written if n.endswith("-cache")]
+    assert len(entries) > 1 and all(f"{e}-atime" in written for e in entries)
     assert first["misses"] > 0 and first["hits"] == 0
     assert written, "the first process wrote nothing to the cache"
 
@@ -62,15 +72,97 @@ def test_a_second_process_reads_what_the_first_compiled(tmp_path):
 def test_the_option_is_validated(tmp_path):
     file = tmp_path / "a-file"
     file.write_text("")
-    with pytest.raises(df.OptionsError, match=r"compilation_cache must be a folder; .* is a file"):
+    with pytest.raises(df.OptionsError, match=r"compilation_cache=.*a-file', which is a file; it"):
         df.TrainingOptions(compilation_cache=file)
     with pytest.raises(df.OptionsError, match=r"compilation_cache=.* is not writable"):
         df.TrainingOptions(compilation_cache=file / "inside")
     with pytest.raises(df.OptionsError, match=r"compilation_cache=.* is not writable .*Fix"):
         df.TrainingOptions(compilation_cache=unwritable_folder(tmp_path) / "jax")
-    with pytest.raises(df.OptionsError, match="must be a folder path or None; got int"):
+    with pytest.raises(
+        df.OptionsError, match="must be 'auto', a folder path or None .off.; got int"
+    ):
         df.TrainingOptions(compilation_cache=3)
+    assert df.TrainingOptions().compilation_cache == "auto"
+    assert df.TrainingOptions(compilation_cache=False).compilation_cache is None
     options = df.TrainingOptions(compilation_cache=tmp_path / "new")
     assert options.compilation_cache == str(tmp_path / "new")
     assert not (tmp_path / "new").exists()  # made when training starts, not by the options
     assert "compilation_cache=" in repr(options)
+
+
+def test_by_default_training_caches_in_the_users_cache_folder(tmp_path):
+    home, xdg = tmp_path / "home", tmp_path / "xdg"
+    env = {"HOME": str(home), "XDG_CACHE_HOME": "", "DIFFFN_COMPILATION_CACHE": ""}
+    first = _train("default", env)
+    folder = home / ".cache" / "difffn" / "xla"
+    assert first["dir"] == str(folder) and first["misses"] > 0
+    assert any(p.name.endswith("-cache") for p in folder.iterdir())
+    second = _train("default", env)
+    assert second["misses"] == 0 and second["hits"] > 0 and second["loss"] == first["loss"]
+    # XDG_CACHE_HOME moves it; DIFFFN_COMPILATION_CACHE=off turns it off
+    env["XDG_CACHE_HOME"] = str(xdg)
+    assert _train("default", env)["dir"] == str(xdg / "difffn" / "xla")
+    off = _train("default", env | {"DIFFFN_COMPILATION_CACHE": "off"})
+    assert off["dir"] is None and off["hits"] == 0
+
+
+@pytest.fixture
+def no_jax_cache():
+    """JAX without a cache folder (this process's setting restored after the test)."""
+    previous = jax.config.jax_compilation_cache_dir
+    jax.config.update("jax_compilation_cache_dir", None)
+    yield
+    jax.config.update("jax_compilation_cache_dir", previous)
+
+
+def test_auto_resolves_the_environment_then_xdg_then_home(tmp_path, monkeypatch, no_jax_cache):
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))
+    monkeypatch.delenv("XDG_CACHE_HOME", raising=False)
+    monkeypatch.delenv("DIFFFN_COMPILATION_CACHE", raising=False)
+    assert _compilation_cache.default_folder() == str(tmp_path / "home/.cache/difffn/xla")
+    monkeypatch.setenv("XDG_CACHE_HOME", "relative/ignored")  # the XDG spec: absolute only
+    assert _compilation_cache.default_folder() == str(tmp_path / "home/.cache/difffn/xla")
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg"))
+    assert _compilation_cache.resolve("auto") == str(tmp_path / "xdg/difffn/xla")
+    assert (tmp_path / "xdg/difffn/xla").is_dir()
+    assert _compilation_cache.resolve(None) is None
+    assert _compilation_cache.resolve(str(tmp_path / "mine")) == str(tmp_path / "mine")
+    for off in ("off", "OFF", "0", "false", "none"):
+        monkeypatch.setenv("DIFFFN_COMPILATION_CACHE", off)
+        assert _compilation_cache.resolve("auto") is None
+        assert _compilation_cache.use("auto") is None
+    monkeypatch.setenv("DIFFFN_COMPILATION_CACHE", str(tmp_path / "moved"))
+    assert _compilation_cache.resolve("auto") == str(tmp_path / "moved")
+    # a folder the user gave JAX is kept
+    jax.config.update("jax_compilation_cache_dir", str(tmp_path / "users-own"))
+    assert _compilation_cache.resolve("auto") is None
+
+
+def test_a_bad_environment_variable_or_home_is_explained(tmp_path, monkeypatch, no_jax_cache):
+    file = tmp_path / "a-file"
+    file.write_text("")
+    monkeypatch.setenv("DIFFFN_COMPILATION_CACHE", str(file))
+    with pytest.raises(
+        df.OptionsError,
+        match=r"environment variable DIFFFN_COMPILATION_CACHE=.*a-file', which is a file.*"
+        r"DIFFFN_COMPILATION_CACHE=off",
+    ):
+        _compilation_cache.resolve("auto")
+    monkeypatch.setenv("DIFFFN_COMPILATION_CACHE", str(unwritable_folder(tmp_path) / "x"))
+    with pytest.raises(df.OptionsError, match=r"DIFFFN_COMPILATION_CACHE=.*not writable.*Fix"):
+        _compilation_cache.resolve("auto")
+    # the default folder cannot be made: training goes on without the cache, with a warning
+    monkeypatch.delenv("DIFFFN_COMPILATION_CACHE")
+    monkeypatch.setenv("XDG_CACHE_HOME", str(file))
+    with pytest.warns(RuntimeWarning, match=r"default folder .*a-file.*cannot be made.*Fix"):
+        assert _compilation_cache.resolve("auto") is None
+
+
+def test_entries_of_an_unbounded_run_get_a_last_use(tmp_path):
+    (tmp_path / "k1-cache").write_bytes(b"x")
+    (tmp_path / "k2-cache").write_bytes(b"y")
+    (tmp_path / "k2-atime").write_bytes((7).to_bytes(8, "little"))
+    _compilation_cache._date_unused_entries(str(tmp_path))
+    stamp = int.from_bytes((tmp_path / "k1-atime").read_bytes(), "little")
+    assert stamp == os.stat(tmp_path / "k1-cache").st_mtime_ns
+    assert int.from_bytes((tmp_path / "k2-atime").read_bytes(), "little") == 7

@@ -26,6 +26,7 @@ from jax.extend.core import InconclusiveDimensionOperation
 from .._core import Layout, ONNXExportError, dims, dlarray, stripdims, type_name
 from .._layer import call_layer
 from .._network import Network, needed_layers, resolve_layouts
+from ._export_optimize import optimize as _optimize
 from ._load import onnx_module
 from ._lower import OPSET, Const, Lowering
 
@@ -33,7 +34,10 @@ FORMATS_KEY = "difffn.input_formats"
 
 
 def export_onnx(
-    net: Network, *layouts_and_path: Any, path: str | os.PathLike[str] | None = None
+    net: Network,
+    *layouts_and_path: Any,
+    path: str | os.PathLike[str] | None = None,
+    optimize: bool = True,
 ) -> Path:
     """Write a network's predict as an ONNX file that ONNX Runtime runs.
 
@@ -49,6 +53,12 @@ def export_onnx(
         in the file; ``B`` axes share one), then the file path. The layouts may be left out
         when the input layers know them.
       path: the file (instead of the last positional argument).
+      optimize: rewrite the graph for inference (default): transposes between channel-wise
+        operations removed, batch normalization and biases folded into the convolutions'
+        weights (as ``torch.onnx.export`` does), unused nodes dropped. The outputs are the same
+        up to float rounding; a folded batch normalization is no longer a node of its own, so
+        ``df.import_onnx`` of the file gives a network without it (``optimize=False`` keeps
+        every layer's operations, e.g. to fine-tune the imported network).
 
     Returns:
       The path written.
@@ -138,12 +148,17 @@ def export_onnx(
                 helper.make_node("Identity", [tensor], [out_name], f"{name}/output")
             )
         outputs.append(_value_info(helper, out_name, aval.shape, aval.dtype))
+    nodes, initializers = lowering.nodes, dict[str, Any](lowering.initializers)
+    if optimize:
+        nodes, initializers = _optimize(
+            nodes, initializers, [o.name for o in outputs], helper, numpy_helper, lowering.fresh
+        )
     graph = helper.make_graph(
-        lowering.nodes,
+        nodes,
         "difffn",
         [_value_info(helper, n, s.shape, s.dtype) for n, s in zip(input_names, specs, strict=True)],
         outputs,
-        list(lowering.initializers.values()),
+        list(initializers.values()),
     )
     model = helper.make_model(
         graph, opset_imports=[helper.make_opsetid("", OPSET)], producer_name="difffn"

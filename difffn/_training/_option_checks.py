@@ -315,19 +315,31 @@ def log_dir(name, value, checked):
 
 
 def compilation_cache(name, value, checked):
-    """A folder JAX may write compiled programs to: existing, or creatable (it is made when
+    """``"auto"`` (the user's cache folder, see ``_compilation_cache``), None or False (off), or
+    a folder JAX may write compiled programs to: existing, or creatable (it is made when
     training starts)."""
-    if value is None:
+    if value is None or value is False:
         return None
+    if isinstance(value, str) and value == "auto":
+        return value
     if not isinstance(value, (str, os.PathLike)):
         raise OptionsError(
-            f"TrainingOptions: {name} must be a folder path or None; got {type(value).__name__}."
+            f"TrainingOptions: {name} must be 'auto', a folder path or None (off); got "
+            f"{type(value).__name__}."
         )
+    return writable_folder(
+        value, lambda problem: OptionsError(f"TrainingOptions: {name}={problem}")
+    )
+
+
+def writable_folder(value, error: Callable[[str], Exception]) -> str:
+    """``value`` as an absolute folder path that exists or can be made, and that this user can
+    write to; else ``error(problem)`` is raised, ``problem`` naming the path and the fix."""
     path = os.path.abspath(os.path.expanduser(os.fspath(value)))
     if os.path.exists(path) and not os.path.isdir(path):
-        raise OptionsError(
-            f"TrainingOptions: {name} must be a folder; {path!r} is a file. Fix: name a folder "
-            "(it is created if missing), e.g. ~/.cache/difffn-jax."
+        raise error(
+            f"{path!r}, which is a file; it must be a folder. Fix: name a folder "
+            "(it is created if missing), e.g. ~/.cache/difffn/xla."
         )
     existing = path
     while not os.path.exists(existing):
@@ -337,9 +349,9 @@ def compilation_cache(name, value, checked):
             raise NotADirectoryError(existing)
         with tempfile.TemporaryFile(dir=existing):  # the real test: can this user write there?
             pass
-    except OSError as error:
-        raise OptionsError(
-            f"TrainingOptions: {name}={path!r} is not writable ({existing!r}: "
-            f"{type(error).__name__}). Fix: name a folder you can write to."
+    except OSError as problem:
+        raise error(
+            f"{path!r}, which is not writable ({existing!r}: {type(problem).__name__}). "
+            "Fix: name a folder you can write to."
         ) from None
     return path

@@ -227,7 +227,7 @@ OPTIONS: tuple[Option, ...] = (
     Option("parameter_sharding", "replicated", check.parameter_sharding),
     Option("mesh_shape", None, check.mesh_shape),
     Option("precision", "float32", check.choice(PRECISIONS), numbers=True, step=True),
-    Option("compilation_cache", None, check.compilation_cache),
+    Option("compilation_cache", "auto", check.compilation_cache),
     Option("checkpoint_path", None, check.folder),
     Option("checkpoint_frequency", 1, check.positive_int()),
     Option("checkpoint_frequency_unit", "epoch", check.choice(CHECKPOINT_UNITS)),
@@ -402,11 +402,14 @@ class TrainingOptions:
         loss and metrics are computed in float32. ``"float16"`` scales the loss dynamically
         (flax's ``DynamicScale``); a step whose gradients overflow is skipped and counted in
         ``info.skipped_steps``.
-      compilation_cache: a folder for JAX's persistent compilation cache (None: off). Training
-        then reads compiled programs from it and writes new ones there, so a later process
-        that trains the same network skips compiling (see ``docs/performance.md``). The folder
-        is created if missing. The setting is JAX's, process-wide; setting the
-        ``JAX_COMPILATION_CACHE_DIR`` environment variable does the same for every program.
+      compilation_cache: JAX's persistent compilation cache: ``"auto"`` (default: the folder
+        of the ``DIFFFN_COMPILATION_CACHE`` environment variable, ``off`` to turn it off, else
+        ``$XDG_CACHE_HOME/difffn/xla`` or ``~/.cache/difffn/xla``; a folder already given to
+        JAX is kept), a folder, or None (off). Training reads compiled programs from it and
+        writes new ones there, so a later process that trains the same network skips
+        compiling (see ``docs/performance.md``). The folder is created if missing and kept
+        under 2 GiB (JAX evicts the least recently used programs). The setting is JAX's,
+        process-wide.
       checkpoint_path: an existing folder for checkpoints (None: no checkpoints). Each is a
         ``net_checkpoint__<iteration>__<date>`` folder (orbax, with a manifest of checksums over
         its files) with everything needed to resume (``df.trainnet(..., resume_from=folder)``),

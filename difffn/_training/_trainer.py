@@ -176,8 +176,7 @@ def trainnet(
             + (" (the keywords of the dict)." if isinstance(options, dict) else ".")
         )
     check_key(who, key, OptionsError, optional=True)
-    if options.compilation_cache is not None:
-        _compilation_cache.use(options.compilation_cache)
+    _compilation_cache.use(options.compilation_cache)
     loss_fn = get_loss(loss, who=who)
     multi_host = options.execution_environment == "multi-host" and jax.process_count() > 1
     if not multi_host:

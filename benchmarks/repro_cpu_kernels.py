@@ -1,0 +1,126 @@
+"""Minimal JAX programs for the XLA:CPU kernels that dominate the two models' training steps.
+
+For an upstream (openxla/xla) report: each kernel is one ``jax.jit`` function of fixed shapes,
+timed against the same operation in PyTorch when torch is installed (oneDNN/MKL kernels), with
+its arithmetic rate. Run: ``python -m benchmarks.repro_cpu_kernels`` (``XLA_FLAGS`` applies,
+e.g. ``--xla_cpu_experimental_ynn_fusion_type=LIBRARY_FUSION_TYPE_INDIVIDUAL_CONVOLUTION``).
+
+1. The filter gradient of a 3x3 "SAME" convolution, NHWC, batch 64, 32x32, 16 -> 16 channels
+   (the ResNet's first stage; the earlier profiles put half the ResNet step in convolution
+   filter gradients).
+2. A dense layer's forward and both gradients at the transformer's sizes: (32*128, 128) x
+   (128, 512) (the earlier profiles put ~61 % of the transformer step in matmul fusions).
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import statistics
+import sys
+import time
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+REPEATS = 20
+
+
+def _time(fn, *args) -> float:
+    jax.block_until_ready(fn(*args))
+    times = []
+    for _ in range(REPEATS):
+        start = time.perf_counter()
+        jax.block_until_ready(fn(*args))
+        times.append(time.perf_counter() - start)
+    return statistics.median(times)
+
+
+def conv_filter_gradient(n=64, size=32, c_in=16, c_out=16, k=3):
+    """XLA's time of the filter gradient, its FLOPs, and the arrays (NHWC, HWIO)."""
+    rng = np.random.default_rng(0)
+    x = jnp.asarray(rng.standard_normal((n, size, size, c_in), np.float32))
+    w = jnp.asarray(rng.standard_normal((k, k, c_in, c_out), np.float32))
+    dy = jnp.asarray(rng.standard_normal((n, size, size, c_out), np.float32))
+
+    def conv(w):
+        return jax.lax.conv_general_dilated(
+            x, w, (1, 1), "SAME", dimension_numbers=("NHWC", "HWIO", "NHWC")
+        )
+
+    @jax.jit
+    def filter_gradient(w, dy):
+        return jax.vjp(conv, w)[1](dy)[0]
+
+    flops = 2 * n * size * size * c_in * c_out * k * k
+    return _time(filter_gradient, w, dy), flops, (x, w, dy)
+
+
+def dense_step(rows=32 * 128, width=128, hidden=512):
+    """XLA's time of a dense layer's forward and both gradients, and its FLOPs."""
+    rng = np.random.default_rng(0)
+    x = jnp.asarray(rng.standard_normal((rows, width), np.float32))
+    w = jnp.asarray(rng.standard_normal((width, hidden), np.float32))
+
+    @jax.jit
+    def step(x, w):
+        y, back = jax.vjp(lambda x, w: x @ w, x, w)
+        return y, back(jnp.ones_like(y))
+
+    return _time(step, x, w), 3 * 2 * rows * width * hidden, (x, w)
+
+
+def _torch_times(conv_arrays, dense_arrays):
+    import torch
+
+    torch.set_num_threads(os.cpu_count() or 1)
+    x, w, dy = (torch.from_numpy(np.array(a)) for a in conv_arrays)
+    x, dy = x.permute(0, 3, 1, 2), dy.permute(0, 3, 1, 2)  # NHWC views: channels-last memory
+    weight_shape = tuple(w.permute(3, 2, 0, 1).shape)
+
+    def conv_grad():
+        return torch.nn.grad.conv2d_weight(x, weight_shape, dy, padding=1)
+
+    dx, dw = (torch.from_numpy(np.array(a)) for a in dense_arrays)
+
+    def dense():
+        xs, ws = dx.clone().requires_grad_(), dw.clone().requires_grad_()
+        y = xs @ ws
+        y.backward(torch.ones_like(y))
+        return y
+
+    out = []
+    for fn in (conv_grad, dense):
+        fn()
+        times = []
+        for _ in range(REPEATS):
+            start = time.perf_counter()
+            fn()
+            times.append(time.perf_counter() - start)
+        out.append(statistics.median(times))
+    return out
+
+
+def main() -> int:
+    conv_s, conv_flops, conv_arrays = conv_filter_gradient()
+    dense_s, dense_flops, dense_arrays = dense_step()
+    print(f"jax {jax.__version__}, XLA_FLAGS={os.environ.get('XLA_FLAGS', '')!r}, "
+          f"{os.cpu_count()} cores, median of {REPEATS}")  # fmt: skip
+    rows = [
+        ("conv 3x3 filter gradient", conv_s, conv_flops),
+        ("dense fwd+bwd", dense_s, dense_flops),
+    ]
+    torch_s = [None, None]
+    if importlib.util.find_spec("torch") is not None:
+        torch_s = _torch_times(conv_arrays, dense_arrays)
+    for (name, seconds, flops), other in zip(rows, torch_s):
+        line = f"{name:26s} XLA {seconds * 1e3:8.2f} ms ({flops / seconds / 1e9:6.1f} GFLOP/s)"
+        if other is not None:
+            line += f"   torch {other * 1e3:8.2f} ms ({flops / other / 1e9:6.1f} GFLOP/s)"
+        print(line)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
