@@ -126,6 +126,8 @@ class ShardedCheckpoint(Checkpoint):
             ) from None
         if progress.get("format") != FORMAT:
             raise SerializationError(f"{source!r} does not hold a difffn training checkpoint.")
+        if "format_version" in progress:  # a crafted one is named, never compared raw
+            check_schema(progress, {"format_version": int}, source=source, where="the progress")
         if progress.get("format_version", 0) > FORMAT_VERSION:
             raise SerializationError(
                 f"{source!r} holds a checkpoint in format version {progress['format_version']}, "
@@ -190,5 +192,12 @@ class ShardedCheckpoint(Checkpoint):
                 state.others,
             )
         abstract = jax.tree.map(ocp.utils.to_shape_dtype_struct, templates)
-        restored = self.restore(ocp.args.Composite(arrays=ocp.args.StandardRestore(abstract)))
+        try:
+            restored = self.restore(ocp.args.Composite(arrays=ocp.args.StandardRestore(abstract)))
+        except Exception as error:  # noqa: BLE001 - damaged array files (orbax, tensorstore)
+            raise SerializationError(
+                f"trainnet(resume_from={self.source!r}): its arrays cannot be read "
+                f"({type(error).__name__}: {str(error)[:200]}). Fix: use another copy of the "
+                "checkpoint, or resume from an older one."
+            ) from None
         return dict(restored.arrays)
