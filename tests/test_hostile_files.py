@@ -236,6 +236,59 @@ def test_a_checkpoint_planted_as_a_link_in_a_folder_is_skipped_not_followed(run,
     assert Path(found.source).name == checkpoint.name
 
 
+@pytest.mark.parametrize(
+    "name, message",
+    [
+        ("../outside.txt", r"lists '\.\./outside\.txt', which is not a file inside the checkpoint"),
+        ("/etc/passwd", r"lists '/etc/passwd', which is not a file inside the checkpoint folder"),
+        ("arrays/../../outside.txt", r"lists 'arrays/\.\./\.\./outside\.txt', which is not"),
+        ("planted", r"the file planted is not a regular file of the checkpoint folder"),
+    ],
+)
+def test_a_manifest_never_names_a_file_outside_its_folder(run, tmp_path, name, message):
+    path = craft("folder", run, tmp_path, lambda p: None)
+    outside = tmp_path / "outside.txt"
+    outside.write_bytes(b"secret")
+    (path / "planted").symlink_to(outside)
+    manifest = json.loads((path / "difffn_manifest.json").read_text())
+    manifest["files"][name] = {"size": 6, "sha256": hashlib.sha256(b"secret").hexdigest()}
+    seal = hashlib.sha256(json.dumps(manifest["files"], sort_keys=True).encode()).hexdigest()
+    (path / "difffn_manifest.json").write_text(json.dumps({**manifest, "seal": seal}))
+    with pytest.raises(df.SerializationError, match=rf"is damaged: .*{message}"):
+        _checkpoint.find(path)
+
+
+@pytest.mark.parametrize("plant", ["symlink", "fifo"])
+def test_a_manifest_planted_as_a_link_or_fifo_is_not_read(run, tmp_path, plant):
+    path = craft("folder", run, tmp_path, lambda p: None)
+    manifest = path / "difffn_manifest.json"
+    manifest.rename(tmp_path / "elsewhere.json")
+    if plant == "symlink":
+        manifest.symlink_to(tmp_path / "elsewhere.json")
+    else:
+        os.mkfifo(manifest)  # reading it would block forever
+    with pytest.raises(
+        df.SerializationError, match=r"symbolic link; difffn does not follow|it is a FIFO"
+    ):
+        _checkpoint.find(path)
+
+
+@pytest.mark.parametrize(
+    "change, message",
+    [
+        (lambda n: n["layers"][0].pop("name"), r"the network's structure\['layers'\]\[0\] lacks"),
+        (lambda n: n.update(connections=[0, 0]), r"structure\['connections'\]\[0\] should be"),
+        (lambda n: n.update(layers="x"), r"the network's structure\['layers'\] should be list"),
+    ],
+)
+def test_a_crafted_network_structure_in_a_folder_checkpoint_is_named(
+    run, tmp_path, change, message
+):
+    path = craft("folder", run, tmp_path, lambda p: change(p["network"]))
+    with pytest.raises(df.SerializationError, match=message):
+        df.trainnet(*data(), network(), "crossentropy", options(), resume_from=path)
+
+
 @pytest.mark.parametrize("what", ["fifo", "/dev/zero", "folder"])
 def test_load_of_a_fifo_device_or_folder_is_named_without_reading(tmp_path, what):
     path = tmp_path / "net.difffn"
