@@ -568,7 +568,7 @@ def test_crafted_checkpoint_keys_are_named(run, tmp_path, kind, key, field, valu
         df.trainnet(*data(), network(), "crossentropy", options(), resume_from=path)
 
 
-@pytest.mark.parametrize("order", ["zeros", "outside"])
+@pytest.mark.parametrize("order", ["zeros", "outside", "shorter", "longer"])
 @pytest.mark.parametrize("kind", KINDS)
 def test_a_crafted_epoch_order_is_named(run, tmp_path, kind, order):
     if kind == "folder":
@@ -576,7 +576,12 @@ def test_a_crafted_epoch_order_is_named(run, tmp_path, kind, order):
     else:
         net, (X, T) = old_run()
         opts, loss = old_options(), df.losses.crossentropy
-    crafted = np.zeros(len(X), np.int32) if order == "zeros" else np.arange(8, dtype=np.int32) + 50
+    crafted = {  # permutations of another length than the observations' gathered silently
+        "zeros": np.zeros(len(X), np.int32),
+        "outside": np.arange(8, dtype=np.int32) + 50,
+        "shorter": np.arange(8, dtype=np.int32),
+        "longer": np.arange(len(X) + 8, dtype=np.int32)[::-1],
+    }[order]
     path = craft(kind, run, tmp_path, lambda p: p.update(order=crafted))
     with pytest.raises(df.SerializationError, match=r"its epoch order is not a permutation"):
         df.trainnet(X, T, net, loss, opts, resume_from=path, key=jax.random.key(1))
@@ -616,6 +621,10 @@ def _progress_file(folder: Path, progress: dict) -> None:
         (lambda p: p["key"].update(data=[1, 2, 3]), r"uint32 of shape \(2,\).*shape \(3,\)"),
         (lambda p: p["key"].update(data=[-1, 2**40]), r"holds \[-1, 1099511627776\], not uint32"),
         (lambda p: p.update(layout={"learnables": "x"}), r"\['layout'\]\['learnables'\] should"),
+        (
+            lambda p: p.update(layout={"learnables": [["[0]", 4, "float32"]]}),
+            r"\['layout'\]\['learnables'\]\[0\] is \['\[0\]', 4, 'float32'\], not \[path, shape",
+        ),
         (lambda p: p.update(format_version="2"), r"\['format_version'\] should be int"),
     ],
 )

@@ -226,7 +226,7 @@ class FolderCheckpoint(ShardedCheckpoint):
         name = history["file"]
         # a bare name of the log's form (JSON lines; a run resumed from an earlier release's
         # checkpoint may name its *.difffnlog): never a path, '..', or a device
-        pattern = _history_log.NAME if str(name).endswith(_history_log.SUFFIX) else _rowlog.NAME
+        pattern = _rowlog.NAME if str(name).endswith(".difffnlog") else _history_log.NAME
         files.bare_name(name, pattern, source=source, what="the history log's name")
         if history["training"] < 0 or history["validation"] < 0:
             raise SerializationError(

@@ -134,6 +134,20 @@ class ShardedCheckpoint(Checkpoint):
                 f"newer than this difffn reads ({FORMAT_VERSION}). Fix: upgrade difffn."
             )
         check_schema(progress, SCHEMA, source=source, where="the progress")
+        for name, leaves in progress["layout"].items():  # [path, shape, dtype] per leaf
+            for n, leaf in enumerate(leaves or ()):
+                if not (
+                    len(leaf) == 3
+                    and isinstance(leaf[0], str)
+                    and isinstance(leaf[1], list)
+                    and all(type(size) is int for size in leaf[1])
+                    and isinstance(leaf[2], str)
+                ):
+                    raise SerializationError(
+                        f"{source!r} is malformed: the progress['layout'][{name!r}][{n}] is "
+                        f"{str(leaf)[:100]}, not [path, shape, dtype]. Fix: use another copy of "
+                        "the checkpoint."
+                    )
         for name in ("key", "run_key"):
             data = progress[name]["data"]
             if any(not isinstance(v, int) or not 0 <= v < 2**32 for v in data):
