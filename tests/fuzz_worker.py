@@ -2,11 +2,13 @@
 
 ``python tests/fuzz_worker.py KIND SECONDS BYTES FILE...`` limits its own address space to BYTES
 (``RLIMIT_AS``, before anything is imported), loads each file as KIND (``network``,
-``checkpoint``, ``exported``, ``onnx``) within SECONDS (``SIGALRM``) and prints one JSON line
-per file: ``{"file", "outcome", "detail"}`` with outcome ``ok`` (loaded), ``named`` (a
+``checkpoint``: a checkpoint folder, resumed by ``trainnet``; ``checkpoint-file``: a
+single-file checkpoint of an earlier release; ``exported``, ``onnx``) within SECONDS
+(``SIGALRM``) and prints one JSON line per file: ``{"file", "outcome", "detail"}`` with outcome ``ok`` (loaded), ``named`` (a
 ``df.Error``), ``hang`` (over its time) or ``raw`` (anything else); a file that kills the
 process is the one whose ``start`` line has no outcome line. The networks the files are
-made from are built here, so the test and the worker use the same ones.
+made from (and the checkpointed run's data and options) are built here, so the test and the
+worker use the same ones.
 """
 
 from __future__ import annotations
@@ -32,18 +34,57 @@ def network():
     )
 
 
+def data():
+    """The data of the checkpointed run (resumed by ``checkpoint`` files)."""
+    import numpy as np
+
+    rng = np.random.default_rng(0)
+    X = rng.normal(size=(16, 4)).astype(np.float32)
+    T = np.eye(3, dtype=np.float32)[rng.integers(0, 3, 16)]
+    return X, T
+
+
+def options(checkpoint_path=None):
+    import difffn as df
+
+    return df.TrainingOptions(
+        "adam",
+        max_epochs=1,
+        mini_batch_size=8,
+        verbose=False,
+        checkpoint_path=checkpoint_path,
+    )
+
+
+def _old_network():
+    """The network of the single-file checkpoint of an earlier release (tests/data/before_move)."""
+    from pathlib import Path
+
+    sys.path.insert(0, str(Path(__file__).parent / "data" / "before_move"))
+    import make
+
+    return make.network()
+
+
 def _load(kind: str, path: str) -> None:
     import difffn as df
 
     if kind == "network":
         df.load(path, like=network())
-    elif kind == "checkpoint":
+    elif kind == "checkpoint":  # a checkpoint folder of this release: resumed, arrays and all
         from difffn._training import _checkpoint
 
         checkpoint = _checkpoint.find(path)
         checkpoint.history_rows()
         checkpoint.run_key  # noqa: B018 - restores the key from its checked payload
-        df.load(path, like=network())
+        df.trainnet(*data(), network(), "crossentropy", options(), resume_from=path)
+    elif kind == "checkpoint-file":  # a single-file checkpoint of an earlier release
+        from difffn._training import _checkpoint
+
+        checkpoint = _checkpoint.find(path)
+        checkpoint.history_rows()
+        checkpoint.run_key  # noqa: B018 - restores the key from its checked payload
+        df.load(path, like=_old_network())
     elif kind == "exported":
         model = df.load_exported(path)
         model(__import__("numpy").ones((2, 4), "float32"))

@@ -485,7 +485,10 @@ def test_a_stream_of_batches_resumes_at_its_position(tmp_path):
         (lambda p: p.pop("shuffle_seed"), r"the progress lacks 'shuffle_seed'"),
         (lambda p: p.update(iteration="5"), r"\['iteration'\] should be int, not str"),
         (lambda p: p["key"].update(data="no"), r"\['key'\]\['data'\] should be list"),
-        (lambda p: p["history"].update(file="../x"), r"history log '\.\./x' is not a file name"),
+        (
+            lambda p: p["history"].update(file="../x"),
+            r"the history log's name is '\.\./x'; expected a bare file name",
+        ),
     ],
     ids=["no-seed", "iteration-type", "key-data", "history-path"],
 )

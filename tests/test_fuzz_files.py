@@ -5,7 +5,12 @@ Seeded variants of a ``df.save`` file, a ``trainnet`` checkpoint, a ``df.export`
 model, each checksum recomputed (so the payload's own checks, not the checksum, must catch them):
 payload fields deleted, retyped or replaced by hostile values (paths, ``/dev/zero``, PRNG names,
 huge numbers, arrays of the wrong shape), payload bytes flipped or cut, and for ONNX protobuf
-bytes flipped, tensor dims, types, external-data fields and node sizes crafted. They are loaded
+bytes flipped, tensor dims, types, external-data fields and node sizes crafted. Checkpoints are
+of both kinds ``trainnet`` resumes: a checkpoint folder of this release (its orbax progress JSON
+fuzzed like a payload or flipped, one of orbax's array or metadata files flipped or cut, each
+with the folder's manifest of checksums recomputed; or the manifest itself crafted: names of
+files outside the folder, hostile sizes, flipped bytes), resumed by ``trainnet`` (arrays and
+all); and a single-file checkpoint of an earlier release (``tests/data/before_move``). They are loaded
 in subprocesses (``tests/fuzz_worker.py``) under a memory limit (``RLIMIT_AS``) with a time limit
 per file.
 
@@ -22,6 +27,7 @@ import hashlib
 import json
 import os
 import random
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -35,6 +41,7 @@ import difffn as df
 from difffn._persistence import container
 
 WORKER = Path(__file__).with_name("fuzz_worker.py")
+BEFORE = Path(__file__).parent / "data" / "before_move" / "checkpoints"
 MEMORY = 3 << 30  # bytes of address space per worker: JAX's own needs, far below a runaway
 SECONDS = 20  # per file
 
@@ -52,6 +59,7 @@ HOSTILE = [
     "/dev/zero",
     "os.system",
     "net_history__0000000000000000.difffnlog",
+    "net_history__0000000000000000.jsonl",
     "BSSSSSSSSC",
     [],
     {},
@@ -211,6 +219,82 @@ def _onnx_variants(base: Path, out: Path, count: int, seed: int):
     return files
 
 
+def _plain(value):
+    """JSON for what the hostile values hold that JSON has no type for."""
+    if isinstance(value, np.ndarray):
+        return value.tolist()
+    if isinstance(value, bytes):
+        return value.decode("latin-1")
+    raise TypeError(type(value).__name__)
+
+
+def _reseal(checkpoint: Path) -> None:
+    """Write the checkpoint folder's manifest again as the writer does (the size and SHA-256 of
+    every file, sealed by the SHA-256 of that listing): the content's own checks must catch a
+    change."""
+    listing = {}
+    for path in sorted(p for p in checkpoint.rglob("*") if p.is_file()):
+        name = path.relative_to(checkpoint).as_posix()
+        if name != MANIFEST:
+            data = path.read_bytes()
+            listing[name] = {"size": len(data), "sha256": hashlib.sha256(data).hexdigest()}
+    _write_manifest(checkpoint, {"format": "difffn.checkpoint-manifest", "files": listing})
+
+
+def _write_manifest(checkpoint: Path, body) -> None:
+    if isinstance(body, dict):  # sealed over whatever its files are, so the seal passes
+        files = body.get("files")
+        text = json.dumps(files, sort_keys=True, default=_plain)
+        body = {**body, "seal": hashlib.sha256(text.encode()).hexdigest()}
+    (checkpoint / MANIFEST).write_text(json.dumps(body, default=_plain))
+
+
+MANIFEST = "difffn_manifest.json"
+PROGRESS = "progress/metadata"  # orbax's JsonSave of the progress item
+OUTSIDE = ["../../../etc/passwd", "/etc/passwd", "/dev/zero", "..", "progress", "../x", "a/../b"]
+
+
+def _folder_variants(base: Path, out: Path, count: int, seed: int) -> list[Path]:
+    """Copies of the checkpoint folder ``base``, one file changed in each, the manifest
+    recomputed unless the manifest itself is what is fuzzed: by ``n % 5``, 0 and 1: the progress
+    JSON's fields (deleted, retyped, hostile values); 2: the progress JSON's bytes (flipped,
+    cut); 3: one of orbax's array or metadata files (flipped, cut); 4: the manifest, its fields
+    (a listed name a path outside the folder, sizes and checksums hostile; sealed again) or its
+    bytes (flipped, not sealed again)."""
+    progress = json.loads((base / PROGRESS).read_text())
+    rng = random.Random(seed)
+    files = []
+    for n in range(count):
+        target = out / f"folder_{n}" / base.name
+        shutil.copytree(base, target)
+        action = n % 5
+        if action in (0, 1):
+            mutated = _mutate_payload(progress, rng)
+            (target / PROGRESS).write_text(json.dumps(mutated, default=_plain))
+        elif action == 2:
+            (target / PROGRESS).write_bytes(_flip((target / PROGRESS).read_bytes(), rng))
+        elif action == 3:
+            others = sorted(
+                p for p in target.rglob("*") if p.is_file() and p.name not in (MANIFEST, "metadata")
+            )
+            chosen = rng.choice(others)
+            chosen.write_bytes(_flip(chosen.read_bytes(), rng))
+        if action != 4:
+            _reseal(target)
+        elif rng.random() < 0.3:
+            (target / MANIFEST).write_bytes(_flip((target / MANIFEST).read_bytes(), rng))
+        else:
+            manifest = json.loads((target / MANIFEST).read_text())
+            if rng.random() < 0.5:  # a file outside the folder listed, the rest intact
+                name = rng.choice(OUTSIDE)
+                manifest["files"][name] = {"size": rng.choice((0, 4, 2**40)), "sha256": "0" * 64}
+            else:
+                manifest = _mutate_payload(manifest, rng)
+            _write_manifest(target, manifest)
+        files.append(target)
+    return files
+
+
 @pytest.fixture(scope="module")
 def originals(tmp_path_factory):
     folder = tmp_path_factory.mktemp("originals")
@@ -218,17 +302,20 @@ def originals(tmp_path_factory):
     df.save(folder / "net.difffn", net)
     df.export(net, df.Layout((None, 4), "BC"), folder / "net.export.difffn")
     df.export_onnx(net, df.Layout((None, 4), "BC"), folder / "net.onnx")
-    rng = np.random.default_rng(0)
-    X = rng.normal(size=(16, 4)).astype(np.float32)
-    T = np.eye(3, dtype=np.float32)[rng.integers(0, 3, 16)]
-    options = df.TrainingOptions(
-        "adam", max_epochs=1, mini_batch_size=8, verbose=False, checkpoint_path=str(folder)
+    df.trainnet(
+        *fuzz_worker.data(),
+        fuzz_worker.network(),
+        "crossentropy",
+        fuzz_worker.options(folder),
+        key=jax.random.key(1),
     )
-    df.trainnet(X, T, fuzz_worker.network(), "crossentropy", options, key=jax.random.key(1))
-    checkpoint = next(folder.glob("net_checkpoint__*.difffn"))
+    (checkpoint,) = (p for p in folder.iterdir() if p.name.startswith("net_checkpoint__"))
     return {
         "network": folder / "net.difffn",
-        "checkpoint": checkpoint,
+        "checkpoint": checkpoint,  # a folder (orbax, with its manifest)
+        "log": next(folder.glob("net_history__*.jsonl")),
+        "checkpoint-file": next(BEFORE.glob("net_checkpoint__*.difffn")),  # an earlier release's
+        "old-log": next(BEFORE.glob("net_history__*.difffnlog")),
         "exported": folder / "net.export.difffn",
         "onnx": folder / "net.onnx",
     }
@@ -290,23 +377,22 @@ def test_fuzzed_files_load_or_end_in_a_named_error(originals, tmp_path):
         ),
         "onnx": _onnx_variants(originals["onnx"], tmp_path, 72, seed=4),
     }
-    # checkpoints are found in their folder with the history log beside them
-    folder = tmp_path / "checkpoints"
-    folder.mkdir()
-    for log in originals["checkpoint"].parent.glob("*.difffnlog"):
-        (folder / log.name).write_bytes(log.read_bytes())
-    variants = _container_variants(originals["checkpoint"], "checkpoint", tmp_path, 60, seed=2)
-    batches["checkpoint"] = []
-    for n, variant in enumerate(variants):
-        one = folder / f"{n}"
+    # checkpoints are found in their folder with the history log beside them: a folder of
+    # this release's, and a single file of an earlier release's
+    batches["checkpoint"] = _folder_variants(originals["checkpoint"], tmp_path, 45, seed=2)
+    for variant in batches["checkpoint"]:
+        os.link(originals["log"], variant.parent / originals["log"].name)
+    files = _container_variants(originals["checkpoint-file"], "checkpoint", tmp_path, 30, seed=5)
+    batches["checkpoint-file"] = []
+    for n, variant in enumerate(files):
+        one = tmp_path / f"file_{n}"
         one.mkdir()
-        target = one / originals["checkpoint"].name
+        target = one / originals["checkpoint-file"].name
         variant.rename(target)
-        for log in folder.glob("*.difffnlog"):
-            os.link(log, one / log.name)
-        batches["checkpoint"].append(target)
+        (one / originals["old-log"].name).write_bytes(originals["old-log"].read_bytes())
+        batches["checkpoint-file"].append(target)
     kinds = {str(f): kind for kind, files in batches.items() for f in files}
-    first = {kind: batches[kind] for kind in ("network", "exported")}
+    first = {kind: batches[kind] for kind in ("network", "exported", "checkpoint-file")}
     outcomes = _run_all(first)
     outcomes.update(_run_all({kind: batches[kind] for kind in ("onnx", "checkpoint")}))
     assert set(outcomes) == set(kinds)

@@ -5,9 +5,13 @@ FIFOs and devices are planted where difffn opens files on the user's behalf."""
 
 from __future__ import annotations
 
+import hashlib
 import io
+import json
 import os
 import re
+import shutil
+import sys
 import warnings
 from pathlib import Path
 
@@ -54,52 +58,138 @@ def options(folder=None, **more):
 
 @pytest.fixture(scope="module")
 def run(tmp_path_factory):
-    """One checkpointed run: its folder, newest checkpoint and history log's name."""
+    """One checkpointed run of this release: its folder, newest checkpoint (an orbax folder with
+    its manifest) and history log's name (JSON lines)."""
     folder = tmp_path_factory.mktemp("run")
     X, T = data()
     df.trainnet(X, T, network(), "crossentropy", options(folder), key=jax.random.key(1))
     checkpoint = _checkpoint.checkpoints(folder)[0]
-    log = next(folder.glob("*.difffnlog"))
+    assert checkpoint.is_dir()
+    log = next(folder.glob("net_history__*.jsonl"))
     return folder, checkpoint, log.name
 
 
-def craft(run, tmp_path, change) -> Path:
-    """A copy of the run's checkpoint and log in ``tmp_path`` with ``change`` applied to the
-    payload (checksum recomputed)."""
-    folder, checkpoint, log = run
-    payload = container.read(checkpoint, "checkpoint")
-    change(payload)
+# Single-file checkpoints of an earlier release (with their binary .difffnlog) still resume.
+BEFORE = Path(__file__).parent / "data" / "before_move" / "checkpoints"
+OLD = (
+    BEFORE,
+    next(BEFORE.glob("net_checkpoint__3__*.difffn")),
+    next(BEFORE.glob("net_history__*.difffnlog")).name,
+)
+
+
+def old_run():
+    """The network and data of the run that wrote ``OLD`` (tests/data/before_move/make.py)."""
+    if str(BEFORE.parent) not in sys.path:
+        sys.path.insert(0, str(BEFORE.parent))
+    import make
+
+    return make.network(), make.data()
+
+
+def old_options():
+    return df.TrainingOptions(
+        "sgdm", max_epochs=2, mini_batch_size=8, shuffle="never", verbose=False
+    )
+
+
+def source(kind, run):
+    return run if kind == "folder" else OLD
+
+
+def _reseal(checkpoint: Path) -> None:
+    """Write the checkpoint folder's manifest again, as the writer does: the size and SHA-256 of
+    every file, sealed by the SHA-256 of that listing (so only the content's checks remain)."""
+    listing = {}
+    for path in sorted(p for p in checkpoint.rglob("*") if p.is_file()):
+        name = path.relative_to(checkpoint).as_posix()
+        if name != "difffn_manifest.json":
+            data = path.read_bytes()
+            listing[name] = {"size": len(data), "sha256": hashlib.sha256(data).hexdigest()}
+    seal = hashlib.sha256(json.dumps(listing, sort_keys=True).encode()).hexdigest()
+    body = {"format": "difffn.checkpoint-manifest", "algorithm": "sha256", "files": listing}
+    (checkpoint / "difffn_manifest.json").write_text(json.dumps({**body, "seal": seal}))
+
+
+def _plain(value):
+    return value.tolist() if isinstance(value, np.ndarray) else value
+
+
+def craft(kind, run, tmp_path, change) -> Path:
+    """A copy in ``tmp_path`` of a checkpoint and its log with ``change`` applied to what the
+    checkpoint holds, its checksums recomputed: for a folder (``kind="folder"``) the orbax
+    progress JSON (numpy arrays as JSON lists) with the manifest written again; for a file of
+    an earlier release (``"file"``) the container's payload."""
+    folder, checkpoint, log = source(kind, run)
     target = tmp_path / checkpoint.name
-    container.write(target, "checkpoint", payload)
+    if kind == "folder":
+        shutil.copytree(checkpoint, target)
+        progress_file = target / "progress" / "metadata"
+        progress = json.loads(progress_file.read_text())
+        change(progress)
+        progress_file.write_text(json.dumps(progress, default=_plain))
+        _reseal(target)
+    else:
+        payload = container.read(checkpoint, "checkpoint")
+        change(payload)
+        container.write(target, "checkpoint", payload)
     (tmp_path / log).write_bytes((folder / log).read_bytes())
     return target
+
+
+KINDS = ["folder", "file"]
+
+
+def test_a_crafted_folder_checkpoint_that_changes_nothing_still_resumes(run, tmp_path):
+    path = craft("folder", run, tmp_path, lambda p: None)  # the helper writes what difffn reads
+    _, info = df.trainnet(
+        *data(), network(), "crossentropy", options(), resume_from=path, key=jax.random.key(1)
+    )
+    assert len(info.training_history) == 2
+
+
+def test_a_file_checkpoint_of_an_earlier_release_crafted_to_change_nothing_resumes(tmp_path):
+    path = craft("file", None, tmp_path, lambda p: None)
+    net, (X, T) = old_run()
+    _, info = df.trainnet(
+        X, T, net, df.losses.crossentropy, old_options(), resume_from=path, key=jax.random.key(1)
+    )
+    assert len(info.training_history) == 6
 
 
 # -- 1. nothing outside the folder ---------------------------------------------------------------
 
 
 @pytest.mark.parametrize(
-    "name", ["../../x.difffnlog", "/etc/passwd", "/dev/zero", "sub/net_history.difffnlog", ".."]
+    "name",
+    ["../../x.jsonl", "../../x.difffnlog", "/etc/passwd", "/dev/zero", "sub/x.jsonl", ".."],
 )
-def test_a_history_log_name_that_is_a_path_is_refused(run, tmp_path, name):
-    path = craft(run, tmp_path, lambda p: p["history"].update(file=name))
-    with pytest.raises(df.SerializationError, match=r"is malformed: the history log's name is"):
+@pytest.mark.parametrize("kind", KINDS)
+def test_a_history_log_name_that_is_a_path_is_refused(run, tmp_path, kind, name):
+    path = craft(kind, run, tmp_path, lambda p: p["history"].update(file=name))
+    with pytest.raises(
+        df.SerializationError, match=r"is malformed: the history log's name is .*bare file name"
+    ):
         df.trainnet(*data(), network(), "crossentropy", options(), resume_from=path)
 
 
 @pytest.mark.parametrize("plant", ["symlink", "fifo", "device"])
-def test_a_log_planted_as_a_link_fifo_or_device_is_not_read(run, tmp_path, plant):
-    path = craft(run, tmp_path, lambda p: None)
-    log = tmp_path / run[2]
+@pytest.mark.parametrize("kind", KINDS)
+def test_a_log_planted_as_a_link_fifo_or_device_is_not_read(run, tmp_path, kind, plant):
+    path = craft(kind, run, tmp_path, lambda p: None)
+    folder, _, name = source(kind, run)
+    log = tmp_path / name
     log.unlink()
     if plant == "symlink":
-        (tmp_path / "elsewhere").write_bytes((run[0] / run[2]).read_bytes())
+        (tmp_path / "elsewhere").write_bytes((folder / name).read_bytes())
         log.symlink_to(tmp_path / "elsewhere")
     elif plant == "fifo":
         os.mkfifo(log)  # opening it for reading would block forever
     else:
         log.symlink_to("/dev/zero")  # read until memory runs out
-    training, validation, problem = _checkpoint.find(path).history_rows()
+    checkpoint = _checkpoint.find(path)
+    assert checkpoint.history["training"] > 0  # rows the log would have given
+    training, validation, problem = checkpoint.history_rows()
     assert training == [] and validation == []
     assert re.search(r"symbolic link|not a regular file \(it is a FIFO\)", problem)
 
@@ -131,14 +221,72 @@ def test_training_never_writes_through_a_planted_log(run, tmp_path, plant):
     assert info.stop_reason == "Max epochs completed"
 
 
-def test_a_checkpoint_planted_as_a_link_in_a_folder_is_skipped_not_followed(run, tmp_path):
-    folder, checkpoint, _ = run
-    planted = tmp_path / "net_checkpoint__99__2099_01_01__00_00_00.difffn"
+@pytest.mark.parametrize("kind", KINDS)
+def test_a_checkpoint_planted_as_a_link_in_a_folder_is_skipped_not_followed(run, tmp_path, kind):
+    _, checkpoint, _ = source(kind, run)
+    suffix = ".difffn" if kind == "file" else ""
+    planted = tmp_path / f"net_checkpoint__99__2099_01_01__00_00_00{suffix}"
     planted.symlink_to(checkpoint)
-    (tmp_path / checkpoint.name).write_bytes(checkpoint.read_bytes())
+    if kind == "folder":
+        shutil.copytree(checkpoint, tmp_path / checkpoint.name)
+    else:
+        (tmp_path / checkpoint.name).write_bytes(checkpoint.read_bytes())
     with pytest.warns(df.CheckpointWarning, match=r"skipping the damaged.*symbolic link"):
         found = _checkpoint.find(tmp_path)
     assert Path(found.source).name == checkpoint.name
+
+
+@pytest.mark.parametrize(
+    "name, message",
+    [
+        ("../outside.txt", r"lists '\.\./outside\.txt', which is not a file inside the checkpoint"),
+        ("/etc/passwd", r"lists '/etc/passwd', which is not a file inside the checkpoint folder"),
+        ("arrays/../../outside.txt", r"lists 'arrays/\.\./\.\./outside\.txt', which is not"),
+        ("planted", r"the file planted is not a regular file of the checkpoint folder"),
+    ],
+)
+def test_a_manifest_never_names_a_file_outside_its_folder(run, tmp_path, name, message):
+    path = craft("folder", run, tmp_path, lambda p: None)
+    outside = tmp_path / "outside.txt"
+    outside.write_bytes(b"secret")
+    (path / "planted").symlink_to(outside)
+    manifest = json.loads((path / "difffn_manifest.json").read_text())
+    manifest["files"][name] = {"size": 6, "sha256": hashlib.sha256(b"secret").hexdigest()}
+    seal = hashlib.sha256(json.dumps(manifest["files"], sort_keys=True).encode()).hexdigest()
+    (path / "difffn_manifest.json").write_text(json.dumps({**manifest, "seal": seal}))
+    with pytest.raises(df.SerializationError, match=rf"is damaged: .*{message}"):
+        _checkpoint.find(path)
+
+
+@pytest.mark.parametrize("plant", ["symlink", "fifo"])
+def test_a_manifest_planted_as_a_link_or_fifo_is_not_read(run, tmp_path, plant):
+    path = craft("folder", run, tmp_path, lambda p: None)
+    manifest = path / "difffn_manifest.json"
+    manifest.rename(tmp_path / "elsewhere.json")
+    if plant == "symlink":
+        manifest.symlink_to(tmp_path / "elsewhere.json")
+    else:
+        os.mkfifo(manifest)  # reading it would block forever
+    with pytest.raises(
+        df.SerializationError, match=r"symbolic link; difffn does not follow|it is a FIFO"
+    ):
+        _checkpoint.find(path)
+
+
+@pytest.mark.parametrize(
+    "change, message",
+    [
+        (lambda n: n["layers"][0].pop("name"), r"the network's structure\['layers'\]\[0\] lacks"),
+        (lambda n: n.update(connections=[0, 0]), r"structure\['connections'\]\[0\] should be"),
+        (lambda n: n.update(layers="x"), r"the network's structure\['layers'\] should be list"),
+    ],
+)
+def test_a_crafted_network_structure_in_a_folder_checkpoint_is_named(
+    run, tmp_path, change, message
+):
+    path = craft("folder", run, tmp_path, lambda p: change(p["network"]))
+    with pytest.raises(df.SerializationError, match=message):
+        df.trainnet(*data(), network(), "crossentropy", options(), resume_from=path)
 
 
 @pytest.mark.parametrize("what", ["fifo", "/dev/zero", "folder"])
@@ -400,24 +548,43 @@ def test_an_onnx_path_that_is_a_fifo_is_named_without_blocking(tmp_path):
     [
         ("impl", "os.system", r"\['impl'\] is 'os.system', which is not a PRNG implementation"),
         ("data", np.zeros((3,), np.uint32), r"\['data'\] should be uint32 of shape \(2,\).*(3,)"),
-        ("data", np.zeros((2,), np.float32), r"\['data'\] should be uint32 .*it is float32"),
+        (
+            "data",
+            np.zeros((2,), np.float32),
+            {
+                "file": r"\['data'\] should be uint32 .*it is float32",
+                "folder": r"\['data'\] holds \[0\.0, 0\.0\], not uint32 values",  # JSON
+            },
+        ),
         ("impl", 7, r"\['impl'\] should be str, not int"),
     ],
 )
 @pytest.mark.parametrize("key", ["key", "run_key"])
-def test_crafted_checkpoint_keys_are_named(run, tmp_path, key, field, value, message):
-    path = craft(run, tmp_path, lambda p: p[key].update({field: value}))
+@pytest.mark.parametrize("kind", KINDS)
+def test_crafted_checkpoint_keys_are_named(run, tmp_path, kind, key, field, value, message):
+    path = craft(kind, run, tmp_path, lambda p: p[key].update({field: value}))
+    message = message[kind] if isinstance(message, dict) else message
     with pytest.raises(df.SerializationError, match=rf"\[{key!r}\]{message}"):
         df.trainnet(*data(), network(), "crossentropy", options(), resume_from=path)
 
 
-@pytest.mark.parametrize("order", [np.zeros(16, np.int32), np.arange(8, dtype=np.int32) + 50])
-def test_a_crafted_epoch_order_is_named(run, tmp_path, order):
-    path = craft(run, tmp_path, lambda p: p.update(order=order))
+@pytest.mark.parametrize("order", ["zeros", "outside", "shorter", "longer"])
+@pytest.mark.parametrize("kind", KINDS)
+def test_a_crafted_epoch_order_is_named(run, tmp_path, kind, order):
+    if kind == "folder":
+        net, (X, T), opts, loss = network(), data(), options(), "crossentropy"
+    else:
+        net, (X, T) = old_run()
+        opts, loss = old_options(), df.losses.crossentropy
+    crafted = {  # permutations of another length than the observations' gathered silently
+        "zeros": np.zeros(len(X), np.int32),
+        "outside": np.arange(8, dtype=np.int32) + 50,
+        "shorter": np.arange(8, dtype=np.int32),
+        "longer": np.arange(len(X) + 8, dtype=np.int32)[::-1],
+    }[order]
+    path = craft(kind, run, tmp_path, lambda p: p.update(order=crafted))
     with pytest.raises(df.SerializationError, match=r"its epoch order is not a permutation"):
-        df.trainnet(
-            *data(), network(), "crossentropy", options(), resume_from=path, key=jax.random.key(1)
-        )
+        df.trainnet(X, T, net, loss, opts, resume_from=path, key=jax.random.key(1))
 
 
 def test_a_raw_uint32_key_still_resumes(tmp_path):
@@ -448,17 +615,29 @@ def _progress_file(folder: Path, progress: dict) -> None:
 @pytest.mark.parametrize(
     "change, message",
     [
-        (lambda p: p.pop("iteration"), r"the payload lacks 'iteration'"),
+        (lambda p: p.pop("iteration"), r"the progress lacks 'iteration'"),
         (lambda p: p.update(epoch="1"), r"\['epoch'\] should be int, not str"),
         (lambda p: p["key"].update(impl="os.system"), r"'os.system', which is not a PRNG"),
         (lambda p: p["key"].update(data=[1, 2, 3]), r"uint32 of shape \(2,\).*shape \(3,\)"),
         (lambda p: p["key"].update(data=[-1, 2**40]), r"holds \[-1, 1099511627776\], not uint32"),
         (lambda p: p.update(layout={"learnables": "x"}), r"\['layout'\]\['learnables'\] should"),
+        (
+            lambda p: p.update(layout={"learnables": [["[0]", 4, "float32"]]}),
+            r"\['layout'\]\['learnables'\]\[0\] is \['\[0\]', 4, 'float32'\], not \[path, shape",
+        ),
         (lambda p: p.update(format_version="2"), r"\['format_version'\] should be int"),
     ],
 )
-def test_crafted_multi_process_progress_files_are_named(tmp_path, change, message):
+@pytest.mark.parametrize("kind", ["folder", "step"])
+def test_crafted_multi_process_progress_files_are_named(run, tmp_path, kind, change, message):
+    """The progress item of a checkpoint folder of this release (crafted, manifest recomputed),
+    and of a ``<step>`` folder that multi-process runs of earlier releases wrote."""
     from difffn._training import _checkpoint_sharded
+
+    if kind == "folder":
+        with pytest.raises(df.SerializationError, match=message):
+            _checkpoint.find(craft("folder", run, tmp_path, change))
+        return
 
     state_key = {"data": [0, 1], "impl": "threefry2x32"}
     progress = {
@@ -568,21 +747,67 @@ def test_an_epoch_of_unknown_length_is_said_to_be_running(capsys):
     assert "Epoch 1 is running; its length is unknown" in capsys.readouterr().out
 
 
-def test_the_progress_bar_says_unknown_length_until_the_first_epoch_ends():
+_ESCAPES = re.compile(r"\x1b\[[0-9;?]*[A-Za-z]")
+
+
+def _frames(text: str) -> list[str]:
+    """What a terminal shows, frame by frame: rich's escape codes removed, split at each
+    carriage return or line."""
+    return [f.strip() for f in re.split(r"[\r\n]", _ESCAPES.sub("", text)) if f.strip()]
+
+
+def _reporter(stream, monkeypatch):
+    clock = iter(range(10**6))  # a second per reading: every tick redraws (rich's bar is
+    monkeypatch.setattr(_progress.time, "perf_counter", lambda: float(next(clock)))  # throttled)
+    return _progress.Reporter(
+        verbose=True, metric_titles=[], validation=False, total_iterations=None, stream=stream,
+        max_epochs=3,
+    )  # fmt: skip
+
+
+def test_the_progress_bar_says_unknown_length_until_the_first_epoch_ends(monkeypatch):
     class Terminal(io.StringIO):
         def isatty(self):
             return True
 
     stream = Terminal()
-    reporter = _progress.Reporter(
-        verbose=True, metric_titles=[], validation=False, total_iterations=None, stream=stream,
-        max_epochs=3,
-    )  # fmt: skip
-    for iteration, epoch in ((1, 1), (2, 1), (3, 1)):
-        reporter.tick(iteration, epoch)
-    assert "iteration 3 (an epoch of unknown length is running), epoch 1" in stream.getvalue()
-    reporter.tick(4, 2)
-    assert stream.getvalue().endswith("4/9 iterations, epoch 2")
+    reporter = _reporter(stream, monkeypatch)
+    assert reporter.mode == "terminal"
+    for iteration in (1, 2, 3):  # an epoch of 3 iterations, its length unknown while it runs
+        reporter.tick(iteration, 1)
+    frames = _frames(stream.getvalue())
+    assert re.search(r"\b3/\? +\(an epoch of unknown length is running\) epoch 1/3,", frames[-1])
+    reporter.tick(4, 2)  # the first epoch ended: 3 epochs of 3 iterations
+    frame = _frames(stream.getvalue())[-1]
+    assert re.search(r"\b4/9 +epoch 2/3, [\d.]+ it/s, \d\d:\d\d:\d\d left", frame)
+    assert "unknown" not in frame
+    reporter.finish("Max epochs completed")
+    assert _frames(stream.getvalue())[-1] == "Training stopped: Max epochs completed"
+
+
+def test_plain_progress_lines_say_unknown_length_until_the_first_epoch_ends(monkeypatch):
+    stream = io.StringIO()  # not a terminal: plain lines, no control characters
+    reporter = _reporter(stream, monkeypatch)
+    assert reporter.mode == "plain"
+    for iteration in range(1, 61):  # an epoch of 60 iterations, its length unknown while it runs
+        reporter.tick(iteration, 1)
+    for iteration in range(61, 181):
+        reporter.tick(iteration, 2 + (iteration - 61) // 60)
+    reporter.finish("Max epochs completed")
+    text = stream.getvalue()
+    assert "\r" not in text and "\x1b" not in text
+    lines = text.splitlines()
+    assert lines[-1] == "Training stopped: Max epochs completed"
+    progress = lines[:-1]
+    assert progress and all(line.startswith("Progress: iteration ") for line in progress)
+    assert re.fullmatch(
+        r"Progress: iteration 50, \(an epoch of unknown length is running\) epoch 1/3, .*",
+        progress[0],
+    )
+    after = progress[1:]  # once the first epoch ended, the total of 3 epochs of 60
+    assert after and all(re.match(r"Progress: iteration \d+/180, epoch [23]/3, ", a) for a in after)
+    assert after[-1].startswith("Progress: iteration 180/180, epoch 3/3, ")
+    assert not any("unknown" in a for a in after)
 
 
 # -- 6. nothing silent ----------------------------------------------------------------------------

@@ -30,7 +30,7 @@ from collections.abc import Iterable, Iterator
 import jax.numpy as jnp
 import numpy as np
 
-from .._core import FormattedArray, OptionsError, dlarray, stripdims
+from .._core import FormattedArray, OptionsError, SerializationError, dlarray, stripdims
 from .._core import batches as _batches
 from .._devices import HostArray, Placement, gather_rows
 from .._network import Network
@@ -192,8 +192,20 @@ class ArraySource:
         check(self.targets, "T")
 
     def resume_at(self, checkpoint) -> None:
-        """Arrays resume from the checkpoint's epoch order and iteration: nothing to skip here."""
-        del checkpoint
+        """Arrays resume from the checkpoint's epoch order and iteration: nothing to skip here.
+        The order must be one of these observations: a permutation of another length (a
+        crafted checkpoint) would gather clamped indices silently.
+
+        Raises:
+          SerializationError: the order is not of ``count`` observations.
+        """
+        order = checkpoint.payload.get("order")
+        if order is not None and np.size(order) != self.count:
+            raise SerializationError(
+                f"{checkpoint.source!r} is malformed: its epoch order is not a permutation of "
+                f"the {self.count} training observations (it orders {np.size(order)}). Fix: use "
+                "another copy of the checkpoint, or start the run again."
+            )
 
     def statistics_of(self, k: int, fmt: str, placement: Placement):
         """The data of input ``k`` that its normalization statistics are computed from."""

@@ -227,7 +227,8 @@ def network_structure(net: Network) -> dict[str, Any]:
 
 def check_network_structure(saved: dict[str, Any], net: Network, source: str) -> None:
     """Raise a named error at the first layer or connection where ``net`` differs from
-    ``saved`` (a `network_structure`)."""
+    ``saved`` (a `network_structure`, read from a file: its form is checked first)."""
+    check_schema(saved, SCHEMA["structure"], source=source, where="the network's structure")
     _check_structure(saved, _describe(net), source)
 
 

@@ -28,7 +28,7 @@ from typing import Any
 import jax
 import numpy as np
 
-from .._core import SerializationError
+from .._core import SerializationError, files
 from .._devices import all_agree, broadcast_int
 from .._persistence import check_schema, network_structure
 from . import _history_log, _manifest, _rowlog
@@ -222,10 +222,17 @@ class FolderCheckpoint(ShardedCheckpoint):
         )
         history = {"file": str, "training": int, "validation": int}
         check_schema(progress, {"history": history}, source=source, where="the progress")
-        if Path(progress["history"]["file"]).name != progress["history"]["file"]:
+        history = progress["history"]
+        name = history["file"]
+        # a bare name of the log's form (JSON lines; a run resumed from an earlier release's
+        # checkpoint may name its *.difffnlog): never a path, '..', or a device
+        pattern = _rowlog.NAME if str(name).endswith(".difffnlog") else _history_log.NAME
+        files.bare_name(name, pattern, source=source, what="the history log's name")
+        if history["training"] < 0 or history["validation"] < 0:
             raise SerializationError(
-                f"{source!r} is malformed: its history log {progress['history']['file']!r} is "
-                "not a file name in the checkpoint folder. Fix: use another copy."
+                f"{source!r} is malformed: its history counts {history['training']} training "
+                f"and {history['validation']} validation rows; counts are not negative. Fix: use "
+                "another copy."
             )
         return cls(source, progress, folder=str(path.parent))
 

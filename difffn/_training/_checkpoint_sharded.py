@@ -126,12 +126,28 @@ class ShardedCheckpoint(Checkpoint):
             ) from None
         if progress.get("format") != FORMAT:
             raise SerializationError(f"{source!r} does not hold a difffn training checkpoint.")
+        if "format_version" in progress:  # a crafted one is named, never compared raw
+            check_schema(progress, {"format_version": int}, source=source, where="the progress")
         if progress.get("format_version", 0) > FORMAT_VERSION:
             raise SerializationError(
                 f"{source!r} holds a checkpoint in format version {progress['format_version']}, "
                 f"newer than this difffn reads ({FORMAT_VERSION}). Fix: upgrade difffn."
             )
         check_schema(progress, SCHEMA, source=source, where="the progress")
+        for name, leaves in progress["layout"].items():  # [path, shape, dtype] per leaf
+            for n, leaf in enumerate(leaves or ()):
+                if not (
+                    len(leaf) == 3
+                    and isinstance(leaf[0], str)
+                    and isinstance(leaf[1], list)
+                    and all(type(size) is int for size in leaf[1])
+                    and isinstance(leaf[2], str)
+                ):
+                    raise SerializationError(
+                        f"{source!r} is malformed: the progress['layout'][{name!r}][{n}] is "
+                        f"{str(leaf)[:100]}, not [path, shape, dtype]. Fix: use another copy of "
+                        "the checkpoint."
+                    )
         for name in ("key", "run_key"):
             data = progress[name]["data"]
             if any(not isinstance(v, int) or not 0 <= v < 2**32 for v in data):
@@ -190,5 +206,12 @@ class ShardedCheckpoint(Checkpoint):
                 state.others,
             )
         abstract = jax.tree.map(ocp.utils.to_shape_dtype_struct, templates)
-        restored = self.restore(ocp.args.Composite(arrays=ocp.args.StandardRestore(abstract)))
+        try:
+            restored = self.restore(ocp.args.Composite(arrays=ocp.args.StandardRestore(abstract)))
+        except Exception as error:  # noqa: BLE001 - damaged array files (orbax, tensorstore)
+            raise SerializationError(
+                f"trainnet(resume_from={self.source!r}): its arrays cannot be read "
+                f"({type(error).__name__}: {str(error)[:200]}). Fix: use another copy of the "
+                "checkpoint, or resume from an older one."
+            ) from None
         return dict(restored.arrays)

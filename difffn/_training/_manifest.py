@@ -17,10 +17,12 @@ import os
 from pathlib import Path
 
 from .._core import SerializationError
+from .._core import files as _files
 
 NAME = "difffn_manifest.json"
 FORMAT = "difffn.checkpoint-manifest"
 _CHUNK = 1 << 20
+_LIMIT = 1 << 26  # bytes of a manifest read at most (some 300,000 files)
 
 
 def _sha256(path: Path) -> str:
@@ -69,10 +71,18 @@ def verify(folder) -> None:
     folder = Path(folder)
     path = folder / NAME
     try:
-        body = json.loads(path.read_text())
+        # never through a planted link, never a FIFO or a device, never unbounded
+        body = json.loads(_files.read_regular(path, limit=_LIMIT, what=NAME))
         files = body["files"]
         if body.get("format") != FORMAT or _seal(files) != body["seal"]:
             raise ValueError("its seal does not match")
+        if not isinstance(files, dict) or not all(
+            isinstance(want, dict)
+            and type(want.get("size")) is int
+            and isinstance(want.get("sha256"), str)
+            for want in files.values()
+        ):
+            raise ValueError("its files are not listed as {name: {size, sha256}}")
     except FileNotFoundError:
         raise SerializationError(
             f"{NAME} is missing (the checkpoint was not committed by difffn, or the file was lost)"
@@ -81,6 +91,17 @@ def verify(folder) -> None:
         raise SerializationError(f"{NAME} is damaged ({error})") from None
     for name, want in files.items():
         file = folder / name
+        parts = Path(name).parts
+        if not parts or Path(name).is_absolute() or any(p in ("..", ".") for p in parts):
+            raise SerializationError(
+                f"{NAME} lists {name!r}, which is not a file inside the checkpoint folder; "
+                "difffn reads nothing outside it"
+            )
+        if os.path.lexists(file) and not _files.inside(folder, name):
+            raise SerializationError(
+                f"the file {name} is not a regular file of the checkpoint folder (a symbolic "
+                "link, a FIFO, a device or a folder); difffn does not read it"
+            )
         if not file.is_file():
             raise SerializationError(f"the file {name} is missing")
         size = file.stat().st_size
