@@ -40,9 +40,9 @@ def test_the_payload_round_trip_restores_every_field(tmp_path):
         {"iteration": 7, "loss": 0.25}, objective="loss", maximize=False, keep=True
     )
     written.stop_reason = "Stopped by output_fcn"
-    _rowlog.repair(tmp_path / "rows.difffnlog")
+    _rowlog.repair(tmp_path / "net_history__0123456789abcdef.difffnlog")
     _rowlog.append(
-        tmp_path / "rows.difffnlog",
+        tmp_path / "net_history__0123456789abcdef.difffnlog",
         (0, [plain_row(r) for r in written.training_rows]),
         (0, [plain_row(r) for r in written.validation_rows]),
     )
@@ -50,7 +50,7 @@ def test_the_payload_round_trip_restores_every_field(tmp_path):
         elapsed=1.5,
         fingerprint={"loss": "'mse'"},
         run_key=jax.random.key(9),
-        history={"file": "rows.difffnlog", "training": 1, "validation": 1},
+        history={"file": "net_history__0123456789abcdef.difffnlog", "training": 1, "validation": 1},
         data_batch_size=None,
     )
     checkpoint = Checkpoint.from_payload(payload, str(tmp_path / "checkpoint.difffn"))

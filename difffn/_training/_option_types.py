@@ -63,7 +63,9 @@ class CommonOptions(TypedDict, total=False):
     parameter_sharding: Literal["replicated", "fsdp"]
     mesh_shape: Mapping[str, int] | None
     precision: Literal["float32", "bfloat16", "float16"]
-    compilation_cache: PathLike | None
+    compilation_cache: Literal["auto"] | PathLike | bool | None
+    process_timeout: float
+    log_dir: PathLike | None
     checkpoint_path: PathLike | None
     checkpoint_frequency: int
     checkpoint_frequency_unit: Literal["epoch", "iteration"]
