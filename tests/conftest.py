@@ -29,6 +29,9 @@ os.environ["DIFFFN_COMPILATION_CACHE"] = "off"
 import jax  # noqa: E402  (after XLA_FLAGS)
 import pytest  # noqa: E402
 
+# Scripts that wrote the committed test data (one needs torch, which the suite never imports).
+collect_ignore_glob = ["data/*"]
+
 
 @pytest.fixture(autouse=True)
 def _strict_rank_promotion():

@@ -430,13 +430,22 @@ def test_max_tensor_bytes_bounds_and_raises_the_limit():
         helper.make_node("ConstantOfShape", ["s"], ["c"], name="fill"),
         helper.make_node("Add", ["x", "c"], ["y"], name="add"),
     ]
-    model = onnx_model(nodes, [ints([2, 3], "s")])
-    with pytest.raises(df.ONNXImportError, match=r"node 'fill'.*\(float32, 24 bytes\), more than"):
-        df.import_onnx(model, max_tensor_bytes=16)
+    # a (1, 8) fill (32 bytes, more than its 16-byte shape initializer) broadcast over any batch
+    # size, as the import's stand-in batch needs
+    graph = helper.make_graph(
+        nodes,
+        "g",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["N", 8])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["N", 8])],
+        [ints([1, 8], "s")],
+    )
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    with pytest.raises(df.ONNXImportError, match=r"node 'fill'.*\(float32, 32 bytes\), more than"):
+        df.import_onnx(model, max_tensor_bytes=24)
     with pytest.raises(df.ONNXImportError, match=r"max_tensor_bytes is 0; expected a positive"):
         df.import_onnx(model, max_tensor_bytes=0)
-    x = np.arange(6, dtype=np.float32).reshape(2, 3)
-    net = df.import_onnx(model, max_tensor_bytes=24)
+    x = np.arange(16, dtype=np.float32).reshape(2, 8)
+    net = df.import_onnx(model, max_tensor_bytes=32)
     (want,) = ort.InferenceSession(model.SerializeToString()).run(None, {"x": x})
     np.testing.assert_array_equal(np.asarray(df.stripdims(net.predict(x))), want)
 
