@@ -122,6 +122,6 @@ def main(small: bool = False) -> float:
 
 
 if __name__ == "__main__":
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(description=(__doc__ or "").split("\n")[0])
     parser.add_argument("--small", action="store_true", help="tiny settings for the test suite")
     main(parser.parse_args().small)

@@ -85,8 +85,10 @@ def main(small: bool = False) -> float:
         key=jax.random.key(1),
     )
     print(mbq)
-    vel = df.dlupdate(jnp.zeros_like, net).learnables  # zero velocities, a table as the step gives
-    start, iteration = time.perf_counter(), 0
+    zeros = df.dlupdate(jnp.zeros_like, net)
+    assert isinstance(zeros, df.Network)  # fn returns one value: the network, not a tuple
+    vel = zeros.learnables  # zero velocities, a table as the step gives
+    start, iteration, loss = time.perf_counter(), 0, jnp.nan
     for epoch in range(1, epochs + 1):
         for X, T in mbq:  # each loop is a new pass, in a new order
             net, vel, loss = step(net, vel, X, T)
@@ -117,6 +119,6 @@ def main(small: bool = False) -> float:
 
 
 if __name__ == "__main__":
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(description=(__doc__ or "").split("\n")[0])
     parser.add_argument("--small", action="store_true", help="tiny settings for the test suite")
     main(parser.parse_args().small)

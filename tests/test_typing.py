@@ -125,6 +125,9 @@ def pyright(*args: str, cwd: Path) -> dict:
         capture_output=True,
         text=True,
         timeout=600,
+        # The checkout first: an editable install puts a partial difffn/ (the force-included
+        # examples) in site-packages, which would shadow the package and its py.typed.
+        env={**os.environ, "PYTHONPATH": str(ROOT)},
     )
     try:
         return json.loads(result.stdout)

@@ -35,19 +35,19 @@ class MiniBatchQueue:
 
     def __init__(
         self,
-        data,
+        data: Any,
         *,
         mini_batch_size: int,
-        mini_batch_fcn: Callable | None,
-        mini_batch_format,
+        mini_batch_fcn: Callable[..., Any] | None,
+        mini_batch_format: str | Sequence[str | None] | None,
         partial_mini_batch: str,
-        shuffle,
-        key,
+        shuffle: bool | str,
+        key: Any,
         output_environment: str,
-    ):
+    ) -> None:
         self._variables, self._single = _variables(data)
         self._count = _count(self._variables)
-        self.mini_batch_size = _positive_int("mini_batch_size", mini_batch_size)
+        self.mini_batch_size: int = _positive_int("mini_batch_size", mini_batch_size)
         if mini_batch_fcn is not None and not callable(mini_batch_fcn):
             raise OptionsError(
                 f"{_WHO}: mini_batch_fcn must be a function of the mini-batch of each variable "
@@ -93,7 +93,7 @@ class MiniBatchQueue:
         left = self._count - self._position
         return left >= self.mini_batch_size or (left > 0 and self.partial_mini_batch == "return")
 
-    def next(self):
+    def next(self) -> Any:
         """The next mini-batch: one value per output (a tuple for several), on the device.
 
         Raises:
@@ -127,7 +127,7 @@ class MiniBatchQueue:
         if self._shuffle_mode == "every-epoch":
             self._order = _permutation(jax.random.fold_in(self._key, self._pass), self._count)
 
-    def shuffle(self, key) -> None:
+    def shuffle(self, key: Any) -> None:
         """A new observation order drawn from ``key``, and back to the first mini-batch
         (MATLAB's ``shuffle(mbq)``)."""
         check_key(f"{_WHO}.shuffle", key, OptionsError)
@@ -137,7 +137,7 @@ class MiniBatchQueue:
 
     # -- Python -----------------------------------------------------------------------------------
 
-    def __iter__(self) -> Iterator:
+    def __iter__(self) -> Iterator[Any]:
         # A new pass each time (trainnet reads one per epoch); a generator, not ``self``, so
         # that the queue reads as re-iterable rather than as a one-shot iterator.
         if self._position:
@@ -148,7 +148,7 @@ class MiniBatchQueue:
         while self.has_data():
             yield self.next()
 
-    def __next__(self):
+    def __next__(self) -> Any:
         if not self.has_data():
             raise StopIteration
         return self.next()
@@ -164,7 +164,7 @@ class MiniBatchQueue:
             f"{self.partial_mini_batch!r}, shuffle={self._shuffle_mode!r})"
         )
 
-    def __del__(self):
+    def __del__(self) -> None:
         executor = getattr(self, "_executor", None)
         if executor is not None:
             executor.shutdown(wait=False, cancel_futures=True)
@@ -271,10 +271,10 @@ def _positive_int(name: str, value) -> int:
 
 
 def minibatchqueue(
-    data,
+    data: Any,
     *,
     mini_batch_size: int = 128,
-    mini_batch_fcn: Callable | None = None,
+    mini_batch_fcn: Callable[..., Any] | None = None,
     mini_batch_format: str | Sequence[str | None] | None = None,
     partial_mini_batch: str = "return",
     shuffle: bool | str = False,

@@ -46,9 +46,9 @@ def import_onnx(
     path_or_model: Any,
     *,
     placeholders: bool = False,
-    input_shapes: dict | None = None,
-    input_formats: dict | None = None,
-    input_data_formats: dict | str | None = None,
+    input_shapes: dict[str, Any] | None = None,
+    input_formats: dict[str, Any] | None = None,
+    input_data_formats: dict[str, str] | str | None = None,
     max_tensor_bytes: int = _limits.DEFAULT_MAX_TENSOR_BYTES,
 ) -> Network:
     """Import an ONNX model as a ``df.Network`` (MATLAB's ``importNetworkFromONNX``).

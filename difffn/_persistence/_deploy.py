@@ -199,7 +199,7 @@ _OPTIONAL = {
 }
 
 
-def load_exported(path: str | os.PathLike) -> ExportedNetwork:
+def load_exported(path: str | os.PathLike[str]) -> ExportedNetwork:
     """Load a network written by [`export`][difffn.export]; no layer class is imported or run.
 
     Trust: an exported file carries compiled code for XLA (StableHLO bytecode, which JAX

@@ -25,7 +25,7 @@ def _names(net) -> list[str]:
     return paths
 
 
-def dlupdate(fn: Callable[..., Any], net, *more):
+def dlupdate(fn: Callable[..., Any], net: Any, *more: Any) -> Any:
     """Apply ``fn`` to every learnable (MATLAB's ``dlupdate``).
 
     ``fn(w, *others)`` is called once per learnable ``w``, with the matching value of each of

@@ -483,6 +483,8 @@ class TrainingOptions:
     mesh_shape: Mapping[str, int] | None
     precision: Literal["float32", "bfloat16", "float16"]
     compilation_cache: str | None
+    process_timeout: float
+    log_dir: str | None
     checkpoint_path: str | os.PathLike[str] | None
     checkpoint_frequency: int
     checkpoint_frequency_unit: Literal["epoch", "iteration"]

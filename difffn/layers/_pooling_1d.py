@@ -13,7 +13,7 @@ import dataclasses
 from typing import Any
 
 from .. import ops
-from .._core import FormatError
+from .._core import Data, FormatError, Output
 from .._layer import Layer
 from ._checks import bad_argument, data_and_format, positive_int, relabel, who
 
@@ -63,6 +63,9 @@ class _Pool1D(Layer):
     """What ``MaxPool1D`` and ``AveragePool1D`` share (never used alone)."""
 
     formattable = True
+    pool_size: Any
+    stride: Any
+    padding: Any
 
     def _check_window(self) -> None:
         name = type(self).__name__
@@ -109,10 +112,10 @@ class MaxPool1D(_Pool1D):
     stride: Any = 1
     padding: Any = 0
 
-    def __post_init__(self):
+    def __post_init__(self) -> None:
         self._check_window()
 
-    def predict(self, x):
+    def predict(self, x: Data) -> Output:
         data, fmt = data_and_format(x)
         fmt = _format(self, fmt, data.shape)
         y = ops.max_pool(data, self.pool_size, stride=self.stride, padding=self.padding, fmt=fmt)
@@ -147,7 +150,7 @@ class AveragePool1D(_Pool1D):
     padding: Any = 0
     padding_value: Any = 0
 
-    def __post_init__(self):
+    def __post_init__(self) -> None:
         self._check_window()
         value = self.padding_value
         if not (value == "mean" or (not isinstance(value, (str, bool)) and value == 0)):
@@ -159,7 +162,7 @@ class AveragePool1D(_Pool1D):
                 "use 0 (padding averages as zeros) or 'mean' (padding left out).",
             )
 
-    def predict(self, x):
+    def predict(self, x: Data) -> Output:
         data, fmt = data_and_format(x)
         fmt = _format(self, fmt, data.shape)
         y = ops.avg_pool(
@@ -203,7 +206,7 @@ class GlobalAveragePool1D(Layer):
 
     formattable = True
 
-    def predict(self, x):
+    def predict(self, x: Data) -> Output:
         return _global(self, x, ops.avg_pool)
 
 
@@ -222,5 +225,5 @@ class GlobalMaxPool1D(Layer):
 
     formattable = True
 
-    def predict(self, x):
+    def predict(self, x: Data) -> Output:
         return _global(self, x, ops.max_pool)
