@@ -873,3 +873,15 @@ def test_pruning_leaves_a_fresh_temporary_file_of_another_run(tmp_path):
 def test_the_log_name_form_is_what_the_writer_makes():
     name = _rowlog.file_name("0123456789abcdef")
     assert _rowlog.NAME.fullmatch(name)
+
+
+def test_a_node_name_that_is_not_utf8_is_named(tmp_path):
+    """protobuf gives a string field that is not valid UTF-8 back as bytes (found by fuzzing)."""
+    nodes = [helper.make_node("Relu", ["x"], ["y"], name="NODEX")]
+    data = onnx_model(nodes, []).SerializeToString().replace(b"NODEX", b"NOD\xffX")
+    path = tmp_path / "bad_name.onnx"
+    path.write_bytes(data)
+    with pytest.raises(
+        df.ONNXImportError, match=r"node 0 of the graph has a name that is not valid"
+    ):
+        df.import_onnx(path)

@@ -317,6 +317,7 @@ def read_graph(model) -> GraphSpec:
     check_types(onnx, model, inferred)
     nodes = []
     for i, node in enumerate(graph.node):
+        _check_text(node, i)
         nodes.append(
             Node(
                 op_type=node.op_type,
@@ -497,3 +498,17 @@ def _attribute(onnx, attribute, what: str):
         value = _tensor(onnx, attribute.t, what)
         return value if isinstance(value, Unsupported) else FrozenArray(value)
     return Subgraph()
+
+
+def _check_text(node, index: int) -> None:
+    """A node's names are text: protobuf hands a string field that is not valid UTF-8 (a damaged
+    or crafted file) back as bytes, which nothing downstream expects."""
+    fields = {"name": [node.name], "op_type": [node.op_type], "domain": [node.domain]}
+    fields["input"], fields["output"] = list(node.input), list(node.output)
+    for field, values in fields.items():
+        if any(not isinstance(v, str) for v in values):
+            raise ONNXImportError(
+                f"df.import_onnx: node {index} of the graph has a {field} that is not valid "
+                "UTF-8 text (the file is damaged or was not written by an ONNX exporter). Fix: "
+                "export the model again."
+            )
