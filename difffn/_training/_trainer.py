@@ -10,6 +10,10 @@ checkpoints) and at the end.
 Randomness comes only from the ``key`` argument: the shuffles, the per-iteration keys
 (``fold_in(key, iteration)``, e.g. for dropout) and the initialization of an uninitialized
 network.
+
+Length (about 730 lines): trainnet's argument handling and one class, `_Run`, whose setup
+phases and loop share the run's state (placement, steps, writer, watch). It is kept whole for
+now; the natural split is the setup phases into a module of their own, not yet done.
 """
 
 from __future__ import annotations
