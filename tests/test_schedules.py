@@ -179,3 +179,28 @@ def test_a_drop_factor_of_zero_drops_to_zero():
         learn_rate_schedule="piecewise", learn_rate_drop_factor=0.0, learn_rate_drop_period=2
     )
     assert rates(o, 1, 4) == [0.01, 0.01, 0.0, 0.0]
+
+
+def test_cosine_takes_matlabs_property_names():
+    # MathWorks' cosineLearnRate names its factors InitialFactor and FinalFactor
+    matlab = df.TrainingOptions(
+        learn_rate_schedule="cosine",
+        learn_rate_schedule_settings={"period": 4, "initial_factor": 2.0, "final_factor": 0.5},
+    )
+    expected = [0.01 * (0.5 + 1.5 * (1 + math.cos(math.pi * t / 4)) / 2) for t in range(4)]
+    assert rates(matlab, 1, 4) == pytest.approx(expected)
+    older = df.TrainingOptions(
+        learn_rate_schedule="cosine",
+        learn_rate_schedule_settings={"period": 4, "max_factor": 2.0, "min_factor": 0.5},
+    )
+    assert rates(older, 1, 4) == rates(matlab, 1, 4)
+
+
+def test_cosine_refuses_a_factor_under_both_names():
+    with pytest.raises(df.OptionsError) as raised:
+        df.TrainingOptions(
+            learn_rate_schedule="cosine",
+            learn_rate_schedule_settings={"initial_factor": 2.0, "max_factor": 2.0},
+        )
+    message = str(raised.value)
+    assert "'initial_factor' and 'max_factor'" in message and "keep 'initial_factor'" in message

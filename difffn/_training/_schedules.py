@@ -20,8 +20,10 @@ iterations, per its ``frequency_unit``), from 0.
   ``initial_factor`` 1, ``drop_factor`` 0.9, ``period`` 1; unit epoch.
 * ``"cosine"``: ``min + (max - min) * (1 + cos(pi * t / P)) / 2`` with warm restarts: ``t``
   counts from the last restart and each period is ``period_growth`` times the previous one.
-  Settings: ``max_factor`` 1, ``min_factor`` 0, ``period`` (default: the whole training),
-  ``period_growth`` 1; unit epoch.
+  Settings: ``initial_factor`` (alias ``max_factor``) 1, ``final_factor`` (alias
+  ``min_factor``) 0, ``period`` (default: the whole training), ``period_growth`` 1; unit epoch.
+  MathWorks' ``cosineLearnRate`` names its factors InitialFactor and FinalFactor; the earlier
+  names ``max_factor``/``min_factor`` are kept as synonyms.
 * ``"cyclical"``: triangular, from 1 up to ``max_factor`` (10) during the first ``step_ratio``
   (0.5) of each ``period`` (10), then back down; unit epoch.
 
@@ -77,6 +79,12 @@ DEFAULTS: dict[str, dict[str, Any]] = {
     "exponential": {"initial_factor": 1.0, "drop_factor": 0.9, "period": 1.0},
     "cosine": {"max_factor": 1.0, "min_factor": 0.0, "period": None, "period_growth": 1.0},
     "cyclical": {"max_factor": 10.0, "period": 10.0, "step_ratio": 0.5},
+}
+# MATLAB's property names that difffn stores under another key (cosineLearnRate's InitialFactor
+# and FinalFactor; difffn's cosine first named them max_factor/min_factor, and saved settings
+# keep those keys).
+SYNONYMS: dict[str, dict[str, str]] = {
+    "cosine": {"initial_factor": "max_factor", "final_factor": "min_factor"},
 }
 for _name, _settings in DEFAULTS.items():
     if _name != "none":
@@ -191,11 +199,21 @@ def validate(schedule, settings) -> tuple[tuple[Any, ...], dict[str, dict[str, A
                 f"{type(values).__name__}."
             )
         valid = DEFAULTS[name]
-        for key, value in values.items():
+        synonyms = SYNONYMS.get(name, {})
+        for key, value in list(values.items()):
+            if key in synonyms:
+                stored = synonyms[key]
+                if stored in values:
+                    raise OptionsError(
+                        f"learn_rate_schedule_settings[{name!r}] gives both {key!r} and "
+                        f"{stored!r}, two names of one setting; keep {key!r} (MATLAB's name)."
+                    )
+                values[stored] = _check_setting(name, key, values.pop(key))
+                continue
             if key not in valid:
                 raise OptionsError(
                     f"learn_rate_schedule_settings[{name!r}] has no setting {key!r}; the "
-                    f"settings of {name!r} are {sorted(valid)}."
+                    f"settings of {name!r} are {sorted({*valid, *synonyms})}."
                 )
             values[key] = _check_setting(name, key, value)
     return parts, per_name
