@@ -204,3 +204,18 @@ def test_cosine_refuses_a_factor_under_both_names():
         )
     message = str(raised.value)
     assert "'initial_factor' and 'max_factor'" in message and "keep 'initial_factor'" in message
+
+
+def test_a_schedule_after_warmup_counts_its_own_steps_as_the_mathworks_page_says():
+    # polynomialLearnRate's page: trained with {"warmup", schedule} (iteration units), at
+    # training iteration 15 the schedule is at its 10th iteration, because the warm-up ran for
+    # iterations 1 to 5; its first iteration (training iteration 6) uses InitialFactor.
+    o = df.TrainingOptions(
+        learn_rate_schedule=("warmup", "polynomial"),
+        learn_rate_schedule_settings={
+            "polynomial": {"frequency_unit": "iteration", "num_steps": 20}
+        },
+    )
+    values = rates(o, 100, 15)
+    assert values[5] == pytest.approx(0.01)  # iteration 6: the schedule's 1st step, k = 0 done
+    assert values[14] == pytest.approx(0.01 * (1 - 9 / 20))  # its 10th step, 9 completed
