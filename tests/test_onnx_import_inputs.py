@@ -233,3 +233,56 @@ def test_a_replacement_whose_output_does_not_fit_names_both_layers_and_the_sizes
     ):
         same_size.predict(x)
     assert same_size.replace_layer("up", _upsample("up")).predict(x).shape == (2, 5)
+
+
+def _skip_connection(custom: bool):
+    """x (N, 3, 8, 8) -> MaxPool 2 -> op (4x4 -> 8x8; the custom one has no output type) ->
+    Concat with x (a U-Net's skip connection) -> Conv -> Relu -> Flatten -> Gemm."""
+    rng = np.random.default_rng(0)
+    inits = [
+        numpy_helper.from_array(0.2 * rng.standard_normal((4, 6, 3, 3)).astype(np.float32), "w"),
+        numpy_helper.from_array(0.05 * rng.standard_normal((5, 256)).astype(np.float32), "fc"),
+    ]
+    if custom:
+        up = helper.make_node("Upsample2x", ["p"], ["u"], name="/up", domain="my.ops")
+    else:
+        inits.append(numpy_helper.from_array(np.array([1, 1, 2, 2], np.float32), "scales"))
+        up = helper.make_node("Resize", ["p", "", "scales"], ["u"], name="/up", mode="nearest")
+    nodes = [
+        helper.make_node(
+            "MaxPool", ["x"], ["p"], name="/pool", kernel_shape=[2, 2], strides=[2, 2]
+        ),
+        up,
+        helper.make_node("Concat", ["u", "x"], ["c"], name="/cat", axis=1),
+        helper.make_node("Conv", ["c", "w"], ["v"], name="/conv", pads=[1, 1, 1, 1]),
+        helper.make_node("Relu", ["v"], ["r"], name="/relu"),
+        helper.make_node("Flatten", ["r"], ["f"], name="/flatten", axis=1),
+        helper.make_node("Gemm", ["f", "fc"], ["y"], name="/fc/Gemm", transB=1),
+    ]
+    graph = helper.make_graph(
+        nodes, "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["N", 3, 8, 8])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["N", 5])], inits,
+    )  # fmt: skip
+    opsets = [helper.make_opsetid("", 17)] + ([helper.make_opsetid("my.ops", 1)] if custom else [])
+    return helper.make_model(graph, opset_imports=opsets)
+
+
+def test_a_skip_connection_after_a_placeholder_takes_the_other_inputs_sizes():
+    net = df.import_onnx(_skip_connection(custom=True), placeholders=True)
+    kinds = {layer.name: type(layer).__name__ for layer in net.layers}
+    assert [n for n, k in kinds.items() if k == "Placeholder"] == ["up"]
+    fixed = net.replace_layer("up", _upsample("up"))
+    x = np.random.default_rng(5).standard_normal((2, 3, 8, 8)).astype(np.float32)
+    reference = _skip_connection(custom=False).SerializeToString()
+    (expected,) = ort.InferenceSession(reference).run(None, {"x": x})
+    y = np.asarray(df.stripdims(fixed.predict(np.transpose(x, (0, 2, 3, 1)))))
+    np.testing.assert_allclose(y, expected, rtol=1e-4, atol=1e-5 * np.abs(expected).max())
+    same_size = net.replace_layer("up", df.layers.FunctionLayer(lambda v: v, name="up"))
+    with pytest.raises(
+        df.ONNXImportError,
+        match=r"(?s)layer 'cat' \(the imported ONNX Concat node '/cat'\) cannot run on its "
+        r"inputs' sizes \[\(2, 3, 4, 4\), \(2, 3, 8, 8\)\].*'cat' was imported for inputs of sizes "
+        r"\(N, 3, 8, 8\), \(N, 3, 8, 8\) \(input 0 axis 2: 8 needed, 4 given; input 0 axis 3: 8 "
+        r"needed, 4 given\)\. Fix: replace 'up' with a layer whose output gives 'cat' those sizes",
+    ):
+        same_size.predict(np.transpose(x, (0, 2, 3, 1)))

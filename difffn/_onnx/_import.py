@@ -363,14 +363,8 @@ class Importer(Inputs, Folding, Emission, Placeholders):
         try:
             info = self._info(node, a, inputs)  # programs' stand-in values: may raise
             if definition.check is not None:
-                try:
-                    definition.check(a, info)
-                except Unsupported:
-                    needed = self.needed(info)  # guessed sizes the node's weights cannot take
-                    if needed is None:
-                        raise
-                    info = needed
-                    definition.check(a, info)
+                # at guessed sizes (after a placeholder), at the sizes the node implies
+                info, _ = self.fit(info, lambda i: definition.check(a, i))
             meta = dict(definition.meta)
             data = {k for i, k in enumerate(info.input_kinds) if i not in meta} - {"absent"}
             looked_at = [

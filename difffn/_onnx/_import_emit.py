@@ -47,14 +47,9 @@ class Emission:
             info.input_values[1] = self._batch_kept(info)
         guess = self.guess_of(info)
         if guess is not None:  # after a placeholder's guessed sizes: see _import_placeholders
-            try:
-                out_shapes, out_dtypes = self._output_shapes(node, a, info, definition)
-            except Unsupported:
-                needed = self.needed(info)
-                if needed is None:
-                    raise
-                info = needed
-                out_shapes, out_dtypes = self._output_shapes(node, a, info, definition)
+            info, (out_shapes, out_dtypes) = self.fit(
+                info, lambda i: self._output_shapes(node, a, i, definition)
+            )
             out_labels = self._output_labels(node, a, info, definition, out_shapes)
             self.generic(info, definition, out_shapes, out_dtypes, out_labels, after=guess)
             return

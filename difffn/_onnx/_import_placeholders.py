@@ -7,9 +7,11 @@ input's, with the channels that a consumer's weights take. Every tensor computed
 carries it (``Runtime.guess``, the placeholder's layer name), and the nodes it feeds are imported
 as ``ONNXOperator`` s, which compute in ONNX's order from the sizes of the data they get when
 the network runs (no mapping to a difffn layer, which would freeze the guessed sizes, e.g. the
-feature order of a Flatten before a fully connected layer). A node whose weights cannot take
-the guessed sizes is imported at the sizes its weights need (a Gemm after a Flatten takes as
-many features as its weights have rows), not turned into a placeholder too. So the replacement
+feature order of a Flatten before a fully connected layer). A node that cannot run on the
+guessed sizes is imported at the sizes it implies (`Placeholders.fit`): the channels its weights
+take (a Gemm after a Flatten takes as many features as its weights have rows), or the sizes of
+its other input (a Concat or an Add of a skip connection), not turned into a placeholder too.
+So the replacement
 of the unknown operator alone decides the sizes: with ``net.replace_layer(name, layer)`` the
 network runs at the replacement's output sizes, and where they do not fit a node after it, the
 node's error names the placeholder, the sizes it needs and gets, and the fix (``_layers``).
@@ -143,22 +145,60 @@ class Placeholders:
                 return self.values[name].guess
         return None
 
-    def needed(self, info: NodeInfo) -> NodeInfo | None:
-        """``info`` with its data input sized as the node's weights need, where that input's
-        sizes are a guess that the weights cannot take; None where nothing is known."""
-        if not info.input_kinds or info.input_kinds[0] != "runtime":
-            return None
-        x = self.values[info.inputs[0]]
-        if not x.guess or x.shape is None or "C" not in x.labels:
-            return None
-        channels = self._channels_taken(info.node, 0)
-        axis = x.labels.index("C")
-        if channels is None or channels == x.shape[axis]:
-            return None
-        shape = tuple(channels if i == axis else n for i, n in enumerate(x.shape))
-        # The consumer's need is the best knowledge of the guessed tensor's sizes: the layer
-        # records it (its message says what it needs when the replacement gives other sizes).
-        self.values[info.inputs[0]] = dataclasses.replace(x, shape=shape)
-        shapes = list(info.input_shapes)
-        shapes[0] = shape
-        return dataclasses.replace(info, input_shapes=shapes)
+    def fit(self, info: NodeInfo, attempt):
+        """``attempt(info)`` at the guessed sizes, else at the first sizes for the guessed
+        inputs that the node itself implies (`_implied`) and that it can run on.
+
+        Returns ``(info, attempt's result)``, ``info`` at the sizes used; those sizes become the
+        guessed tensors' (a consumer's need is the best knowledge of them). Raises the first
+        ``Unsupported`` when no sizes fit.
+        """
+        try:
+            return info, attempt(info)
+        except Unsupported as error:
+            first = error
+        for sizes in self._implied(info):
+            shapes = [sizes.get(name, shape) for name, shape in zip(info.inputs, info.input_shapes)]
+            trial = dataclasses.replace(info, input_shapes=shapes)
+            try:
+                result = attempt(trial)
+            except Unsupported:
+                continue
+            for name, shape in sizes.items():
+                self.values[name] = dataclasses.replace(self.values[name], shape=shape)
+            return trial, result
+        raise first
+
+    def _implied(self, info: NodeInfo):
+        """Sizes ``{tensor: ONNX shape}`` for the node's guessed inputs, most specific first:
+        the channels its weights take (a Conv, a Gemm after a Flatten), then the sizes of an
+        input that is not a guess and has the same labels (an Add or a Concat of a skip
+        connection), with and without its channels."""
+        guessed = {}
+        known = []
+        for name, kind in zip(info.inputs, info.input_kinds):
+            value = self.values.get(name) if kind == "runtime" else None
+            if value is None or value.shape is None:
+                continue
+            if value.guess:
+                guessed[name] = value
+            else:
+                known.append(value)
+        first = self.values.get(info.inputs[0]) if info.inputs else None
+        if info.inputs and info.inputs[0] in guessed and "C" in first.labels:
+            channels = self._channels_taken(info.node, 0)
+            if channels is not None:
+                axis = first.labels.index("C")
+                shape = tuple(channels if i == axis else n for i, n in enumerate(first.shape))
+                yield {info.inputs[0]: shape}
+        for partner in known:
+            same = {n: v for n, v in guessed.items() if v.labels == partner.labels}
+            if not same:
+                continue
+            yield {n: tuple(partner.shape) for n in same}
+            if "C" in partner.labels:
+                axis = partner.labels.index("C")
+                yield {
+                    n: tuple(v.shape[i] if i == axis else d for i, d in enumerate(partner.shape))
+                    for n, v in same.items()
+                }
