@@ -11,10 +11,10 @@ feature order of a Flatten before a fully connected layer). A node that cannot r
 guessed sizes is imported at the sizes it implies (`Placeholders.fit`): the channels its weights
 take (a Gemm after a Flatten takes as many features as its weights have rows), or the sizes of
 its other input (a Concat or an Add of a skip connection), not turned into a placeholder too.
-So the replacement
-of the unknown operator alone decides the sizes: with ``net.replace_layer(name, layer)`` the
-network runs at the replacement's output sizes, and where they do not fit a node after it, the
-node's error names the placeholder, the sizes it needs and gets, and the fix (``_layers``).
+So the replacement of the unknown operator alone decides the sizes: with
+``net.replace_layer(name, layer)`` the network runs at the replacement's output sizes, and
+where they do not fit a node after it, the node's error names the placeholder, the sizes it
+needs and gets, and the fix (``_layers``).
 
 A mixin of ``Importer`` (``_import``), beside the emission of layers (``_import_emit``).
 """
