@@ -364,7 +364,8 @@ class Importer(Inputs, Folding, Emission, Placeholders):
             info = self._info(node, a, inputs)  # programs' stand-in values: may raise
             if definition.check is not None:
                 # at guessed sizes (after a placeholder), at the sizes the node implies
-                info, _ = self.fit(info, lambda i: definition.check(a, i))
+                check = definition.check
+                info, _ = self.fit(info, lambda i: check(a, i))
             meta = dict(definition.meta)
             data = {k for i, k in enumerate(info.input_kinds) if i not in meta} - {"absent"}
             looked_at = [

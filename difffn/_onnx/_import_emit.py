@@ -11,6 +11,7 @@ tensor kinds and adds layers and connections.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 import jax
@@ -31,6 +32,8 @@ class Emission:
     values: dict[str, Any]
     consumers: dict
     variable_sizes: list[str]
+    fit: Callable[..., Any]  # Placeholders'
+    guess_of: Callable[[NodeInfo], str | None]  # Placeholders'
 
     def place(self, layer, inputs) -> None:
         """Add ``layer`` fed by the runtime tensors named ``inputs`` (one per layer input)."""

@@ -22,6 +22,7 @@ A mixin of ``Importer`` (``_import``), beside the emission of layers (``_import_
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Callable
 from typing import Any
 
 from ..layers import Placeholder
@@ -39,6 +40,9 @@ class Placeholders:
     consumers: dict
     spec: Any
     placeholders: bool
+    fail: Callable[[Node, str], None]  # the importer's
+    unique: Callable[[str], str]  # the importer's
+    place: Callable[[Any, Any], None]  # the emission's
 
     def _unsupported(self, node: Node, reason: str) -> None:
         if not self.placeholders:
@@ -184,8 +188,8 @@ class Placeholders:
                 guessed[name] = value
             else:
                 known.append(value)
-        first = self.values.get(info.inputs[0]) if info.inputs else None
-        if info.inputs and info.inputs[0] in guessed and "C" in first.labels:
+        first = guessed.get(info.inputs[0]) if info.inputs else None
+        if first is not None and "C" in first.labels:
             channels = self._channels_taken(info.node, 0)
             if channels is not None:
                 axis = first.labels.index("C")
