@@ -66,6 +66,7 @@ from ._persistence import load_exported as load_exported
 from ._persistence import save as save
 from ._training import CheckpointWarning as CheckpointWarning
 from ._training import DataWarning as DataWarning
+from ._training import SolverWarning as SolverWarning
 from ._training import TrainingInfo as TrainingInfo
 from ._training import TrainingOptions as TrainingOptions
 from ._training import adamupdate as adamupdate

@@ -6,6 +6,8 @@ coupled L2 for every solver, and gradient clipping bounding the update.
 
 from __future__ import annotations
 
+import warnings
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -102,20 +104,69 @@ def test_adamupdate_iteration_counts_from_one(iteration):
         df.adamupdate(PARAMS, GRADS[0], None, None, iteration)
 
 
-def test_a_traced_iteration_zero_raises_instead_of_returning_nan():
-    """Under jit the value is unknown when adamupdate is called: the compiled step raises."""
+_TRACED_ZERO = (
+    r"adamupdate: iteration must be counted from 1 \(MATLAB's definition.*got {} inside a "
+    r"traced function \(such as jax\.jit\), so this step used iteration 1 and the parameters stay "
+    r"finite\. Fix: pass iteration = step \+ 1 for a step count from 0\."
+)
+
+
+def _adam_reference(params, grads, lr, t):
+    """optax's own Adam at step count ``t`` (its bias correction uses count + 1 = t)."""
+    tx = optax.adam(lr, b1=0.9, b2=0.999, eps=1e-8)
+    state = tx.init(params)
+    adam = state[0]._replace(count=jnp.asarray(t - 1, jnp.int32))
+    updates, _ = tx.update(grads, (adam, *state[1:]), params)
+    return optax.apply_updates(params, updates)
+
+
+@pytest.mark.parametrize("bad", [0, -3])
+def test_a_traced_iteration_below_one_warns_and_steps_as_iteration_one(bad):
+    """Under jit the value is known only when the step runs: no exception can cross the user's
+    jit (JAX would wrap it in JaxRuntimeError), so it is a named warning and finite parameters."""
 
     @jax.jit
     def step(params, g, t):
         return df.adamupdate(params, g, None, None, t, 0.01)
 
-    jax.block_until_ready(step(PARAMS, GRADS[0], 1))  # a good one runs as before
-    with pytest.raises(
-        jax.errors.JaxRuntimeError,
-        match=r"adamupdate: iteration must be counted from 1 \(MATLAB's definition.*got 0 inside "
-        r"a traced function\. Fix: pass iteration = step \+ 1",
-    ):
-        jax.block_until_ready(step(PARAMS, GRADS[0], 0))
+    jax.block_until_ready(step(PARAMS, GRADS[0], 1))  # a good one runs as before, silently
+    with pytest.warns(df.SolverWarning, match=_TRACED_ZERO.format(bad)):
+        params, m, s = jax.block_until_ready(step(PARAMS, GRADS[0], bad))
+        jax.effects_barrier()
+    assert all(bool(jnp.all(jnp.isfinite(x))) for x in jax.tree.leaves((params, m, s)))
+    assert_tree_allclose(params, _adam_reference(PARAMS, GRADS[0], 0.01, 1))
+    assert_tree_allclose(params, df.adamupdate(PARAMS, GRADS[0], None, None, 1, 0.01)[0])
+
+
+def test_a_traced_iteration_zero_outside_jit_warns_too():
+    """vmap traces the iteration without jit: same warning; each row is checked on its own."""
+
+    def step(t):
+        return df.adamupdate(PARAMS, GRADS[0], None, None, t, 0.01)[0]
+
+    with pytest.warns(df.SolverWarning, match=_TRACED_ZERO.format(0)):
+        rows = jax.vmap(step)(jnp.array([0, 2]))
+        jax.effects_barrier()
+    assert_tree_allclose(
+        jax.tree.map(lambda x: x[0], rows), _adam_reference(PARAMS, GRADS[0], 0.01, 1)
+    )
+    assert_tree_allclose(
+        jax.tree.map(lambda x: x[1], rows), _adam_reference(PARAMS, GRADS[0], 0.01, 2)
+    )
+
+
+def test_a_traced_iteration_zero_made_an_error_by_the_user_surfaces_with_the_message():
+    """warnings.simplefilter("error", df.SolverWarning): JAX wraps it; the message survives."""
+
+    @jax.jit
+    def step(params, g, t):
+        return df.adamupdate(params, g, None, None, t, 0.01)
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", df.SolverWarning)
+        with pytest.raises(jax.errors.JaxRuntimeError, match=_TRACED_ZERO.format(0)):
+            jax.block_until_ready(step(PARAMS, GRADS[0], 0))
+            jax.effects_barrier()
 
 
 # -- networks and tables --------------------------------------------------------------------------

@@ -36,6 +36,7 @@ from ._export import FORMATS_KEY
 from ._import_emit import Emission
 from ._import_fold import Folding
 from ._import_inputs import Inputs
+from ._import_placeholders import Placeholders
 from ._import_values import Const, Deferred, ImportResult, NodeInfo, Runtime
 from ._layers import NodeFunction, ONNXEntry, Step
 from ._load import CONVERTED_KEY, GraphSpec, Node, Subgraph, load_model, read_graph
@@ -184,7 +185,7 @@ def layer_name(name: str) -> str:
     return cleaned or "node"
 
 
-class Importer(Inputs, Folding, Emission):
+class Importer(Inputs, Folding, Emission, Placeholders):
     def __init__(self, spec: GraphSpec, placeholders: bool, input_shapes, input_formats):
         self.spec = spec
         self.placeholders = placeholders
@@ -362,7 +363,9 @@ class Importer(Inputs, Folding, Emission):
         try:
             info = self._info(node, a, inputs)  # programs' stand-in values: may raise
             if definition.check is not None:
-                definition.check(a, info)
+                # at guessed sizes (after a placeholder), at the sizes the node implies
+                check = definition.check
+                info, _ = self.fit(info, lambda i: check(a, i))
             meta = dict(definition.meta)
             data = {k for i, k in enumerate(info.input_kinds) if i not in meta} - {"absent"}
             looked_at = [

@@ -11,17 +11,18 @@ tensor kinds and adds layers and connections.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 import jax
 import numpy as np
 
-from ..layers import FunctionLayer, Placeholder
+from ..layers import FunctionLayer
 from . import _labels, _mapping
-from ._import_values import Const, NodeInfo, Runtime
+from ._import_values import NodeInfo, Runtime
 from ._layers import NodeFunction, ONNXOperator, expand_to
-from ._load import Node, Subgraph
-from ._ops import Attrs, FrozenArray, Unsupported, np_dtype
+from ._load import Node
+from ._ops import Attrs, FrozenArray, Unsupported
 
 
 class Emission:
@@ -31,100 +32,8 @@ class Emission:
     values: dict[str, Any]
     consumers: dict
     variable_sizes: list[str]
-
-    def _unsupported(self, node: Node, reason: str) -> None:
-        if not self.placeholders:
-            self.fail(node, reason)
-            self._broken(node)
-            return
-        runtime = [n for n in dict.fromkeys(node.inputs) if isinstance(self.values.get(n), Runtime)]
-        constants = {
-            n: self.values[n].value
-            for n in node.inputs
-            if n and isinstance(self.values.get(n), Const)
-        }
-        out_labels = []
-        for name in node.outputs:
-            info = self.spec.value_info.get(name)
-            if info is not None and info.dims is not None:
-                out_labels.append(_labels.default_labels(len(info.dims)))
-            else:  # shape inference does not know the operator: guess its first input's
-                out_labels.append(self.values[runtime[0]].labels if runtime else None)
-        layer = Placeholder(
-            node.op_type,
-            reason=reason,
-            attributes=tuple((k, v) for k, v in node.attributes if not isinstance(v, Subgraph)),
-            constants=constants or None,
-            input_formats=tuple(_labels.storage_format(self.values[n].labels) for n in runtime),
-            output_formats=tuple(
-                "" if lab is None else _labels.storage_format(lab) for lab in out_labels
-            ),
-            num_inputs=max(len(runtime), 1),
-            num_outputs=max(len(node.outputs), 1),
-            name=self.unique(node.name),
-        )
-        if not runtime:
-            self.fail(node, reason + "; and it has no runtime input to attach a placeholder to")
-            self._broken(node)
-            return
-        self._place(layer, runtime)
-        for i, name in enumerate(node.outputs):
-            if not name:
-                continue
-            info = self.spec.value_info.get(name)
-            shape = None
-            if info is not None and info.dims is not None:
-                shape = tuple(d if isinstance(d, int) and d > 0 else 1 for d in info.dims)
-            elif out_labels[i] is not None:
-                shape = self._guessed_shape(name, self.values[runtime[0]])
-            labels = out_labels[i] if out_labels[i] is not None else ""
-            dtype = self.values[runtime[0]].dtype
-            if info is not None and info.elem_type > 0:
-                try:
-                    dtype = np_dtype(info.elem_type)
-                except Unsupported:
-                    pass  # the replacement decides; the first input's type is the guess
-            self.values[name] = Runtime((layer.name, layer.output_names[i]), labels, shape, dtype)
-
-    def _guessed_shape(self, name: str, first: Runtime):
-        """A placeholder output's shape when the file gives none (torch writes no type for a
-        custom operator's output): its first input's, with the channels its consumers take
-        (a Conv's or Gemm's weights say how many), so that the layers after it import."""
-        shape = first.shape
-        if shape is None or "C" not in first.labels:
-            return shape
-        for node, position in self.consumers.get(name, []):
-            channels = self._channels_taken(node, position)
-            if channels is not None:
-                shape = list(shape)
-                shape[first.labels.index("C")] = channels
-                return tuple(shape)
-        return shape
-
-    def _channels_taken(self, node, position: int):
-        """How many channels (features) ``node`` takes on its data input, from its weights."""
-        if node is None or position != 0 or len(node.inputs) < 2:
-            return None
-        weights = self.values.get(node.inputs[1])
-        if not isinstance(weights, Const) or weights.value.ndim == 0:
-            return None
-        w, attrs = weights.value, dict(node.attributes)
-        if node.op_type == "Conv" and w.ndim >= 3:
-            return int(w.shape[1]) * int(attrs.get("group", 1))
-        if node.op_type == "ConvTranspose" and w.ndim >= 3:
-            return int(w.shape[0])
-        if node.op_type == "Gemm" and w.ndim == 2:
-            return int(w.shape[1] if attrs.get("transB", 0) else w.shape[0])
-        if node.op_type == "MatMul" and w.ndim == 2:
-            return int(w.shape[0])
-        if node.op_type in ("BatchNormalization", "InstanceNormalization") and w.ndim == 1:
-            return int(w.shape[0])
-        return None
-
-    def _broken(self, node: Node) -> None:
-        for name in node.outputs:
-            if name:
-                self.values[name] = Runtime(None, "", None, None)
+    fit: Callable[..., Any]  # Placeholders'
+    guess_of: Callable[[NodeInfo], str | None]  # Placeholders'
 
     def place(self, layer, inputs) -> None:
         """Add ``layer`` fed by the runtime tensors named ``inputs`` (one per layer input)."""
@@ -139,6 +48,14 @@ class Emission:
     def _runtime(self, node: Node, a: Attrs, info: NodeInfo, definition) -> None:
         if node.op_type == "Reshape" and info.input_kinds[1] == "const":
             info.input_values[1] = self._batch_kept(info)
+        guess = self.guess_of(info)
+        if guess is not None:  # after a placeholder's guessed sizes: see _import_placeholders
+            info, (out_shapes, out_dtypes) = self.fit(
+                info, lambda i: self._output_shapes(node, a, i, definition)
+            )
+            out_labels = self._output_labels(node, a, info, definition, out_shapes)
+            self.generic(info, definition, out_shapes, out_dtypes, out_labels, after=guess)
+            return
         out_shapes, out_dtypes = self._output_shapes(node, a, info, definition)
         out_labels = self._output_labels(node, a, info, definition, out_shapes)
         if _mapping.try_map(self, info, out_shapes, out_dtypes, out_labels):
@@ -241,12 +158,17 @@ class Emission:
             result.append(_labels.valid(lab))
         return result
 
-    def set_output(self, name, layer_name, port, labels, shape, dtype, order=None) -> None:
+    def set_output(
+        self, name, layer_name, port, labels, shape, dtype, order=None, guess=None
+    ) -> None:
         if name:
-            self.values[name] = Runtime((layer_name, port), labels, shape, dtype, order)
+            self.values[name] = Runtime((layer_name, port), labels, shape, dtype, order, guess)
 
-    def generic(self, info: NodeInfo, definition, out_shapes, out_dtypes, out_labels) -> None:
-        """The node as an ``ONNXOperator`` / ``FunctionLayer`` over its ONNX implementation."""
+    def generic(
+        self, info: NodeInfo, definition, out_shapes, out_dtypes, out_labels, after=None
+    ) -> None:
+        """The node as an ``ONNXOperator`` / ``FunctionLayer`` over its ONNX implementation
+        (``after``: the placeholder whose guessed sizes its inputs follow)."""
         node, a = info.node, info.a
         out_rank = len(out_labels[0]) if out_labels else 0
         runtime_names = [n for n, k in zip(node.inputs, info.input_kinds) if k == "runtime"]
@@ -291,6 +213,7 @@ class Emission:
                     sources.append((source, layer_inputs.index(source)))
                 programs.append(program)
                 slots.append(("program", len(programs) - 1))
+        name = self.unique(node.name)
         fn = NodeFunction(
             node.op_type,
             a,
@@ -302,8 +225,8 @@ class Emission:
             tuple(dict.fromkeys(sources)),
             tuple(tuple(self.values[n].shape or ()) for n in layer_inputs),
             ", ".join(self.variable_sizes),
+            (after, name) if after else (),
         )
-        name = self.unique(node.name)
         description = f"ONNX {node.op_type} node {node.name!r}"
         common = dict(
             formattable=True,
@@ -319,5 +242,11 @@ class Emission:
         self._place(layer, layer_inputs)
         for i, out in enumerate(node.outputs):
             self.set_output(
-                out, name, layer.output_names[i], out_labels[i], out_shapes[i], out_dtypes[i]
+                out,
+                name,
+                layer.output_names[i],
+                out_labels[i],
+                out_shapes[i],
+                out_dtypes[i],
+                guess=after,
             )

@@ -25,7 +25,8 @@ class Runtime:
 
     ``shape`` is in ONNX order with stand-in sizes for the batch (and unknown sequence
     lengths); ``order`` is set when difffn flattened an image channels-last: feature ``j`` of
-    the ONNX tensor is the stored feature ``order[j]``.
+    the ONNX tensor is the stored feature ``order[j]``. ``guess`` names the placeholder layer
+    whose output sizes the file does not give, where ``shape`` follows from that guess.
     """
 
     port: tuple[str, str] | None
@@ -33,6 +34,7 @@ class Runtime:
     shape: tuple[int, ...] | None
     dtype: np.dtype | None
     order: np.ndarray | None = None
+    guess: str | None = None
 
 
 @dataclasses.dataclass

@@ -106,6 +106,11 @@ class NodeFunction:
         data) or ``"reshape"`` (Squeeze/Unsqueeze: a reshape of stored data).
       programs: the `Program` s of ``("program", i)`` slots.
       sources: per program source name, the layer input that carries that tensor.
+      imported: per layer input, its ONNX shape at import (for messages).
+      variable: the model inputs' sizes that may vary (for messages).
+      after: where the node's inputs follow a ``df.layers.Placeholder`` whose output sizes the
+        file does not give (its replacement decides them): ``(placeholder's layer name, this
+        node's layer name)``, for messages; else empty.
     """
 
     op_type: str
@@ -118,6 +123,7 @@ class NodeFunction:
     sources: tuple[tuple[str, int], ...] = ()
     imported: tuple = ()  # per layer input, its ONNX shape at the import's stand-in sizes
     variable: str = ""  # the model inputs' sizes that may vary, for messages
+    after: tuple[str, ...] = ()  # (placeholder layer, own layer): see the docstring
 
     @property
     def __name__(self):  # FunctionLayer's default description
@@ -137,6 +143,8 @@ class NodeFunction:
         """Why the node cannot run here: its input sizes now and at import."""
         now = [_onnx_shape(tuple(jnp.shape(x)), lab) for x, lab in zip(inputs, self.in_labels)]
         reason = str(error).splitlines()[0] if str(error) else type(error).__name__
+        if self.after:
+            return self._explain_after(now, reason)
         message = (
             f"the imported ONNX {self.op_type} node {self.attrs.name!r} cannot run on its "
             f"inputs' sizes {now} (ONNX order): {reason}."
@@ -158,6 +166,32 @@ class NodeFunction:
             " Fix: call the network with the sizes the file was exported with, or export the "
             "model with those axes dynamic (torch.onnx.export(..., dynamic_axes=...) or "
             "dynamic_shapes=...)."
+        )
+
+    def _explain_after(self, now, reason: str) -> str:
+        """The sizes after a replaced placeholder do not fit this node: name both layers."""
+        placeholder, own = self.after
+        needed = [
+            f"input {k} axis {axis}: {before[axis]} needed, {shape[axis]} given"
+            for k, (shape, before, labels) in enumerate(zip(now, self.imported, self.in_labels))
+            if len(shape) == len(before)
+            for axis in range(len(shape))
+            if labels[axis] != "B" and shape[axis] != before[axis]
+        ]
+        imported = [
+            "(" + ", ".join("N" if lab == "B" else str(n) for n, lab in zip(shape, labels)) + ")"
+            for shape, labels in zip(self.imported, self.in_labels)
+        ]
+        sizes = f" ({'; '.join(needed)})" if needed else ""
+        return (
+            f"layer {own!r} (the imported ONNX {self.op_type} node {self.attrs.name!r}) cannot "
+            f"run on its inputs' sizes {now} (ONNX order), which follow the output of layer "
+            f"{placeholder!r}: {reason.rstrip('.')}. Layer {placeholder!r} replaced a "
+            "df.layers.Placeholder whose output sizes the ONNX file does not give; "
+            f"{own!r} was imported for inputs of sizes {', '.join(imported)}{sizes}. Fix: "
+            f"replace {placeholder!r} with a layer whose output gives {own!r} those sizes "
+            f"(net.replace_layer({placeholder!r}, layer); compare layer(x).shape with them, "
+            f"for data x that {placeholder!r} receives)."
         )
 
     def _call(self, inputs, params):

@@ -14,6 +14,7 @@ from ._checkpoint_fields import DataWarning as DataWarning
 from ._dlupdate import dlupdate as dlupdate
 from ._options import TrainingOptions as TrainingOptions
 from ._precision import DTYPES as DTYPES
+from ._solvers import SolverWarning as SolverWarning
 from ._solvers import adamupdate as adamupdate
 from ._solvers import rmspropupdate as rmspropupdate
 from ._solvers import sgdmupdate as sgdmupdate
@@ -23,6 +24,7 @@ from ._trainer import trainnet as trainnet
 __all__ = [
     "DataWarning",
     "CheckpointWarning",
+    "SolverWarning",
     "DTYPES",
     "TrainingInfo",
     "TrainingOptions",

@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import functools
 import numbers
+import warnings
 from typing import Any, NamedTuple, TypeVar
 
 import jax
@@ -360,25 +361,45 @@ def _sgdm_step(params, grads, velocity, learn_rate, momentum, factors):
     return optax.apply_updates(params, updates), trace.trace
 
 
-def _iteration_from_zero(iteration) -> None:
-    raise OptionsError(
-        f"adamupdate: iteration must be counted from 1 (MATLAB's definition: the bias "
+class SolverWarning(UserWarning):
+    """A custom-loop update got a value it could not use as given, and said what it did instead.
+
+    Today: ``df.adamupdate`` with a *traced* iteration below 1 (inside ``jax.jit``, ``vmap`` or
+    ``scan``), whose value is known only when the compiled step runs. The step then uses
+    iteration 1, so the parameters stay finite, and this warning names the value and the fix.
+    """
+
+
+def _warn_iteration_from_zero(iteration) -> None:
+    # Runs on the host when the compiled step runs (jax.debug.callback): an exception here
+    # could only reach the user as JAX's JaxRuntimeError, so this warns, and the step goes on.
+    # Checked here too: under vmap the cond below becomes a select that runs both branches.
+    if np.min(iteration) >= 1:
+        return
+    warnings.warn(
+        "adamupdate: iteration must be counted from 1 (MATLAB's definition: the bias "
         f"correction divides by 1 - β^t, which is 0 at t = 0); got {int(np.min(iteration))} "
-        "inside a traced function. Fix: pass iteration = step + 1 for a step count from 0."
+        "inside a traced function (such as jax.jit), so this step used iteration 1 and the "
+        "parameters stay finite. Fix: pass iteration = step + 1 for a step count from 0.",
+        SolverWarning,
+        stacklevel=2,
     )
 
 
 @functools.partial(jax.jit, static_argnames=("factors",))
 def _adam_step(params, grads, mu, nu, iteration, learn_rate, b1, b2, eps, factors):
-    # A traced iteration cannot be checked when adamupdate is called; a bad one must not pass
-    # as NaN parameters, so the compiled step itself raises (a host callback, run only then).
+    # A traced iteration cannot be checked when adamupdate is called, and an exception raised
+    # by the compiled step can only surface as JAX's own JaxRuntimeError (no Python exception
+    # type crosses the user's jit). So a bad one is treated as 1 (t = 0 would divide by
+    # 1 - β^0 = 0 and give NaN parameters) and a SolverWarning says so when the step runs.
+    iteration = jnp.asarray(iteration)
     jax.lax.cond(
-        jnp.any(jnp.asarray(iteration) < 1),
-        lambda: jax.debug.callback(_iteration_from_zero, iteration),
+        jnp.any(iteration < 1),
+        lambda: jax.debug.callback(_warn_iteration_from_zero, iteration),
         lambda: None,
     )
     tx = optax.chain(optax.scale_by_adam(b1=b1, b2=b2, eps=eps), scale_by_learn_rate(factors))
-    count = jnp.asarray(iteration, jnp.int32) - 1
+    count = jnp.maximum(iteration.astype(jnp.int32), 1) - 1
     state = (optax.ScaleByAdamState(count=count, mu=mu, nu=nu), optax.EmptyState())
     updates, (adam, _) = tx.update(grads, state, params, learn_rate=learn_rate)
     return optax.apply_updates(params, updates), adam.mu, adam.nu
@@ -461,7 +482,11 @@ def adamupdate(
     Args:
       net, grad: as for ``sgdmupdate``.
       average_grad, average_sq_grad: the moving averages from the previous call, or None.
-      iteration: the iteration number t, counted from 1.
+      iteration: the iteration number t, counted from 1. A concrete value below 1 (or not an
+        int) is an ``OptionsError``. A traced one (inside ``jax.jit``) is known only when the
+        compiled step runs, where no Python exception can reach you except as JAX's
+        ``JaxRuntimeError``; there a value below 1 is used as 1 (the parameters stay finite)
+        and a [`SolverWarning`][difffn.SolverWarning] names the value and the fix.
       learn_rate: α (0.001).
       gradient_decay_factor: β1 (0.9).
       squared_gradient_decay_factor: β2 (0.999).
@@ -478,7 +503,7 @@ def adamupdate(
       Array([0.999], dtype=float32)
     """
     who = "adamupdate"
-    if not isinstance(iteration, jax.core.Tracer):  # traced: checked inside the step
+    if not isinstance(iteration, jax.core.Tracer):  # traced: warned inside the step
         value = np.asarray(iteration)
         if not (
             value.ndim == 0
