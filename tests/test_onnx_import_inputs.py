@@ -286,3 +286,20 @@ def test_a_skip_connection_after_a_placeholder_takes_the_other_inputs_sizes():
         r"needed, 4 given\)\. Fix: replace 'up' with a layer whose output gives 'cat' those sizes",
     ):
         same_size.predict(np.transpose(x, (0, 2, 3, 1)))
+
+
+def test_a_network_fixed_by_replacing_its_placeholder_exports_back(tmp_path):
+    # issue 25 item 3 for the placeholder path: the ONNXOperators after the guess export too
+    net = df.import_onnx(_custom_then_flatten(custom=True), placeholders=True)
+    up = df.layers.Resize2D(scale=(2, 2), method="nearest", name="up")
+    fixed = net.replace_layer("up", up)
+    x = np.random.default_rng(7).standard_normal((3, 8, 8, 3)).astype(np.float32)
+    y = np.asarray(df.stripdims(fixed.predict(x)))
+    path = tmp_path / "fixed.onnx"
+    df.export_onnx(fixed, path)
+    session = ort.InferenceSession(str(path))
+    (exported,) = session.run(None, {session.get_inputs()[0].name: x})
+    reference = ort.InferenceSession(_custom_then_flatten(custom=False).SerializeToString())
+    (expected,) = reference.run(None, {"x": np.transpose(x, (0, 3, 1, 2))})
+    np.testing.assert_allclose(exported, y, rtol=1e-5, atol=1e-6 * np.abs(y).max())
+    np.testing.assert_allclose(exported, expected, rtol=1e-4, atol=1e-5 * np.abs(expected).max())
