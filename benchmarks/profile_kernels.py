@@ -55,6 +55,12 @@ def _entry_instructions(hlo: str) -> dict[str, str]:
     return out
 
 
+def entry_names(hlo: str) -> list[str]:
+    """The names of the entry computation's instructions, in order."""
+    entry = hlo[hlo.find("ENTRY") :] if "ENTRY" in hlo else ""
+    return re.findall(r"^\s*(?:ROOT\s+)?%?([\w.\-]+)\s*=", entry, re.M)
+
+
 def _computations(hlo: str) -> dict[str, str]:
     """``{computation name: its body}``."""
     out, name, body = {}, None, []
