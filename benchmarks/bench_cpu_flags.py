@@ -56,7 +56,6 @@ CANDIDATES = {
     },
     "tiling propagation": {"xla_cpu_experimental_enable_tiling_propagation": True},
     "fast min/max": {"xla_cpu_enable_fast_min_max": True},
-    "no multi-output fusion": {"xla_cpu_use_multi_output_fusion": False},
 }
 STEPS = {False: 3, True: 2}
 ROUNDS = {False: 3, True: 1}
