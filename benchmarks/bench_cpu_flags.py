@@ -41,6 +41,21 @@ CANDIDATES = {
     },
     "ynnpack conv": {"xla_cpu_experimental_ynn_fusion_type": f"{_T}INDIVIDUAL_CONVOLUTION"},
     "fast math": {"xla_cpu_enable_fast_math": True},
+    # tried for issue 29 after the first table (docs/performance.md, "XLA:CPU options")
+    "512-bit vectors": {"xla_cpu_prefer_vector_width": 512},
+    "concurrency scheduler": {"xla_cpu_enable_concurrency_optimized_scheduler": True},
+    "onednn (use_onednn)": {"xla_cpu_use_onednn": True},
+    "onednn custom calls": {"xla_cpu_experimental_onednn_custom_call": True},
+    "xnnpack graph greedy": {
+        "xla_cpu_experimental_xnn_graph_fusion_mode": "XNN_GRAPH_FUSION_MODE_GREEDY"
+    },
+    "ynnpack dot+conv+eltwise+reduce": {
+        "xla_cpu_experimental_ynn_fusion_type": (
+            f"{_T}INDIVIDUAL_DOT,{_T}INDIVIDUAL_CONVOLUTION,{_T}ELTWISE,{_T}REDUCE"
+        )
+    },
+    "tiling propagation": {"xla_cpu_experimental_enable_tiling_propagation": True},
+    "fast min/max": {"xla_cpu_enable_fast_min_max": True},
 }
 STEPS = {False: 3, True: 2}
 ROUNDS = {False: 3, True: 1}
@@ -74,8 +89,11 @@ def _step_and_state(model_name: str, quick: bool):
 
 
 def measure(model_name: str, quick: bool, candidates=None) -> dict:
-    """``{candidate: {"step_s", "spread", "loss_diff"} or {"error"}}`` for one model."""
+    """``{candidate: {"step_s", "cpu_step_s", "spread", "loss_diff"} or {"error"}}`` for one
+    model (``CANDIDATES`` by default, or a subset of its names)."""
     candidates = CANDIDATES if candidates is None else candidates
+    if not isinstance(candidates, dict):
+        candidates = {name: CANDIDATES[name] for name in ("default", *candidates)}
     step, start, batches = _step_and_state(model_name, quick)
     lowered = step.lower(*start, 0)
     compiled, errors = {}, {}
@@ -95,11 +113,13 @@ def measure(model_name: str, quick: bool, candidates=None) -> dict:
 
     losses = {name: run(fn, STEPS[quick]) for name, fn in compiled.items()}  # also warms up
     times = {name: [] for name in compiled}
+    cpu = {name: [] for name in compiled}  # the process's CPU time: less disturbed by load
     for _ in range(ROUNDS[quick]):
         for name, fn in compiled.items():
-            begin = time.perf_counter()
+            begin, begin_cpu = time.perf_counter(), time.process_time()
             run(fn, STEPS[quick])
             times[name].append((time.perf_counter() - begin) / STEPS[quick])
+            cpu[name].append((time.process_time() - begin_cpu) / STEPS[quick])
     reference = losses.get("default")
     result = {}
     for name in candidates:
@@ -114,33 +134,45 @@ def measure(model_name: str, quick: bool, candidates=None) -> dict:
         )
         result[name] = {
             "step_s": statistics.median(t),
+            "cpu_step_s": statistics.median(cpu[name]),
             "spread": (max(t) - min(t)) / statistics.median(t),
             "loss_diff": diff,
         }
     return result
 
 
-def run(*, quick: bool = False) -> None:
-    for model_name in bench_models.MODELS:
-        result = measure(model_name, quick)
-        base = result["default"]["step_s"]
+def run(*, quick: bool = False, candidates=None, models=None) -> None:
+    """Print each model's table (``candidates``: names of `CANDIDATES`, default all)."""
+    for model_name in models or bench_models.MODELS:
+        result = measure(model_name, quick, candidates)
+        base, base_cpu = result["default"]["step_s"], result["default"]["cpu_step_s"]
         rows = []
         for name, r in result.items():
             if "error" in r:
-                rows.append([name, "-", "-", "-", "-", r["error"]])
+                rows.append([name, "-", "-", "-", "-", "-", "-", r["error"]])
                 continue
             rows.append([
                 name,
                 f"{r['step_s'] * 1e3:8.1f} ms",
                 f"{base / r['step_s']:5.2f}x",
                 f"{r['spread'] * 100:4.0f}%",
+                f"{r['cpu_step_s'] * 1e3:8.1f} ms",
+                f"{base_cpu / r['cpu_step_s']:5.2f}x",
                 f"{r['loss_diff']:.1e}",
                 "",
             ])  # fmt: skip
         print(f"\n{model_name}: hand-written step, {STEPS[quick]} steps x {ROUNDS[quick]} rounds")
-        header = ["XLA:CPU options", "time/step", "vs default", "spread", "loss rel. diff", "error"]
-        print(table(rows, header))
+        header = ["XLA:CPU options", "time/step", "vs default", "spread", "CPU/step", "vs default"]
+        print(table(rows, [*header, "loss rel. diff", "error"]))
 
 
 if __name__ == "__main__":
-    run()
+    # python -m benchmarks.bench_cpu_flags [--quick] [--model resnet] [CANDIDATE ...]
+    import argparse
+
+    parser = argparse.ArgumentParser(prog="python -m benchmarks.bench_cpu_flags")
+    parser.add_argument("candidates", nargs="*", help=f"names of {list(CANDIDATES)}")
+    parser.add_argument("--quick", action="store_true")
+    parser.add_argument("--model", action="append", choices=list(bench_models.MODELS))
+    args = parser.parse_args()
+    run(quick=args.quick, candidates=args.candidates or None, models=args.model)

@@ -101,5 +101,24 @@ def test_cpu_flags_benchmark_compiles_each_candidate_and_compares_its_losses():
     with jax.numpy_rank_promotion("allow"):
         result = bench_cpu_flags.measure("transformer", True, candidates)
     assert result["default"]["loss_diff"] == 0.0 and result["default"]["step_s"] > 0
+    assert result["default"]["cpu_step_s"] > 0
     assert result["xnnpack dot"]["loss_diff"] < 1e-5  # the same losses, other kernels
     assert "xla_cpu_no_such_option" in result["bogus"]["error"]
+
+
+def test_workers_compile_without_the_users_cache_unless_given_one(monkeypatch, tmp_path):
+    """Network.initialize and trainnet turn the persistent cache on by default: a worker that
+    left it on would write into the user's cache folder, and the next run's cold first step
+    would not be cold. Workers get DIFFFN_COMPILATION_CACHE=off, or the cache pair's folder."""
+    import subprocess
+
+    seen = []
+
+    def run(command, env=None, **kwargs):
+        seen.append(env["DIFFFN_COMPILATION_CACHE"])
+        return subprocess.CompletedProcess(command, 0, stdout='{"ok": 1}\n', stderr="")
+
+    monkeypatch.setattr(bench_models.subprocess, "run", run)
+    assert bench_models._in_subprocess("--worker", "resnet", "equinox") == {"ok": 1}
+    assert bench_models._in_subprocess("--worker", "x", "y", cache=str(tmp_path)) == {"ok": 1}
+    assert seen == ["off", str(tmp_path)]

@@ -1,5 +1,6 @@
 """TrainingOptions(compilation_cache=...): JAX's persistent compilation cache across processes,
-on by default in the user's cache folder (the suite turns the default off in conftest.py)."""
+on by default in the user's cache folder from the first Network.initialize or trainnet (the suite
+turns the default off in conftest.py)."""
 
 from __future__ import annotations
 
@@ -11,7 +12,7 @@ import pytest
 from helpers import run_python, unwritable_folder
 
 import difffn as df
-from difffn._training import _compilation_cache
+from difffn._network import compilation_cache as _compilation_cache
 
 # Trains a tiny network with the cache in argv[1]; prints the cache hits JAX's monitoring events
 # counted and the misses it logged (jax_explain_cache_misses logs each persistent-cache miss).
@@ -166,3 +167,97 @@ def test_entries_of_an_unbounded_run_get_a_last_use(tmp_path):
     stamp = int.from_bytes((tmp_path / "k1-atime").read_bytes(), "little")
     assert stamp == os.stat(tmp_path / "k1-cache").st_mtime_ns
     assert int.from_bytes((tmp_path / "k2-atime").read_bytes(), "little") == 7
+
+
+# Builds and initializes a network (no training) with the default option; prints what the
+# initialization compiled or read back, and its learnables. With argv[1] == "then-off", a
+# trainnet(compilation_cache=None) follows and the folder in use after it is printed.
+INITIALIZE = """
+import json, logging, sys
+import jax, numpy as np
+import difffn as df
+
+events, misses = [], []
+jax.monitoring.register_event_listener(lambda name, **kwargs: events.append(name))
+jax.config.update("jax_explain_cache_misses", True)
+handler = logging.Handler()
+handler.emit = lambda record: misses.append(record.getMessage())
+logging.getLogger("jax._src.compiler").addHandler(handler)
+layers = [df.layers.ImageInput((8, 8, 3), name="in"), df.layers.Conv2D(3, 4, name="conv"),
+          df.layers.BatchNorm(name="bn"), df.layers.ReLU(name="relu")]
+net = df.Network(layers).initialize(key=jax.random.key(0))
+result = {
+    "hits": events.count("/jax/compilation_cache/cache_hits"),
+    "misses": sum(m.startswith("PERSISTENT COMPILATION CACHE MISS") for m in misses),
+    "dir": jax.config.jax_compilation_cache_dir,
+    "learnables": {k: np.asarray(v).tolist() for k, v in net.learnables.items()},
+}
+if sys.argv[1] == "then-off":
+    X = np.ones((4, 8, 8, 3), np.float32)
+    options = df.TrainingOptions(max_epochs=1, mini_batch_size=4, verbose=False, compilation_cache=None)
+    df.trainnet(X, np.ones((4, 6, 6, 4), np.float32), net, "mse", options)
+    result["dir_after_off"] = jax.config.jax_compilation_cache_dir
+print(json.dumps(result))
+"""
+
+
+def test_initialize_turns_the_cache_on_so_a_second_run_does_not_compile_it(tmp_path):
+    # The initializers' program is the first compilation of a script: before, it ran before
+    # trainnet turned the cache on and was compiled again by every run (seconds on a ResNet).
+    folder = tmp_path / "cache"
+    env = {"DIFFFN_COMPILATION_CACHE": str(folder)}
+    first = run_python(INITIALIZE, "init", timeout=120, env=env)
+    assert first.returncode == 0, first.stderr[-3000:]
+    first = json.loads(first.stdout.strip().splitlines()[-1])
+    assert first["dir"] == str(folder) and first["misses"] > 0 and first["hits"] == 0
+    assert any(p.name.startswith("jit__lambda") for p in folder.iterdir())
+    written = sorted(p.name for p in folder.iterdir())
+    second = run_python(INITIALIZE, "init", timeout=120, env=env)
+    assert second.returncode == 0, second.stderr[-3000:]
+    second = json.loads(second.stdout.strip().splitlines()[-1])
+    assert second["misses"] == 0 and second["hits"] > 0
+    assert sorted(p.name for p in folder.iterdir()) == written
+    assert second["learnables"] == first["learnables"]
+
+
+def test_trainnet_with_the_cache_off_turns_off_what_initialize_turned_on(tmp_path):
+    folder = tmp_path / "cache"
+    done = run_python(
+        INITIALIZE, "then-off", timeout=120, env={"DIFFFN_COMPILATION_CACHE": str(folder)}
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    result = json.loads(done.stdout.strip().splitlines()[-1])
+    assert result["dir"] == str(folder) and result["dir_after_off"] is None
+    # a folder the user gave JAX is theirs: neither initialize nor compilation_cache=None touch it
+    users = tmp_path / "users-own"
+    env = {"DIFFFN_COMPILATION_CACHE": str(folder), "JAX_COMPILATION_CACHE_DIR": str(users)}
+    done = run_python(INITIALIZE, "then-off", timeout=120, env=env)
+    assert done.returncode == 0, done.stderr[-3000:]
+    result = json.loads(done.stdout.strip().splitlines()[-1])
+    assert result["dir"] == str(users) and result["dir_after_off"] == str(users)
+
+
+def test_use_none_turns_off_only_difffns_own_folder(tmp_path, no_jax_cache):
+    folder = str(tmp_path / "ours")
+    assert _compilation_cache.use(folder) == folder
+    assert jax.config.jax_compilation_cache_dir == folder
+    assert _compilation_cache.use("auto") is None  # a folder in use is kept
+    assert jax.config.jax_compilation_cache_dir == folder
+    assert _compilation_cache.use(None) is None
+    assert jax.config.jax_compilation_cache_dir is None
+    jax.config.update("jax_compilation_cache_dir", str(tmp_path / "users"))
+    assert _compilation_cache.use(None) is None
+    assert jax.config.jax_compilation_cache_dir == str(tmp_path / "users")
+
+
+def test_messages_name_the_function_that_compiles(tmp_path, monkeypatch, no_jax_cache):
+    file = tmp_path / "a-file"
+    file.write_text("")
+    monkeypatch.setenv("DIFFFN_COMPILATION_CACHE", str(file))
+    net = df.Network([df.layers.FeatureInput(2), df.layers.FullyConnected(1)])
+    with pytest.raises(
+        df.OptionsError,
+        match=r"^Network.initialize: the environment variable DIFFFN_COMPILATION_CACHE=.*a-file"
+        r"', which is a file; it must be a folder. Fix: .*DIFFFN_COMPILATION_CACHE=off",
+    ):
+        net.initialize(key=jax.random.key(0))

@@ -15,7 +15,8 @@ log, the checkpoints found in a folder, an ONNX model's external data) goes thro
   a file with more than one hard link.
 
 A path the user names directly may be a link they made: ``follow=True`` follows it, and the file
-it reaches must still be a regular file read with a bound.
+it reaches must still be a regular file read with a bound. A folder the user names for difffn to
+write in (a cache, a log folder) is checked by `writable_folder`.
 """
 
 from __future__ import annotations
@@ -24,6 +25,8 @@ import errno
 import os
 import re
 import stat
+import tempfile
+from collections.abc import Callable
 from pathlib import Path
 
 from ._errors import Error, SerializationError
@@ -178,3 +181,28 @@ def _kind(mode: int) -> str:
         if test(mode):
             return name
     return "special file"
+
+
+def writable_folder(value, error: Callable[[str], Exception]) -> str:
+    """``value`` as an absolute folder path that exists or can be made, and that this user can
+    write to; else ``error(problem)`` is raised, ``problem`` naming the path and the fix."""
+    path = os.path.abspath(os.path.expanduser(os.fspath(value)))
+    if os.path.exists(path) and not os.path.isdir(path):
+        raise error(
+            f"{path!r}, which is a file; it must be a folder. Fix: name a folder "
+            "(it is created if missing), e.g. ~/.cache/difffn/xla."
+        )
+    existing = path
+    while not os.path.exists(existing):
+        existing = os.path.dirname(existing)
+    try:
+        if not os.path.isdir(existing):
+            raise NotADirectoryError(existing)
+        with tempfile.TemporaryFile(dir=existing):  # the real test: can this user write there?
+            pass
+    except OSError as problem:
+        raise error(
+            f"{path!r}, which is not writable ({existing!r}: {type(problem).__name__}). "
+            "Fix: name a folder you can write to."
+        ) from None
+    return path

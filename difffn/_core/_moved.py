@@ -74,7 +74,7 @@ MOVED: dict[str, str] = {
     "difffn._metrics": "difffn._scoring._metrics",
     "difffn._checkpoint": "difffn._training._checkpoint",
     "difffn._checkpoint_sharded": "difffn._training._checkpoint_sharded",
-    "difffn._compilation_cache": "difffn._training._compilation_cache",
+    "difffn._compilation_cache": "difffn._network._compilation_cache",
     "difffn._fingerprint": "difffn._training._fingerprint",
     "difffn._option_checks": "difffn._training._option_checks",
     "difffn._options": "difffn._training._options",

@@ -1,13 +1,15 @@
 """Networks: the static graph and its editing, layouts through the graph, execution and its cache.
 
 Graph construction and editing, initialization (`propagate`), input checks, execution (traced,
-compiled and cached per input signature, or in segments), the compile cache, learn-rate and L2
+compiled and cached per input signature, or in segments), the compile cache, JAX's persistent
+compilation cache (`compilation_cache`, turned on by `initialize` and `trainnet`), learn-rate and L2
 factors of learnables, and the `Network` class itself.
 
 This file is the package's internal API: the floors above import these names from here, and
 nothing else from the package's modules (tests/test_architecture.py holds it).
 """
 
+from . import _compilation_cache as compilation_cache
 from ._cache import RetraceWarning as RetraceWarning
 from ._cache import clear_caches as clear_caches
 from ._execute import needed_layers as needed_layers
@@ -29,6 +31,7 @@ __all__ = [
     "RetraceWarning",
     "set_factor",
     "clear_caches",
+    "compilation_cache",
     "get_l2_factor",
     "get_learn_rate_factor",
     "leaf_factors",

@@ -12,13 +12,12 @@ import difflib
 import math
 import numbers
 import os
-import tempfile
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import optax
 
-from .._core import OptionsError
+from .._core import OptionsError, files
 from .._devices import MESH_ENVIRONMENTS
 from .._scoring import Metric, get_metric
 from . import _schedules
@@ -327,31 +326,6 @@ def compilation_cache(name, value, checked):
             f"TrainingOptions: {name} must be 'auto', a folder path or None (off); got "
             f"{type(value).__name__}."
         )
-    return writable_folder(
+    return files.writable_folder(
         value, lambda problem: OptionsError(f"TrainingOptions: {name}={problem}")
     )
-
-
-def writable_folder(value, error: Callable[[str], Exception]) -> str:
-    """``value`` as an absolute folder path that exists or can be made, and that this user can
-    write to; else ``error(problem)`` is raised, ``problem`` naming the path and the fix."""
-    path = os.path.abspath(os.path.expanduser(os.fspath(value)))
-    if os.path.exists(path) and not os.path.isdir(path):
-        raise error(
-            f"{path!r}, which is a file; it must be a folder. Fix: name a folder "
-            "(it is created if missing), e.g. ~/.cache/difffn/xla."
-        )
-    existing = path
-    while not os.path.exists(existing):
-        existing = os.path.dirname(existing)
-    try:
-        if not os.path.isdir(existing):
-            raise NotADirectoryError(existing)
-        with tempfile.TemporaryFile(dir=existing):  # the real test: can this user write there?
-            pass
-    except OSError as problem:
-        raise error(
-            f"{path!r}, which is not writable ({existing!r}: {type(problem).__name__}). "
-            "Fix: name a folder you can write to."
-        ) from None
-    return path

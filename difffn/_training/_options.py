@@ -405,11 +405,12 @@ class TrainingOptions:
       compilation_cache: JAX's persistent compilation cache: ``"auto"`` (default: the folder
         of the ``DIFFFN_COMPILATION_CACHE`` environment variable, ``off`` to turn it off, else
         ``$XDG_CACHE_HOME/difffn/xla`` or ``~/.cache/difffn/xla``; a folder already given to
-        JAX is kept), a folder, or None (off). Training reads compiled programs from it and
+        JAX is kept), a folder, or None (off; also turns off the default folder an earlier
+        ``Network.initialize`` turned on). Training reads compiled programs from it and
         writes new ones there, so a later process that trains the same network skips
-        compiling (see ``docs/performance.md``). The folder is created if missing and kept
-        under 2 GiB (JAX evicts the least recently used programs). The setting is JAX's,
-        process-wide.
+        compiling (see ``docs/performance.md``); ``Network.initialize`` uses the default too.
+        The folder is created if missing and kept under 2 GiB (JAX evicts the least recently
+        used programs). The setting is JAX's, process-wide.
       checkpoint_path: an existing folder for checkpoints (None: no checkpoints). Each is a
         ``net_checkpoint__<iteration>__<date>`` folder (orbax, with a manifest of checksums over
         its files) with everything needed to resume (``df.trainnet(..., resume_from=folder)``),

@@ -41,12 +41,11 @@ from .._core import FormattedArray, Layout, OptionsError, check_key
 from .._core import batches as _batches
 from .._devices import Placement, agree, learnable_layout, watching
 from .._layer import Layer, learnable_mask
-from .._network import L2, LEARN_RATE, Network, leaf_factors
+from .._network import L2, LEARN_RATE, Network, compilation_cache, leaf_factors
 from .._scoring import Metric, get_loss, loss_name
 from . import (
     _checkpoint,
     _checkpoint_fields,
-    _compilation_cache,
     _fingerprint,
     _options,
     _progress,
@@ -180,7 +179,7 @@ def trainnet(
             + (" (the keywords of the dict)." if isinstance(options, dict) else ".")
         )
     check_key(who, key, OptionsError, optional=True)
-    _compilation_cache.use(options.compilation_cache)
+    compilation_cache.use(options.compilation_cache, who)
     loss_fn = get_loss(loss, who=who)
     multi_host = options.execution_environment == "multi-host" and jax.process_count() > 1
     if not multi_host:

@@ -1,16 +1,20 @@
-"""``TrainingOptions(compilation_cache=...)``: JAX's persistent compilation cache, on by default.
+"""JAX's persistent compilation cache, on by default for the programs difffn compiles.
 
 JAX already keeps compiled programs on disk when ``jax_compilation_cache_dir`` is set (see
 JAX's "Persistent compilation cache" guide); a second process that compiles the same program
 with the same JAX, backend and flags reads it back instead of compiling. This module turns that
-on from the training options:
+on before difffn's first compilations of a script: ``Network.initialize`` (the program of the
+initializers, with ``"auto"``) and ``trainnet`` (``TrainingOptions(compilation_cache=...)``), so
+a second run of the same script compiles neither.
 
 - ``"auto"`` (the default): the folder the ``DIFFFN_COMPILATION_CACHE`` environment variable
   names (``off`` turns the cache off), else the user's cache folder,
   ``$XDG_CACHE_HOME/difffn/xla`` (``~/.cache/difffn/xla`` when ``XDG_CACHE_HOME`` is unset).
-  A folder the user already gave JAX (``JAX_COMPILATION_CACHE_DIR``, ``jax.config.update``) is
-  kept;
-- a folder: that one; ``None`` or ``False``: off (a folder JAX already uses is left alone).
+  A folder already in use (given to JAX by the user, or set by difffn earlier in the process)
+  is kept;
+- a folder: that one; ``None`` or ``False``: off. A folder difffn itself set earlier in the
+  process (an ``initialize`` before ``trainnet``) is turned off; one the user gave JAX is left
+  alone.
 
 It sets the folder and, where they are still at JAX's defaults, the two thresholds that keep
 small programs out of the cache (``jax_persistent_cache_min_compile_time_secs``, 1 s, and
@@ -20,8 +24,8 @@ the least recently used programs (its ``LRUCache``, which needs the ``filelock``
 Settings the user made (flags or the ``JAX_*`` environment variables JAX reads at import) are
 kept.
 
-The settings are JAX's process-wide configuration: once a training run has set them, later
-compilations in the process (prediction, another run) use the cache too.
+The settings are JAX's process-wide configuration: once set, later compilations in the process
+(prediction, another run) use the cache too.
 """
 
 from __future__ import annotations
@@ -32,7 +36,7 @@ import warnings
 import jax
 from jax.experimental.compilation_cache import compilation_cache as _jax_cache
 
-from .._core import MissingDependencyError, OptionsError
+from .._core import MissingDependencyError, OptionsError, files
 
 ENVIRONMENT_VARIABLE = "DIFFFN_COMPILATION_CACHE"
 OFF_WORDS = ("off", "none", "false", "0", "no")
@@ -44,6 +48,8 @@ _DEFAULT_MIN_ENTRY_SIZE = 0
 _DEFAULT_MAX_SIZE = -1  # no bound
 # JAX's LRUCache names an entry ``<key>-cache`` and its last use ``<key>-atime``.
 _CACHE_SUFFIX, _ATIME_SUFFIX = "-cache", "-atime"
+# The folder difffn set in this process (None: none, or the user's own): what ``None`` turns off.
+_ours: str | None = None
 
 
 def _setting(name: str):
@@ -62,13 +68,14 @@ def default_folder() -> str:
     return os.path.join(base, "difffn", "xla")
 
 
-def resolve(option: str | None) -> str | None:
+def resolve(option: str | None, who: str = "trainnet") -> str | None:
     """The folder to use for the option's value (validated by ``TrainingOptions``), or None.
 
     ``"auto"`` reads ``DIFFFN_COMPILATION_CACHE`` (``off``: None; a path: that folder, which
     must be writable) and falls back to `default_folder`; it gives None when JAX already
-    has a folder (the user's own setting wins). A folder that cannot be made there turns the
-    cache off with a warning rather than stopping the training.
+    has a folder (the user's own setting, or difffn's earlier in the process, is kept). A default
+    folder that cannot be made turns the cache off with a warning rather than stopping the run;
+    ``who`` (the function that compiles) starts the messages.
     """
     if option != "auto":
         return option
@@ -78,15 +85,12 @@ def resolve(option: str | None) -> str | None:
     if value.lower() in OFF_WORDS:
         return None
     if value:
-        # imported here: the option validators are the training floor's own module
-        from ._option_checks import writable_folder
-
-        return writable_folder(
+        return files.writable_folder(
             value,
             lambda problem: OptionsError(
-                f"trainnet: the environment variable {ENVIRONMENT_VARIABLE}={value!r} names "
+                f"{who}: the environment variable {ENVIRONMENT_VARIABLE}={value!r} names "
                 f"{problem}. Fix: name a folder you can write to, or set "
-                f"{ENVIRONMENT_VARIABLE}=off to train without the compilation cache."
+                f"{ENVIRONMENT_VARIABLE}=off to compile without the persistent cache."
             ),
         )
     folder = default_folder()
@@ -95,7 +99,7 @@ def resolve(option: str | None) -> str | None:
     except OSError as error:
         warnings.warn(
             f"difffn: the compilation cache's default folder {folder!r} cannot be made "
-            f"({type(error).__name__}: {error}); training compiles without it. Fix: set "
+            f"({type(error).__name__}: {error}); {who} compiles without it. Fix: set "
             f"{ENVIRONMENT_VARIABLE} to a writable folder, or to off (no warning).",
             RuntimeWarning,
             stacklevel=3,
@@ -104,23 +108,32 @@ def resolve(option: str | None) -> str | None:
     return folder
 
 
-def use(option: str | None) -> str | None:
+def use(option: str | None, who: str = "trainnet") -> str | None:
     """Make JAX read and write compiled programs in the option's folder (created if missing).
 
     Args:
-      option: ``TrainingOptions.compilation_cache``: ``"auto"``, a folder or None.
+      option: ``TrainingOptions.compilation_cache``: ``"auto"``, a folder or None (off: a
+        folder difffn set earlier in the process is turned off).
+      who: the function about to compile, named in messages.
 
     Returns:
-      The folder now in use, or None when difffn changed nothing.
+      The folder this call set, or None (off, or a folder already in use is kept).
     """
-    folder = resolve(option)
+    global _ours
+    if option is None:
+        if _ours is not None and _setting("jax_compilation_cache_dir") == _ours:
+            _jax_cache.reset_cache()
+            jax.config.update("jax_compilation_cache_dir", None)
+        _ours = None
+        return None
+    folder = resolve(option, who)
     if folder is None:
         return None
     folder = os.path.abspath(folder)
     os.makedirs(folder, exist_ok=True)
     bound = _setting("jax_compilation_cache_max_size") == _DEFAULT_MAX_SIZE
     if bound:
-        _require_filelock()
+        _require_filelock(who)
         _date_unused_entries(folder)
     if _setting("jax_compilation_cache_dir") != folder:
         # JAX opens its cache once per process, at the first compilation after a folder is
@@ -134,15 +147,16 @@ def use(option: str | None) -> str | None:
         jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.0)
     if _setting("jax_persistent_cache_min_entry_size_bytes") == _DEFAULT_MIN_ENTRY_SIZE:
         jax.config.update("jax_persistent_cache_min_entry_size_bytes", -1)  # -1: no minimum
+    _ours = folder
     return folder
 
 
-def _require_filelock() -> None:
+def _require_filelock(who: str) -> None:
     try:
         import filelock  # noqa: F401  (JAX's LRUCache locks the folder with it)
     except ImportError:
         raise MissingDependencyError(
-            "trainnet: the compilation cache is bounded in size by JAX's LRU eviction "
+            f"{who}: the compilation cache is bounded in size by JAX's LRU eviction "
             "(jax_compilation_cache_max_size), which needs the 'filelock' package. Fix: "
             "pip install filelock (a dependency of difffn), or turn the cache off with "
             f"TrainingOptions(compilation_cache=None) or {ENVIRONMENT_VARIABLE}=off."

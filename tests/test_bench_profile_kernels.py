@@ -1,0 +1,58 @@
+"""benchmarks/profile_kernels.py: XLA's thunks classified from XLA's own optimized HLO."""
+
+from __future__ import annotations
+
+import re
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from benchmarks import profile_kernels
+
+
+def _conv(x, w, stride=1):
+    return jax.lax.conv_general_dilated(
+        x, w, (stride, stride), "SAME", dimension_numbers=("NHWC", "HWIO", "NHWC")
+    )
+
+
+def test_convolutions_and_matrix_products_are_told_apart():
+    """XLA rewrites every convolution to one form (b01f_01io->b01f); the classifier still tells
+    the forward convolution, the input gradient and the filter gradient apart, in the HLO that
+    XLA itself compiled for a training step's gradients."""
+    x = jnp.ones((8, 16, 16, 4), jnp.float32)
+    w = jnp.ones((3, 3, 4, 6), jnp.float32)
+    v = jnp.ones((16 * 16 * 6, 5), jnp.float32)
+
+    def loss(x, w, v):
+        y = jax.nn.relu(_conv(x, w))
+        return jnp.sum((y.reshape(8, -1) @ v) ** 2)
+
+    hlo = jax.jit(jax.grad(loss, argnums=(0, 1, 2))).lower(x, w, v).compile().as_text()
+    instructions = profile_kernels._entry_instructions(hlo)
+    computations = profile_kernels._computations(hlo)
+    names = profile_kernels.entry_names(hlo)
+    kinds = {profile_kernels.classify(n, instructions, computations) for n in names}
+    groups = {k.split(" -> ")[0] for k in kinds}
+    assert {"conv forward", "conv input gradient", "conv filter gradient"} <= groups, kinds
+    assert "dot" in groups, kinds
+    filters = [k for k in kinds if k.startswith("conv filter gradient")]
+    # the filter gradient's output is the filter's size (3x3, 4 -> 6 channels, in some order)
+    shapes = [re.search(r"-> \[([\dx]+)\]", k).group(1).split("x") for k in filters]
+    assert shapes and all(sorted(map(int, s)) == [3, 3, 4, 6] for s in shapes), filters
+    assert profile_kernels.classify("no-such-thunk", instructions, computations) == "?"
+
+
+def test_summary_groups_and_shares():
+    result = {
+        "rows": [
+            {"kernel": "a", "group": "dot", "s": 0.3},
+            {"kernel": "b", "group": "dot", "s": 0.1},
+            {"kernel": "c", "group": "elementwise", "s": 0.1},
+        ]
+    }
+    rows = profile_kernels.summary(result, "group")
+    assert [r[0] for r in rows] == ["dot", "elementwise"]
+    np.testing.assert_allclose([r[1] for r in rows], [0.4, 0.1])
+    np.testing.assert_allclose([r[2] for r in rows], [0.8, 0.2])
