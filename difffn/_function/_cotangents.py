@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import jax
+import jax.core
 import jax.numpy as jnp
 import numpy as np
 from jax.custom_derivatives import SymbolicZero

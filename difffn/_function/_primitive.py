@@ -34,6 +34,7 @@ from __future__ import annotations
 import dataclasses
 
 import jax
+import jax.core
 import jax.extend.core as jax_core
 import jax.numpy as jnp
 from jax.interpreters import ad, batching, mlir

@@ -33,6 +33,7 @@ import numbers
 from typing import Any, NamedTuple, TypeVar
 
 import jax
+import jax.core
 import jax.numpy as jnp
 import numpy as np
 import optax

@@ -30,6 +30,7 @@ def _window(op, data, fmt, pool_size, stride, padding):
         pads = tuple(
             same_padding(data.shape[a], p, s) for a, p, s in zip(axes, sizes, strides, strict=True)
         )
+    assert not isinstance(pads, str)  # pairs returns "same" or the pairs
     window, step, padding = [1] * data.ndim, [1] * data.ndim, [(0, 0)] * data.ndim
     for a, p, s, pad in zip(axes, sizes, strides, pads, strict=True):
         if data.shape[a] + sum(pad) < p:
