@@ -7,7 +7,7 @@ for convolution); global pooling reduces those axes to size 1.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, Literal
 
 import jax
 import jax.numpy as jnp
@@ -44,7 +44,7 @@ def _window(op, data, fmt, pool_size, stride, padding):
 
 def max_pool(
     x: Data,
-    pool_size: int | Sequence[int],
+    pool_size: int | Sequence[int] | Literal["global"],
     *,
     stride: int | Sequence[int] = 1,
     padding: Any = 0,
@@ -95,7 +95,7 @@ def max_pool(
 
 def avg_pool(
     x: Data,
-    pool_size: int | Sequence[int],
+    pool_size: int | Sequence[int] | Literal["global"],
     *,
     stride: int | Sequence[int] = 1,
     padding: Any = 0,
