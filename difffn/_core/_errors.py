@@ -11,7 +11,11 @@ was expected and what was got, and *how to fix it*.
 
 from __future__ import annotations
 
-_CAUSE = BaseException.__cause__  # the built-in descriptors, which the property below wraps
+import types
+
+# The built-in descriptor of ``__cause__`` (the same object as ``BaseException.__cause__``),
+# which the property below wraps.
+_CAUSE: types.GetSetDescriptorType = BaseException.__dict__["__cause__"]
 _JAX_FORWARD_TRACE = "JaxStackTraceBeforeTransformation"
 
 
@@ -20,7 +24,7 @@ def _get_cause(self: BaseException) -> BaseException | None:
 
 
 def _set_cause(self: BaseException, value: BaseException | None) -> None:
-    if type(value).__name__ == _JAX_FORWARD_TRACE:
+    if value is not None and type(value).__name__ == _JAX_FORWARD_TRACE:
         # JAX moves the error's own chain onto its record of the forward pass: take it back.
         _CAUSE.__set__(self, value.__cause__)
         self.__context__ = value.__context__
@@ -119,6 +123,11 @@ def type_name(obj: object) -> str:
 
 # Tracebacks, reprs and pickles name the errors as users import them (``difffn.FormatError``),
 # not by this private module; each is exported by ``difffn/__init__.py``.
-for _error in [v for v in list(globals().values()) if isinstance(v, type) and issubclass(v, Error)]:
-    _error.__module__ = "difffn"
-del _error
+def _name_as_exported() -> None:
+    for error in [
+        v for v in list(globals().values()) if isinstance(v, type) and issubclass(v, Error)
+    ]:
+        error.__module__ = "difffn"
+
+
+_name_as_exported()

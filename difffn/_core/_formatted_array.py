@@ -27,6 +27,7 @@ from collections.abc import Callable, Iterable, Iterator
 from typing import Any, ClassVar
 
 import jax
+import jax.core
 import jax.numpy as jnp
 import numpy as np
 

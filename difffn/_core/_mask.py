@@ -81,6 +81,7 @@ def spread(mask, y):
         keep = (b,)
     else:
         keep = (b, t)
+        assert b is not None and t is not None  # the caller checked `fits`
         if t < b:
             mask = mask.T
     return jnp.expand_dims(mask, tuple(a for a in range(ndim) if a not in keep))

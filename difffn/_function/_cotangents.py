@@ -10,9 +10,10 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, cast
 
 import jax
+import jax.core
 import jax.numpy as jnp
 import numpy as np
 from jax.custom_derivatives import SymbolicZero
@@ -242,8 +243,8 @@ def structure_text(tree, *, is_leaf=None) -> str:
             return "None"
         if is_leaf is not None and is_leaf(v):
             return "*"
-        if isinstance(v, tuple) and hasattr(v, "_fields"):
-            fields = ", ".join(f"{f}={render(getattr(v, f))}" for f in v._fields)
+        if isinstance(v, tuple) and hasattr(v, "_fields"):  # a namedtuple
+            fields = ", ".join(f"{f}={render(getattr(v, f))}" for f in cast(Any, v)._fields)
             return f"{type(v).__name__}({fields})"
         if isinstance(v, dict):
             return "{" + ", ".join(f"{k!r}: {render(x)}" for k, x in v.items()) + "}"

@@ -202,6 +202,7 @@ class DifferentiableFunction:
     def __eq__(self, other: object) -> bool:
         if type(self) is not type(other):
             return NotImplemented
+        assert isinstance(other, DifferentiableFunction)  # the same class
         config = self._config()
         if config[2]:
             return self is other

@@ -32,8 +32,10 @@ It is written with JAX's public primitive API (``jax.extend.core.Primitive`` and
 from __future__ import annotations
 
 import dataclasses
+from typing import Any
 
 import jax
+import jax.core
 import jax.extend.core as jax_core
 import jax.numpy as jnp
 from jax.interpreters import ad, batching, mlir
@@ -46,6 +48,11 @@ try:
 except ImportError as error:  # pragma: no cover - depends on the JAX version
     _IMPORT_ERROR: ImportError | None = error
     VJPHiPrimitive = VmapOf = object  # type: ignore[assignment,misc]
+    # Not there either; every use is behind _require_primitives.
+    ad_util: Any = None
+    fake_linear_op: Any = None
+    batch_jaxpr2: Any = None
+    broadcast_prefix: Any = None
 else:
     _IMPORT_ERROR = None
 
@@ -102,11 +109,14 @@ def custom_vjp(
         nonlocal public
         if jvp is None:
             args = reverse_only(args, no_jvp)
-        if jvp is None and not jax.config.jax_custom_vjp3:
+        # JAX's Config sets its flags as attributes at run time; its class does not declare them.
+        if jvp is None and not jax.config.jax_custom_vjp3:  # pyright: ignore[reportAttributeAccessIssue]
             if public is None:
                 public = jax.custom_vjp(fun)
                 public.defvjp(fwd, bwd, symbolic_zeros=True)
-                public.__name__ = public.__qualname__ = name
+                # custom_vjp copies the function's names (functools.update_wrapper) but does not
+                # declare them.
+                public.__name__ = public.__qualname__ = name  # pyright: ignore[reportAttributeAccessIssue]
             return public(*args)
         _require_primitives(name)
         in_avals = jax.tree.map(jax.typeof, args)
@@ -281,11 +291,11 @@ def reverse_only(tree, message: str):
     (an eager call outside any transformation binds nothing).
     """
 
-    message = _Message(message)
+    param = _Message(message)
 
     def guard(leaf):
         if isinstance(leaf, jax.core.Tracer) and jnp.issubdtype(leaf.dtype, jnp.inexact):
-            return _reverse_only_p.bind(leaf, message=message)
+            return _reverse_only_p.bind(leaf, message=param)
         return leaf
 
     return jax.tree.map(guard, tree)
@@ -350,5 +360,8 @@ ad.deflinear2(_forward_tangent_p, lambda ct, x, *, message: [ct])
 # Under JAX_CUSTOM_VJP3=1, jax.jit first rewrites "high" primitives to plain JAX, in program
 # order, and JAX's custom_vjp tangent raises its TypeError there, before any lowering: the
 # tangent map is "high" in that mode, so its ForwardModeError comes first.
-_forward_tangent_p.is_high = lambda *avals, **params: bool(jax.config.jax_custom_vjp3)
+_forward_tangent_p.is_high = lambda *avals, **params: bool(
+    # A flag that JAX's Config sets at run time; its class does not declare it.
+    jax.config.jax_custom_vjp3  # pyright: ignore[reportAttributeAccessIssue]
+)
 _forward_tangent_p.to_lojax = _raise_forward_mode

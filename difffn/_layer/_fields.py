@@ -22,6 +22,7 @@ import functools
 from typing import Any
 
 import jax
+import jax.core
 import jax.numpy as jnp
 from jax.sharding import PartitionSpec
 

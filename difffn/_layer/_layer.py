@@ -29,7 +29,7 @@ import dataclasses
 import functools
 import inspect
 from collections.abc import Sequence
-from typing import Any, ClassVar, Self, TypeVar, dataclass_transform
+from typing import Any, ClassVar, Self, TypeVar, cast, dataclass_transform
 
 import jax
 
@@ -63,7 +63,8 @@ from ._fields import (
 )
 from ._layer_call import call_layer
 
-_L = TypeVar("_L", bound="Layer")
+_T = TypeVar("_T")
+_Layer = TypeVar("_Layer", bound="Layer")
 # The default of the port fields: None, resolved when the layer is made (``_resolve_ports``).
 _RESOLVED: Any = None
 
@@ -129,7 +130,7 @@ class _LayerMeta(type):
     ) -> _LayerMeta:
         if "initialize" in namespace:
             namespace = {**namespace, "initialize": _guarded(namespace["initialize"])}
-        cls = super().__new__(mcls, name, bases, namespace, **kwargs)
+        cls = cast("type[Layer]", super().__new__(mcls, name, bases, namespace, **kwargs))
         # A hand-written __init__ (here or inherited) is kept; otherwise dataclass writes one.
         user_init = "__init__" in namespace or any(getattr(b, "_user_init", False) for b in bases)
         cls = dataclasses.dataclass(init=not user_init, repr=False, eq=False)(cls)
@@ -150,34 +151,41 @@ class _LayerMeta(type):
             )
         return cls
 
-    def __call__(cls: type[_L], *args: Any, **kwargs: Any) -> _L:
-        self = cls.__new__(cls)
-        object.__setattr__(self, "_initializing", True)
-        if cls._user_init:
-            # A hand-written __init__ may set only some fields; the rest take their defaults.
-            for f in dataclasses.fields(cls):
-                if f.default is not dataclasses.MISSING:
-                    object.__setattr__(self, f.name, f.default)
-                elif f.default_factory is not dataclasses.MISSING:
-                    object.__setattr__(self, f.name, f.default_factory())
-        try:  # the arguments are checked before the call: a TypeError raised inside stays
-            inspect.signature(cls.__init__).bind(self, *args, **kwargs)
-        except TypeError as error:
-            fields = ", ".join(f.name for f in dataclasses.fields(cls))
-            raise LayerError(
-                f"{cls.__name__}(...) could not be constructed: {error}. Its fields are: {fields}. "
-                "Fix: pass only those fields (options after the required ones are keywords)."
-            ) from None
-        cls.__init__(self, *args, **kwargs)
-        missing = [f.name for f in dataclasses.fields(cls) if f.name not in self.__dict__]
-        if missing:
-            raise LayerError(
-                f"{cls.__name__}.__init__ did not set field(s) {missing} and they have no "
-                "default. Fix: assign them in __init__ or give them a default."
-            )
-        object.__delattr__(self, "_initializing")
-        _validate(self, None)
-        return self
+    def __call__(cls: type[_T], *args: Any, **kwargs: Any) -> _T:
+        # type[_T], not type[Layer]: type checkers then take the constructor's signature from
+        # the class's __init__ (the dataclass fields or a hand-written one).
+        return cast(_T, _construct(cast("type[Layer]", cls), args, kwargs))
+
+
+def _construct(cls: type[_Layer], args: tuple[Any, ...], kwargs: dict[str, Any]) -> _Layer:
+    """The class call of a layer class: ``__init__``, the fields' defaults, `_validate`."""
+    self = cls.__new__(cls)
+    object.__setattr__(self, "_initializing", True)
+    if cls._user_init:
+        # A hand-written __init__ may set only some fields; the rest take their defaults.
+        for f in dataclasses.fields(cls):
+            if f.default is not dataclasses.MISSING:
+                object.__setattr__(self, f.name, f.default)
+            elif f.default_factory is not dataclasses.MISSING:
+                object.__setattr__(self, f.name, f.default_factory())
+    try:  # the arguments are checked before the call: a TypeError raised inside stays
+        inspect.signature(cls.__init__).bind(self, *args, **kwargs)
+    except TypeError as error:
+        fields = ", ".join(f.name for f in dataclasses.fields(cls))
+        raise LayerError(
+            f"{cls.__name__}(...) could not be constructed: {error}. Its fields are: {fields}. "
+            "Fix: pass only those fields (options after the required ones are keywords)."
+        ) from None
+    cls.__init__(self, *args, **kwargs)
+    missing = [f.name for f in dataclasses.fields(cls) if f.name not in self.__dict__]
+    if missing:
+        raise LayerError(
+            f"{cls.__name__}.__init__ did not set field(s) {missing} and they have no "
+            "default. Fix: assign them in __init__ or give them a default."
+        )
+    object.__delattr__(self, "_initializing")
+    _validate(self, None)
+    return self
 
 
 class Layer(metaclass=_LayerMeta):
@@ -368,7 +376,7 @@ class Layer(metaclass=_LayerMeta):
             must fit the value it replaces (``_fields.check_assigned``).
         """
         new = object.__new__(type(self))
-        d = new.__dict__
+        d = vars(new)
         d.update(self.__dict__)
         d.update(changes)
         if factors is not None:
@@ -405,7 +413,7 @@ def _validate(layer: Layer, changed: set[str] | None, *, previous: Layer | None 
     runs again (a copy; the class call ran it already), the ports are resolved and the fields are
     classified into pytree children and hashable static values.
     """
-    d, cls = layer.__dict__, type(layer)
+    d, cls = vars(layer), type(layer)
     kinds = cls._field_kinds
     if changed is None:
         for n in cls._learnable_fields + cls._state_fields:
@@ -449,7 +457,7 @@ def _check_name(layer: Layer) -> None:
     """
     name = layer.__dict__["name"]
     if name is None:
-        layer.__dict__["name"] = name = ""
+        vars(layer)["name"] = name = ""
     if not isinstance(name, str):
         raise LayerError(
             f"{type(layer).__name__}: name must be a string; got {type(name).__name__} "
@@ -459,7 +467,7 @@ def _check_name(layer: Layer) -> None:
 
 def _resolve_ports(layer: Layer, changed: set[str] | None = None) -> None:
     """MATLAB's rules for NumInputs/InputNames and NumOutputs/OutputNames, kept consistent."""
-    d, cls = layer.__dict__, type(layer)
+    d, cls = vars(layer), type(layer)
     changed = changed or set()
     inferred = predict_arity(cls)
     for count, names, prefix, single in (
@@ -544,7 +552,7 @@ def _aux(layer: Layer):
     JAX flattens every argument on every call of a compiled function, so this is on the hot
     path. A copy whose static values change drops ``"_aux"`` (``_validate`` does).
     """
-    d = layer.__dict__
+    d = vars(layer)
     aux = d.get("_aux")
     if aux is None:
         aux = d["_aux"] = (d["_leaf_fields"], _static_items(layer), d["_factors"])
@@ -568,7 +576,7 @@ def _unflatten(cls, aux, children):
     # it alone skips _validate.
     leaf, statics, factors = aux
     layer = object.__new__(cls)
-    d = layer.__dict__
+    d = vars(layer)
     d.update(statics)
     d.update(zip(leaf, children))
     d["_leaf_fields"] = leaf

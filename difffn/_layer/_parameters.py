@@ -87,7 +87,7 @@ def _walk_network(net, prefix: str, owners: tuple[Parameter, ...]) -> Iterator[P
 
 def _walk_layer(layer: Layer, layer_path: str, owners) -> Iterator[Parameter]:
     kinds = type(layer)._field_kinds
-    for field in layer._leaf_fields:
+    for field in layer.__dict__["_leaf_fields"]:
         value = layer.__dict__[field]
         kind = kinds[field]
         path = f"{layer_path}/{field}" if layer_path else field

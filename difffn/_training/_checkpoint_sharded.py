@@ -135,7 +135,7 @@ class ShardedCheckpoint(Checkpoint):
             )
         check_schema(progress, SCHEMA, source=source, where="the progress")
         for name, leaves in progress["layout"].items():  # [path, shape, dtype] per leaf
-            for n, leaf in enumerate(leaves or ()):
+            for n, leaf in enumerate(leaves or []):
                 if not (
                     len(leaf) == 3
                     and isinstance(leaf[0], str)

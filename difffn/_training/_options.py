@@ -494,6 +494,7 @@ class TrainingOptions:
     sequence_padding_value: float
     sequence_padding_direction: Literal["right", "left"]
     sequence_bucketing: Literal["power-of-two", "none"] | int
+    _given: dict[str, Any]  # the options as given (``replace`` and ``repr`` start from them)
 
     # One form per solver: each takes its own options (a misspelt or another solver's option
     # is a type error; at run time, a df.OptionsError naming the valid ones).

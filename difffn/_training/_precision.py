@@ -85,7 +85,11 @@ class Policy:
             # imported here: flax's package import costs about a second (it loads flax.linen)
             from flax.training.dynamic_scale import DynamicScale
 
-            dynamic = DynamicScale(fin_steps=jnp.zeros((), jnp.int32), scale=jnp.float32(2**16))
+            # flax annotates fin_steps as an int; its own update makes it an array, as here
+            dynamic = DynamicScale(
+                fin_steps=jnp.zeros((), jnp.int32),  # pyright: ignore[reportArgumentType]
+                scale=jnp.float32(2**16),
+            )
         return Scaling(dynamic, jnp.zeros((), jnp.int32))
 
     def value_and_grad(self, objective, learnables, scaling: Scaling):

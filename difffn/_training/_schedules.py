@@ -193,7 +193,7 @@ def validate(schedule, settings) -> tuple[tuple[Any, ...], dict[str, dict[str, A
                 f"learn_rate_schedule_settings has settings for {name!r}, which "
                 f"learn_rate_schedule ({schedule!r}) does not use."
             )
-        if not isinstance(values, Mapping):
+        if not isinstance(values, dict):  # (a Mapping given was copied into a dict above)
             raise OptionsError(
                 f"learn_rate_schedule_settings[{name!r}] must be a dict; got "
                 f"{type(values).__name__}."
@@ -365,6 +365,7 @@ class LearnRateSchedule:
             elif start_epoch == int(start_epoch):
                 local = done_epochs - int(start_epoch)
             else:
+                assert ipe is not None  # a fractional start epoch came from iterations / ipe
                 local = (done_iterations - start_iteration) // ipe
             if local < phase.num_steps or n == len(self.phases) - 1:
                 if phase.custom is None:

@@ -31,9 +31,10 @@ from __future__ import annotations
 import functools
 import numbers
 import warnings
-from typing import Any, NamedTuple, TypeVar
+from typing import Any, NamedTuple, TypeVar, cast
 
 import jax
+import jax.core
 import jax.numpy as jnp
 import numpy as np
 import optax
@@ -83,7 +84,10 @@ def scale_by_learn_rate(factors=None) -> optax.GradientTransformationExtraArgs:
 
         return _per_leaf(scale, updates, factors), state
 
-    return optax.GradientTransformationExtraArgs(init, update)
+    # update takes the learn rate as a keyword: one of the extra args optax passes on
+    return optax.GradientTransformationExtraArgs(
+        init, cast(optax.TransformUpdateExtraArgsFn, update)
+    )
 
 
 def add_l2_regularization(l2: float, factors=None) -> optax.GradientTransformation:
@@ -216,7 +220,10 @@ def drive_learn_rate(tx, factors=None) -> optax.GradientTransformationExtraArgs:
         scaled = _per_leaf(scale, updates, factors)
         return scaled, state
 
-    return optax.GradientTransformationExtraArgs(init, update)
+    # update takes the learn rate as a keyword: one of the extra args optax passes on
+    return optax.GradientTransformationExtraArgs(
+        init, cast(optax.TransformUpdateExtraArgsFn, update)
+    )
 
 
 def training_transform(options, lr_factors, l2_factors) -> optax.GradientTransformationExtraArgs:
@@ -335,7 +342,7 @@ def _check_number(who: str, name: str, value, *, low, high=None, low_open=True, 
     ):
         return value
     try:
-        v = float(value)
+        v = float(cast(Any, value))  # anything: float() decides
     except (TypeError, ValueError):
         raise OptionsError(
             f"{who}: {name} must be a real number; got {value!r}. Fix: pass {name} as a float."
@@ -357,7 +364,8 @@ def _check_number(who: str, name: str, value, *, low, high=None, low_open=True, 
 def _sgdm_step(params, grads, velocity, learn_rate, momentum, factors):
     tx = optax.chain(scale_by_learn_rate(factors), optax.trace(decay=momentum))
     state = (optax.EmptyState(), optax.TraceState(trace=velocity))
-    updates, (_, trace) = tx.update(grads, state, params, learn_rate=learn_rate)
+    updates, new_state = tx.update(grads, state, params, learn_rate=learn_rate)
+    _, trace = cast(tuple[Any, optax.TraceState], new_state)  # the chain's states
     return optax.apply_updates(params, updates), trace.trace
 
 
@@ -401,7 +409,8 @@ def _adam_step(params, grads, mu, nu, iteration, learn_rate, b1, b2, eps, factor
     tx = optax.chain(optax.scale_by_adam(b1=b1, b2=b2, eps=eps), scale_by_learn_rate(factors))
     count = jnp.maximum(iteration.astype(jnp.int32), 1) - 1
     state = (optax.ScaleByAdamState(count=count, mu=mu, nu=nu), optax.EmptyState())
-    updates, (adam, _) = tx.update(grads, state, params, learn_rate=learn_rate)
+    updates, new_state = tx.update(grads, state, params, learn_rate=learn_rate)
+    adam, _ = cast(tuple[optax.ScaleByAdamState, Any], new_state)  # the chain's states
     return optax.apply_updates(params, updates), adam.mu, adam.nu
 
 
@@ -412,7 +421,8 @@ def _rmsprop_step(params, grads, nu, learn_rate, decay, eps, factors):
         scale_by_learn_rate(factors),
     )
     state = (optax.ScaleByRmsState(nu=nu), optax.EmptyState())
-    updates, (rms, _) = tx.update(grads, state, params, learn_rate=learn_rate)
+    updates, new_state = tx.update(grads, state, params, learn_rate=learn_rate)
+    rms, _ = cast(tuple[optax.ScaleByRmsState, Any], new_state)  # the chain's states
     return optax.apply_updates(params, updates), rms.nu
 
 

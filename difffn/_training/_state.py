@@ -242,6 +242,7 @@ class TrainingState:
         """
         best = None
         if self.best_objective is not None:
+            assert self.best_iteration is not None  # set with the best objective
             best = {
                 "objective": float(self.best_objective),
                 "iteration": int(self.best_iteration),
@@ -365,6 +366,10 @@ class Checkpoint:
     source: str
     payload: dict[str, Any]
     sharded = False  # a multi-process checkpoint (``_checkpoint_sharded``) holds arrays apart
+
+    def restore_arrays(self, state: Any) -> dict[str, Any]:
+        """A sharded checkpoint's arrays, on ``state``'s devices (``ShardedCheckpoint``'s)."""
+        raise NotImplementedError  # the others hold their arrays in the payload
 
     @classmethod
     def from_payload(cls, payload: dict[str, Any], source: str) -> Checkpoint:

@@ -27,6 +27,7 @@ the learnables' layout.
 from __future__ import annotations
 
 from collections import OrderedDict
+from typing import Any, cast
 
 import jax
 import jax.numpy as jnp
@@ -194,11 +195,14 @@ class Steps:
                     outputs = tuple(_batches.real_rows(y, keep) for y in outputs)
                 value = loss_value(self.loss, self.loss_label, outputs, ts)
                 return value, (outputs, states, (None,) * len(outputs))
+            assert sequences is not None  # given with masks
             chunked, carried = sequences
             if carried is not None:  # the next chunk of split sequences: their state goes on
                 net = _seq.continue_from(net, carried)
-            outputs, states, out_masks = net.run(
-                xs, step_key, training=True, outputs=self.wanted, masks=masks
+            # with masks, run returns the outputs' masks too
+            outputs, states, out_masks = cast(
+                tuple[Any, Any, Any],
+                net.run(xs, step_key, training=True, outputs=self.wanted, masks=masks),
             )
             outputs = policy.output(outputs)
             out_masks = _seq.output_masks(outputs, out_masks, masks, chunked)
@@ -269,7 +273,7 @@ class Steps:
             _, batch_size, in_axes, t_axes, padded = spec
             keep = _batches.keep_first(batch_size, padded)
 
-            def batch(data):
+            def batch(data: Any) -> tuple[tuple[Any, ...], tuple[Any, ...]]:
                 X, T, order, b = data
                 index = jax.lax.dynamic_slice_in_dim(order, b * batch_size, batch_size)
                 # padding: copies of the first observation, cut from the outputs in _core
@@ -289,7 +293,7 @@ class Steps:
         else:
             _, in_axes, t_axes, keep = spec
 
-            def batch(data):
+            def batch(data: Any) -> tuple[tuple[Any, ...], tuple[Any, ...]]:
                 xs, ts = data
                 xs = tuple(placement.constrain(x, a) for x, a in zip(xs, in_axes, strict=True))
                 ts = tuple(placement.constrain(t, a) for t, a in zip(ts, t_axes, strict=True))

@@ -11,13 +11,13 @@ from .._network import Network
 def layer_arrays_as_networks(args: tuple) -> tuple:
     """A list of layers where the network goes becomes ``df.Network(list)``, as MATLAB's
     trainnet takes a layer array."""
-    args = list(args)
-    for k in (2, 1) if len(args) >= 5 else (1, 2):
-        value = args[k] if k < len(args) else None
+    items = list(args)
+    for k in (2, 1) if len(items) >= 5 else (1, 2):
+        value = items[k] if k < len(items) else None
         if isinstance(value, (list, tuple)) and value and any(isinstance(v, Layer) for v in value):
-            args[k] = Network(list(value))
+            items[k] = Network(list(value))
             break
-    return tuple(args)
+    return tuple(items)
 
 
 def form_of(who: str, args: tuple) -> str:

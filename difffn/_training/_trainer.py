@@ -192,8 +192,10 @@ def trainnet(
 def _train(who, form, args, loss, loss_fn, options, key, resume_from, holder):
     if form == "arrays":
         X, T, net, _, _ = args
+        data = None
     else:
         data, net, _, _ = args
+        X = T = None
     checkpoint = None
     if resume_from is not None:
         checkpoint = _checkpoint.find(resume_from, collective=holder is not None)
@@ -250,7 +252,7 @@ class _Run:
             options.execution_environment, mesh_shape=options.mesh_shape, who=who
         )
         self.policy = Policy(options.precision)
-        self.reporter = None
+        self.reporter: _progress.Reporter | None = None  # made by train()
         init_key, shuffle_key, step_key = jax.random.split(key, 3)
         net = self._setup_data(data, net, init_key, loss_fn, loss)
         net, fingerprint = self._resume_network(net, loss, key, checkpoint)
@@ -294,6 +296,7 @@ class _Run:
                 f"Resuming from {checkpoint.source} (iteration {checkpoint.iteration}, epoch "
                 f"{checkpoint.epoch})."
             ]
+            assert fingerprint is not None  # computed above for a resumed run
             net = _checkpoint.resume(
                 checkpoint,
                 net=net,
@@ -412,7 +415,9 @@ class _Run:
         if needs:
             self.messages.append("Initializing input data normalization.")
             for k, layer in needs:
-                sample = self.source.statistics_of(k, net.input_layouts[k].format, self.placement)
+                layout = net.input_layouts[k]
+                assert layout is not None  # the input has an input layer
+                sample = self.source.statistics_of(k, layout.format, self.placement)
                 net = net.replace_layer(layer.name, layer.with_statistics(sample))
         if not net.initialized:
             layouts = []
@@ -521,6 +526,7 @@ class _Run:
             iteration = state.iteration + 1
             lr = self.schedule(iteration, state.epoch)
             carry = (state.learnables, state.others, state.opt_state, state.nan_at, state.scaling)
+            assert step is not None  # made for the first feed
             carry, loss, values, *carried = step(
                 carry, data, state.key, np.int32(iteration), np.float32(lr)
             )
@@ -538,6 +544,7 @@ class _Run:
             }
             row.update({m.name: v for m, v in zip(self.metrics, values, strict=True)})
             state.training_rows.append(row)
+            assert self.reporter is not None  # made by train()
             self.reporter.tick(iteration, state.epoch, lr)
             final = iteration == self.final_iteration
             validate = self.validation is not None and (
@@ -575,6 +582,7 @@ class _Run:
         check = not getattr(self, "_validation_checked", False)  # NaN/Inf said once per run
         padding = _checkpoint_fields.finite(self.options.sequence_padding_value)
         bad = jnp.zeros((), jnp.int32)
+        assert self.validation is not None  # called only with validation data
         for xs, ts, *sequences in self.validation:
             if check and (padding or not sequences):  # NaN padding is the user's, masked out
                 bad = bad + _checkpoint_fields.nonfinite((xs, ts))
@@ -644,6 +652,7 @@ class _Run:
         validation = None
         if state.validation_rows and state.validation_rows[-1]["iteration"] == iteration:
             validation = _progress.by_title(state.validation_rows[-1], self.metrics)
+        assert self.reporter is not None  # made by train()
         self.reporter.row(
             iteration=iteration,
             epoch=state.epoch,
@@ -706,6 +715,7 @@ class _Run:
         self._save_checkpoint("final")
         self._flush()
         elapsed = time.perf_counter() - self.start
+        assert self.reporter is not None and state.stop_reason is not None  # train() set them
         self.reporter.finish(state.stop_reason)
         self._call_output_fcn("done", last)
         metric_names = [m.name for m in self.metrics]
@@ -722,6 +732,7 @@ class _Run:
         if options.resolved_output_network == "best-validation" and state.best_network is not None:
             net = state.best()
             iteration = state.best_iteration
+            assert net is not None and iteration is not None  # a best network has its iteration
         else:
             net = state.network
             iteration = state.iteration

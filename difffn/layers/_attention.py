@@ -193,6 +193,10 @@ class SelfAttention(Layer):
         for name, shape in self._shapes(None).items():
             what = ", ".join("any" if n is None else str(n) for n in shape)
             setattr(self, name, array_or_none(self, name, getattr(self, name), shape, what))
+        self.num_inputs: int
+        self.input_names: tuple[str, ...]
+        self.num_outputs: int
+        self.output_names: tuple[str, ...]
         self.num_inputs, self.input_names = (
             (2, ("in", "mask")) if self.has_padding_mask_input else (1, ("in",))
         )
@@ -347,6 +351,7 @@ class SelfAttention(Layer):
         y = relabel(x, jnp.moveaxis(from_blc(out, work_fmt), -1, c), fmt)
         if not self.has_scores_output:
             return y
+        assert scores is not None  # multi_head returns them when asked
         scores = scores if "B" in fmt else scores[0]
         return y, relabel(x, scores, "BCUU" if "B" in fmt else "CUU")
 

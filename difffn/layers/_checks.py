@@ -137,8 +137,12 @@ def as_float_array(layer, argument: str, value: Any) -> jax.Array:
     return to_device(value, jnp.float32)
 
 
-def array_or_none(layer, argument: str, value: Any, shape: tuple | None, what: str):
-    """``None`` or a float array whose shape is ``shape`` (``None`` entries match any size)."""
+def array_or_none(layer, argument: str, value: Any, shape: tuple | None, what: str) -> Any:
+    """``None`` or a float array whose shape is ``shape`` (``None`` entries match any size).
+
+    Typed ``Any``: the learnable fields it fills are declared as the arrays they hold once
+    initialized (``None`` before).
+    """
     if value is None:
         return None
     array = as_float_array(layer, argument, value)
@@ -223,12 +227,13 @@ def layout_format(layer, layout, allowed, *, want: str) -> Layout:
 def known_size(layer, layout: Layout, label: str, what: str) -> int:
     size = layout.size(label)
     sizes = size if isinstance(size, tuple) else (size,)
-    if any(s is None for s in sizes) or not sizes:
+    known = tuple(s for s in sizes if s is not None)
+    if len(known) < len(sizes) or not sizes:
         raise LayerError(
             f"{who(layer)}.initialize needs the {what} (axis {label!r}) of the input layout; "
             f"{layout!r} leaves it unknown. Fix: give its size in the layout."
         )
-    return math.prod(sizes)
+    return math.prod(known)
 
 
 def channel_axis(layer, fmt: str, ndim: int) -> int:

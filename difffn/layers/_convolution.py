@@ -56,7 +56,7 @@ def _ints(layer, name: str, value, k: int, *, fix: str) -> tuple[int, ...]:
     return tuple(int(v) for v in items)
 
 
-def _padding_value(layer, value):
+def _padding_value(layer, value) -> float | str:
     if isinstance(value, str):
         if value not in _PAD_WORDS:
             raise bad_argument(
@@ -80,15 +80,21 @@ class _Convolution(WeightsAndBias):
     _outputs: ClassVar[str] = "num_filters"
     _dims: ClassVar[int]
     _plain_format: ClassVar[str]
+    _want: ClassVar[str]
 
     def _check_convolution_options(self) -> None:
-        self.num_filters = positive_int(
+        # Fields that each subclass declares (in its own order), typed here for these methods.
+        self.filter_size: tuple[int, ...]
+        self.stride: Any
+        self.dilation: Any
+        self.padding: Any
+        self.num_filters: int = positive_int(
             self,
             "num_filters",
             self.num_filters,
             fix=f"e.g. {type(self).__name__}(3, 16) for 16 filters.",
         )
-        self.padding_value = _padding_value(self, self.padding_value)
+        self.padding_value: float | str = _padding_value(self, self.padding_value)
         self._check_weights_and_bias(
             (*self.filter_size, None, self.num_filters),
             "filter size, input channels per group, num_filters",
@@ -228,6 +234,11 @@ class Conv1D(_UngroupedConvolution):
     )
 
     def __post_init__(self) -> None:
+        # The user's values, normalized in place (the fields are declared by the base class).
+        self.filter_size: Any
+        self.stride: Any
+        self.dilation: Any
+        self.padding: Any
         (self.filter_size,) = _ints(
             self, "filter_size", self.filter_size, 1, fix="e.g. Conv1D(3, 16)."
         )
@@ -431,12 +442,12 @@ class Conv3D(_UngroupedConvolution):
 
     def __post_init__(self) -> None:
         fix = "e.g. {}=3 or (3, 3, 1)."
-        self.filter_size = _ints(
+        self.filter_size: Any = _ints(
             self, "filter_size", self.filter_size, 3, fix=fix.format("filter_size")
         )
-        self.stride = _ints(self, "stride", self.stride, 3, fix=fix.format("stride"))
-        self.dilation = _ints(self, "dilation", self.dilation, 3, fix=fix.format("dilation"))
-        self.padding = _padding_3d(self, self.padding)
+        self.stride: Any = _ints(self, "stride", self.stride, 3, fix=fix.format("stride"))
+        self.dilation: Any = _ints(self, "dilation", self.dilation, 3, fix=fix.format("dilation"))
+        self.padding: Any = _padding_3d(self, self.padding)
         self._check_convolution_options()
 
     def _layout_allowed(self, fmt: str) -> bool:

@@ -50,7 +50,9 @@ class _Table(Layer):
         """Check the initializer, a given table and the factor options (``__post_init__``)."""
         init.check_options(self, {"weights": init.RECURRENT})
         what = ", ".join(self._rows_and_columns)
-        self.weights = array_or_none(self, "weights", self.weights, self._table_shape(), what)
+        self.weights: jax.Array = array_or_none(
+            self, "weights", self.weights, self._table_shape(), what
+        )
         factors.record(self, self._factor_options)
 
     def _draw_table(self, key):
@@ -332,7 +334,7 @@ class SinusoidalPositionEncoding(Layer):
         self._axis(layout.format, layout.shape, f"the input layout {layout!r}")
         return self
 
-    def encode(self, positions: Data) -> Any:
+    def encode(self, positions: jax.Array) -> jax.Array:
         """The ``(..., output_size)`` encoding of an array of positions."""
         half = self.output_size // 2
         dtype = positions.dtype

@@ -12,7 +12,7 @@ from __future__ import annotations
 import dataclasses
 import inspect
 from collections.abc import Sequence
-from typing import Any, Self
+from typing import Any, ClassVar, Self, overload
 
 import jax
 
@@ -47,10 +47,16 @@ class ForeignModule(Layer):
           wrapper: the layer class's name, for the description (``"FromNNX(Linear)"``).
         """
         if self.num_inputs is None and self.input_names is None:
-            self.num_inputs = call_arity(type(module).__call__, skip=skip)
+            arity = call_arity(type(module).__call__, skip=skip)
+            if arity is not None:  # None: the ports resolve it (one input)
+                self.num_inputs = arity
         if not self.description:
-            self.description = f"{wrapper}({type(module).__name__})"
+            self.description: str = f"{wrapper}({type(module).__name__})"
         self.__post_init__()
+
+    def __post_init__(self) -> None:
+        """Check the options (each subclass defines it; ``_finish_init`` calls it)."""
+        raise NotImplementedError
 
     def initialize(self, *layouts: Layout, key: jax.Array) -> Self:
         """Nothing to fill (the module has its parameters); checks that the outputs fit.
@@ -69,6 +75,7 @@ class ForeignModule(Layer):
           key: the key ``forward`` was given.
           randomness: what in the module draws, completing "the module ... {randomness}".
         """
+        self.structure: Any  # each subclass's Structure, declared by its field
         if key is None and self.structure.random:
             raise LayerError(
                 f"{who(self)}: the module {self.structure.module_type} {randomness}, so "
@@ -85,6 +92,8 @@ class Structure:
     computed once, and the same object (every unflattened layer shares its structure) compares
     equal by identity first.
     """
+
+    __dataclass_fields__: ClassVar[dict[str, dataclasses.Field[Any]]]  # each subclass's
 
     def __hash__(self) -> int:
         cached = self.__dict__.get("_hash")
@@ -146,7 +155,13 @@ def port_count(layer, kind: str) -> int:
     return n
 
 
-def formats(layer, value, count: int, argument: str) -> tuple[str, ...] | None:
+@overload
+def formats(layer: Layer, value: None, count: int, argument: str) -> None: ...
+@overload
+def formats(
+    layer: Layer, value: str | Sequence[str], count: int, argument: str
+) -> tuple[str, ...]: ...
+def formats(layer: Layer, value: Any, count: int, argument: str) -> tuple[str, ...] | None:
     """``fmt`` / ``output_format`` as one validated format per port (or None)."""
     if value is None:
         return None
@@ -169,7 +184,9 @@ def output_formats(layer) -> tuple[str, ...] | None:
     """The format per output: ``output_format``, else the first input's ``fmt``."""
     value = layer.output_format
     if value is None and layer.fmt is not None:
-        value = input_formats(layer)[0]
+        fmts = input_formats(layer)
+        assert fmts is not None  # fmt is given
+        value = fmts[0]
     return formats(layer, value, layer.num_outputs, "output_format")
 
 

@@ -224,7 +224,8 @@ class FromEquinox(_foreign.ForeignModule):
     def __post_init__(self) -> None:
         if not isinstance(self.vmap, bool):
             raise LayerError(f"{who(self)}: vmap must be True or False; got {self.vmap!r}.")
-        self.formattable = _foreign.check_formats(self)
+        # Per layer here (it follows fmt): a field in place of Layer's class-level default.
+        self.formattable = _foreign.check_formats(self)  # pyright: ignore[reportIncompatibleVariableOverride]
         if self.vmap and self.fmt is not None:
             count = _foreign.port_count(self, "input")
             for f in _foreign.formats(self, self.fmt, count, "fmt"):
@@ -244,6 +245,7 @@ class FromEquinox(_foreign.ForeignModule):
         """The equinox module with the layer's current values (in training or inference mode)."""
         eqx = _eqx()
         s = self.structure
+        assert s is not None  # set by __init__
         leaves: list[Any] = [None] * s.treedef.num_leaves
         for i, value in s.statics:
             leaves[i] = value
@@ -262,6 +264,7 @@ class FromEquinox(_foreign.ForeignModule):
 
     def _run(self, inputs, *, training: bool, key):
         s = self.structure
+        assert s is not None  # set by __init__
         module = self.module(training=training)
         xs = _foreign.module_inputs(self, inputs)
         has_state = s.state_treedef is not None
@@ -280,7 +283,7 @@ class FromEquinox(_foreign.ForeignModule):
             fmts = _foreign.input_formats(self)
             in_axes = tuple(f.index("B") for f in fmts) if fmts else (0,) * len(xs)
             batch = xs[0].shape[in_axes[0]]
-            keys = jax.random.split(key, batch) if use_key else None
+            keys = jax.random.split(key, batch) if use_key and key is not None else None
             out_fmts = _foreign.output_formats(self)
             out_axes = 0
             if out_fmts is not None:

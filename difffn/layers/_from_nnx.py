@@ -182,7 +182,8 @@ class FromNNX(_foreign.ForeignModule):
         self._finish_init(module, skip=1, wrapper="FromNNX")
 
     def __post_init__(self) -> None:
-        self.formattable = _foreign.check_formats(self)
+        # Per layer here (it follows fmt): a field in place of Layer's class-level default.
+        self.formattable = _foreign.check_formats(self)  # pyright: ignore[reportIncompatibleVariableOverride]
 
     @property
     def state_names(self) -> tuple[str, ...]:
@@ -200,6 +201,7 @@ class FromNNX(_foreign.ForeignModule):
         """
         nnx = _nnx()
         s = self.structure
+        assert s is not None  # set by __init__
         values = []
         for group, paths in zip((self.params, self.batch_stats, self.constants or {}), s.paths):
             values.append(_nested({p: group[n] for n, p in paths}))
@@ -212,24 +214,28 @@ class FromNNX(_foreign.ForeignModule):
                 placeholders[path] = jax.random.split(k, shape) if shape else k
         module = nnx.merge(s.train if training else s.eval, *values, _nested(placeholders))
         if key is not None and s.rng_streams:
-            keys = {t: jax.random.fold_in(key, i) for i, t in enumerate(s.tags)}
+            keys: dict[str, Any] = {t: jax.random.fold_in(key, i) for i, t in enumerate(s.tags)}
             nnx.reseed(module, policy="match_shape", **keys)
         return module
 
     def predict(self, *inputs: Data) -> Output:
+        s = self.structure
+        assert s is not None  # set by __init__
         module = self.module(training=False)
         result = module(*_foreign.module_inputs(self, inputs))
-        outputs = _foreign.layer_outputs(self, result, self.structure.module_type)
+        outputs = _foreign.layer_outputs(self, result, s.module_type)
         return (*outputs, self.batch_stats) if self.batch_stats else outputs
 
     def forward(self, *inputs: Data, key: jax.Array | None = None) -> Output:
         nnx = _nnx()
-        self._require_key(key, f"has random streams {list(self.structure.tags)} (e.g. nnx.Dropout)")
+        s = self.structure
+        assert s is not None  # set by __init__
+        self._require_key(key, f"has random streams {list(s.tags)} (e.g. nnx.Dropout)")
         module = self.module(training=True, key=key)
         result = module(*_foreign.module_inputs(self, inputs))
-        outputs = _foreign.layer_outputs(self, result, self.structure.module_type)
+        outputs = _foreign.layer_outputs(self, result, s.module_type)
         stats = _flat(nnx, nnx.state(module, nnx.BatchStat))
-        names = dict(self.structure.paths[1])
+        names = dict(s.paths[1])
         if not names:
             return outputs
         return (*outputs, {n: stats[p].get_value() for n, p in names.items()})

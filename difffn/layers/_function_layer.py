@@ -63,8 +63,9 @@ class FunctionLayer(Layer):
 
     fn: Callable[..., Any]
     _: dataclasses.KW_ONLY
-    formattable: bool = False
-    acceleratable: bool = True
+    # Per layer here (Layer's are per class): fields that override its class-level defaults.
+    formattable: bool = False  # pyright: ignore[reportIncompatibleVariableOverride]
+    acceleratable: bool = True  # pyright: ignore[reportIncompatibleVariableOverride]
 
     def __post_init__(self) -> None:
         if not callable(self.fn):
@@ -91,10 +92,12 @@ class FunctionLayer(Layer):
                     self, name, "True or False", getattr(self, name), f"e.g. {name}=True."
                 )
         if self.num_inputs is None and self.input_names is None:
-            self.num_inputs = _arity(self.fn) or None
+            arity = _arity(self.fn)
+            if arity:  # else the ports resolve it (one input)
+                self.num_inputs = arity
         if not self.description:
             name = getattr(self.fn, "__name__", type(self.fn).__name__)
-            self.description = f"FunctionLayer({name})"
+            self.description: str = f"FunctionLayer({name})"
 
     def predict(self, *inputs: Data) -> Output:
         return self.fn(*inputs)

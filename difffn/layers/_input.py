@@ -51,6 +51,9 @@ class _NormalizingInput(InputLayer):
         raise NotImplementedError
 
     def _check_options(self) -> None:
+        # Fields that each subclass declares (in its own order), typed here for these methods.
+        self.normalization: Any
+        self.normalization_dimension: str
         if not callable(self.normalization) and self.normalization not in NORMALIZATIONS:
             options = " | ".join(repr(n) for n in NORMALIZATIONS)
             raise bad_argument(

@@ -47,7 +47,7 @@ class _PerChannel(Layer):
     _parameters: ClassVar[tuple[str, ...]] = ("offset", "scale")
 
     def _check_per_channel_options(self) -> None:
-        self.epsilon = real(
+        self.epsilon: float = real(
             self,
             "epsilon",
             self.epsilon,
@@ -383,7 +383,8 @@ class GroupNorm(_PerChannel):
         self._check_per_channel_options()
 
     def _groups(self, channels: int, where: str) -> int:
-        groups = {"all-channels": 1, "channel-wise": channels}.get(self.num_groups, self.num_groups)
+        named = {"all-channels": 1, "channel-wise": channels}
+        groups = named[self.num_groups] if self.num_groups in named else self.num_groups
         if channels % groups:
             raise LayerError(
                 f"{who(self)}: {where} has {channels} channels, which cannot be split into "

@@ -42,10 +42,10 @@ class Placeholder(Layer):
     op_type: str = ""
     _: dataclasses.KW_ONLY
     reason: str = ""
-    attributes: tuple = ()
+    attributes: tuple[tuple[str, Any], ...] = ()
     constants: Any = None
-    input_formats: tuple = ()
-    output_formats: tuple = ()
+    input_formats: tuple[str, ...] = ()
+    output_formats: tuple[str, ...] = ()
 
     def predict(self, *inputs: Data) -> Output:
         reason = f" ({self.reason})" if self.reason else ""

@@ -65,12 +65,18 @@ class _Recurrent(Layer):
 
     def _check_options(self, bias_initializers) -> None:
         """Validate the options every recurrent layer has (call in ``__post_init__``)."""
-        h = self.num_hidden_units = positive_int(
+        # Fields that each subclass declares (in its own order), typed here for these methods.
+        self.output_mode: str
+        self.state_activation_function: str
+        self.gate_activation_function: str
+        self.bias_initializer: Any
+        self.num_hidden_units: int = positive_int(
             self,
             "num_hidden_units",
             self.num_hidden_units,
             fix=f"e.g. {type(self).__name__}(100).",
         )
+        h = self.num_hidden_units
         choice(self, "output_mode", self.output_mode, ("sequence", "last"))
         choice(
             self,
@@ -90,14 +96,16 @@ class _Recurrent(Layer):
             },
         )
         blocks = self._GATES * self._DIRECTIONS
-        self.input_weights = array_or_none(
+        self.input_weights: jax.Array = array_or_none(
             self, "input_weights", self.input_weights, (None, blocks * h), f"input_size, {blocks}H"
         )
-        self.recurrent_weights = array_or_none(
+        self.recurrent_weights: jax.Array = array_or_none(
             self, "recurrent_weights", self.recurrent_weights, (h, blocks * h), f"H, {blocks}H"
         )
         bias_size = self._bias_blocks() * self._DIRECTIONS * h
-        self.bias = array_or_none(self, "bias", self.bias, (bias_size,), f"{bias_size // h}H")
+        self.bias: jax.Array = array_or_none(
+            self, "bias", self.bias, (bias_size,), f"{bias_size // h}H"
+        )
         width = self._width()
         for name in self._state_fields:
             value = getattr(self, name)
@@ -133,7 +141,7 @@ class _Recurrent(Layer):
         self._check_input_size(input_size, f"the input layout {layout!r}")
         h, blocks = self.num_hidden_units, self._GATES * self._DIRECTIONS
         k_input, k_recurrent, k_bias = jax.random.split(key, 3)
-        draws = [
+        draws: list[tuple[str, jax.Array, tuple[int, ...], int, int]] = [
             ("input_weights", k_input, (input_size, blocks * h), input_size, blocks * h),
             ("recurrent_weights", k_recurrent, (h, blocks * h), h, blocks * h),
         ]

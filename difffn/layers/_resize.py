@@ -122,6 +122,8 @@ class Resize2D(Layer):
                 "enable_reference_input=True adds the input 'ref' whose size the output takes.",
             )
         # MATLAB's ports: "in", plus "ref" with a reference input.
+        self.num_inputs: int
+        self.input_names: tuple[str, ...]
         if self.enable_reference_input:
             self.num_inputs, self.input_names = 2, ("in", "ref")
         else:

@@ -43,9 +43,11 @@ class WeightsAndBias(Layer):
           weights_what: what its axes are, for the error message.
         """
         init.check_options(self, {"weights": self._weights_initializers, "bias": init.BIAS})
-        self.weights = array_or_none(self, "weights", self.weights, weights_shape, weights_what)
+        self.weights: jax.Array = array_or_none(
+            self, "weights", self.weights, weights_shape, weights_what
+        )
         outputs = getattr(self, self._outputs)
-        self.bias = array_or_none(self, "bias", self.bias, (outputs,), self._outputs)
+        self.bias: jax.Array = array_or_none(self, "bias", self.bias, (outputs,), self._outputs)
         factor_options.record(self, self._factor_options)
 
     def _draw_weights_and_bias(self, key, weights_shape: tuple, fan_in: int, fan_out: int):

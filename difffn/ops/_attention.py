@@ -123,6 +123,7 @@ def attention(
     y = label(y, fmt, formatted)
     if not return_weights:
         return y
+    assert weights is not None  # multi_head returns them when asked
     return y, (weights if "B" in fmt else weights[0])
 
 
@@ -179,7 +180,7 @@ def to_blc(data, fmt: str):
 def from_blc(y, fmt: str):
     work_fmt = fmt if "B" in fmt else "B" + fmt
     order = [work_fmt.index(a) for a in ("B", _sequence_label(fmt), "C")]
-    y = jnp.transpose(y, np.argsort(order))
+    y = jnp.transpose(y, np.argsort(order).tolist())
     return y if "B" in fmt else y[0]
 
 
@@ -226,11 +227,11 @@ def _scale(scale, d_key: int) -> float:
 
 
 def _probability(p, key) -> float:
-    if isinstance(p, bool) or not isinstance(p, numbers.Real) or not 0 <= p < 1:
+    if isinstance(p, bool) or not isinstance(p, numbers.Real) or not 0 <= float(p) < 1:
         raise OpError(
             f"df.ops.attention: dropout_probability must be a number in [0, 1); got {p!r}."
         )
-    if p > 0 and key is None:
+    if float(p) > 0 and key is None:
         raise OpError(
             f"df.ops.attention: dropout_probability={p} needs randomness, but key is None. "
             "Fix: pass key=jax.random.key(...), or dropout_probability=0."

@@ -8,7 +8,7 @@ got, and how to fix it.
 from __future__ import annotations
 
 import numbers
-from typing import Any
+from typing import Any, TypeGuard
 
 import jax
 import jax.numpy as jnp
@@ -93,7 +93,8 @@ def window_axes(op: str, fmt: str, shape, count: int | None, *, what: str) -> tu
     return tuple(axes)
 
 
-def _is_int(value) -> bool:
+def _is_int(value: object) -> TypeGuard[int | np.integer]:
+    # (another numbers.Integral compares and converts as an int does)
     return isinstance(value, (numbers.Integral, np.integer)) and not isinstance(value, bool)
 
 
@@ -119,7 +120,9 @@ def ints(op: str, name: str, value, n: int, *, minimum: int = 1) -> tuple[int, .
     return tuple(int(v) for v in items)
 
 
-def pairs(op: str, name: str, value, n: int, *, words: tuple[str, ...] = ("same",)):
+def pairs(
+    op: str, name: str, value: Any, n: int, *, words: tuple[str, ...] = ("same",)
+) -> str | tuple[tuple[int, int], ...]:
     """MATLAB-style padding or cropping for ``n`` window dimensions.
 
     Accepts one of ``words``, a non-negative int (all sides), ``n`` ints (both sides of each
@@ -133,7 +136,7 @@ def pairs(op: str, name: str, value, n: int, *, words: tuple[str, ...] = ("same"
         if all(_is_int(v) and v >= 0 for v in value):
             return ((int(value[0]), int(value[1])),)
     elif _is_int(value) and value >= 0:
-        return ((int(value),) * 2,) * n
+        return ((int(value), int(value)),) * n
     elif isinstance(value, (tuple, list)) and len(value) == n:
         if all(_is_int(v) and v >= 0 for v in value):
             return tuple((int(v), int(v)) for v in value)

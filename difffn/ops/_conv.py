@@ -98,7 +98,7 @@ def conv(
     stride: int | Sequence[int] = 1,
     dilation_factor: int | Sequence[int] = 1,
     padding: Any = 0,
-    padding_value: float = 0,
+    padding_value: float | str = 0,
     fmt: str | None = None,
 ) -> Output:
     r"""Deep learning convolution over the ``S`` axes (MATLAB's ``dlconv``).
@@ -166,6 +166,7 @@ def conv(
         pads = tuple(same_padding(*v) for v in zip(sizes, window, strides, dilation, strict=True))
     elif pads == "causal":
         pads = tuple(((f - 1) * d, 0) for f, d in zip(window, dilation, strict=True))
+    assert not isinstance(pads, str)  # pairs returns one of the words above, or the pairs
     dtype = jnp.result_type(data, w, *(() if bias is None else (plain(op, "bias", bias),)))
     data = data.astype(dtype)
     mode = _padding_mode(op, padding_value)
@@ -288,6 +289,7 @@ def conv_transpose(
     if crops == "same":
         totals = [e - s for e, s in zip(extents, strides, strict=True)]
         crops = tuple((t - t // 2, t // 2) for t in totals)
+    assert not isinstance(crops, str)  # pairs returns "same" or the pairs
     for a, (lo, hi), e, s in zip(axes, crops, extents, strides, strict=True):
         if (data.shape[a] - 1) * s + e - lo - hi < 1:
             raise OpError(

@@ -7,7 +7,7 @@ for convolution); global pooling reduces those axes to size 1.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, Literal
 
 import jax
 import jax.numpy as jnp
@@ -30,6 +30,7 @@ def _window(op, data, fmt, pool_size, stride, padding):
         pads = tuple(
             same_padding(data.shape[a], p, s) for a, p, s in zip(axes, sizes, strides, strict=True)
         )
+    assert not isinstance(pads, str)  # pairs returns "same" or the pairs
     window, step, padding = [1] * data.ndim, [1] * data.ndim, [(0, 0)] * data.ndim
     for a, p, s, pad in zip(axes, sizes, strides, pads, strict=True):
         if data.shape[a] + sum(pad) < p:
@@ -43,7 +44,7 @@ def _window(op, data, fmt, pool_size, stride, padding):
 
 def max_pool(
     x: Data,
-    pool_size: int | Sequence[int],
+    pool_size: int | Sequence[int] | Literal["global"],
     *,
     stride: int | Sequence[int] = 1,
     padding: Any = 0,
@@ -94,7 +95,7 @@ def max_pool(
 
 def avg_pool(
     x: Data,
-    pool_size: int | Sequence[int],
+    pool_size: int | Sequence[int] | Literal["global"],
     *,
     stride: int | Sequence[int] = 1,
     padding: Any = 0,

@@ -216,7 +216,8 @@ def lstm(
     dtype = float_dtype(xs, w, r, b, h0, c0)
     hs, h, c = lstm_scan(
         xs.astype(dtype),
-        *(jnp.broadcast_to(s.astype(dtype), (batch, n)) for s in (h0, c0)),
+        jnp.broadcast_to(h0.astype(dtype), (batch, n)),
+        jnp.broadcast_to(c0.astype(dtype), (batch, n)),
         w.astype(dtype),
         r.astype(dtype),
         b.astype(dtype),
