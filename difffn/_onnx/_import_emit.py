@@ -11,16 +11,18 @@ tensor kinds and adds layers and connections.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 import jax
 import numpy as np
 
+from .._layer import Layer
 from ..layers import FunctionLayer, Placeholder
 from . import _labels, _mapping
 from ._import_values import Const, NodeInfo, Runtime
-from ._layers import NodeFunction, ONNXOperator, expand_to
-from ._load import Node, Subgraph
+from ._layers import NodeFunction, ONNXOperator, Program, expand_to
+from ._load import GraphSpec, Node, Subgraph
 from ._ops import Attrs, FrozenArray, Unsupported, np_dtype
 
 
@@ -28,9 +30,17 @@ class Emission:
     """``Importer``'s layers for runtime nodes (uses ``values``, ``layers``, ``connections``,
     ``spec``, ``placeholders``, ``fail``, ``unique``, ``program`` and ``stand_in``)."""
 
+    spec: GraphSpec
+    placeholders: bool
     values: dict[str, Any]
-    consumers: dict
+    consumers: dict[str, list[tuple[Node | None, int]]]
     variable_sizes: list[str]
+    layers: list[Layer]
+    connections: list[tuple[str, str]]
+    fail: Callable[[Node, str], None]
+    unique: Callable[[str], str]
+    program: Callable[[str], Program]
+    stand_in: Callable[[str], np.ndarray]
 
     def _unsupported(self, node: Node, reason: str) -> None:
         if not self.placeholders:
@@ -305,7 +315,7 @@ class Emission:
         )
         name = self.unique(node.name)
         description = f"ONNX {node.op_type} node {node.name!r}"
-        common = dict(
+        common: dict[str, Any] = dict(
             formattable=True,
             num_inputs=len(layer_inputs),
             num_outputs=len(node.outputs),

@@ -8,8 +8,11 @@ adds layers and returns True, or returns False and the importer makes an ``ONNXO
 from __future__ import annotations
 
 import dataclasses
+from typing import TypeGuard
 
 import numpy as np
+
+from ._import_values import NodeInfo
 
 
 def runtime(imp, info, i):
@@ -19,18 +22,19 @@ def runtime(imp, info, i):
     return None
 
 
-def const(info, i):
+def const(info: NodeInfo, i: int) -> np.ndarray | None:
     """The constant at input ``i`` (a NumPy array), or None."""
     if i < len(info.input_kinds) and info.input_kinds[i] == "const":
         return info.input_values[i]
     return None
 
 
-def absent(info, i) -> bool:
+def absent(info: NodeInfo, i: int) -> bool:
     return i >= len(info.input_kinds) or info.input_kinds[i] == "absent"
 
 
-def floating(array) -> bool:
+def floating(array: np.ndarray | None) -> TypeGuard[np.ndarray]:
+    """Whether ``array`` is a floating-point array (not None)."""
     return array is not None and np.issubdtype(array.dtype, np.floating)
 
 
