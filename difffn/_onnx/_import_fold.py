@@ -108,4 +108,3 @@ class Folding:
                 step.attrs, step.attrs, args, lambda: run(step.op_type, step.attrs, args)
             )
         return np.asarray(outputs[step.outputs.index(name)])
-

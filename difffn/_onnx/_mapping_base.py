@@ -8,18 +8,26 @@ adds layers and returns True, or returns False and the importer makes an ``ONNXO
 from __future__ import annotations
 
 import dataclasses
-from typing import TypeGuard
+from typing import Any, TypeGuard
 
 import numpy as np
 
-from ._import_values import NodeInfo
+from ._import_values import NodeInfo, Runtime
+from ._ops import Unsupported
 
 
-def runtime(imp, info, i):
+def runtime(imp: Any, info: NodeInfo, i: int) -> Runtime | None:
     """The runtime tensor at input ``i`` (a ``Runtime``), or None."""
     if i < len(info.input_kinds) and info.input_kinds[i] == "runtime":
         return imp.values[info.inputs[i]]
     return None
+
+
+def shape_of(x: Runtime) -> tuple[int, ...]:
+    """The ONNX shape of a runtime tensor, which a tensor after a placeholder may lack."""
+    if x.shape is None:
+        raise Unsupported("its input shapes are unknown (after a placeholder)")
+    return x.shape
 
 
 def const(info: NodeInfo, i: int) -> np.ndarray | None:
