@@ -20,6 +20,7 @@ from collections.abc import Sequence
 from typing import Any
 
 import jax
+from jax.core import Tracer
 
 from .._core import CONCRETIZATION_ERRORS, AccelerationError, Layout, NetworkError, check_key
 from .._core import mask as _mask
@@ -359,7 +360,7 @@ class Network(NetworkBase):
         """
         check_key("Network.initialize", key, NetworkError)
         layouts = resolve_layouts(self, layouts_or_examples)
-        tracing = any(isinstance(v, jax.core.Tracer) for v in jax.tree.leaves((self, key)))
+        tracing = any(isinstance(v, Tracer) for v in jax.tree.leaves((self, key)))
         if self.acceleratable and not tracing:
             # One compiled program for every initializer: compiling each random draw on its
             # own (eagerly) costs seconds. It runs once, so XLA's optimizations are not worth
@@ -522,7 +523,7 @@ class Network(NetworkBase):
 
     def run(
         self, inputs, key=None, *, training: bool, outputs=None, acceleration="auto", masks=None
-    ):
+    ) -> tuple[Any, ...]:
         """Run the network: ``(values of the outputs, new state values per layer)``.
 
         Checks and prepares the inputs (``prepare_inputs``), then lets ``_execute.run`` pick how
