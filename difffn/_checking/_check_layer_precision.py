@@ -44,10 +44,15 @@ FIX_OVERFLOW = (
 )
 
 
-def _dtype(s: LayerSubject) -> Any:
-    """The compute dtype asked for (the checks that call this ran only when one was)."""
+def _asked(s: LayerSubject) -> str:
+    """The precision asked for (the checks that call this ran only when one was)."""
     assert s.precision is not None
-    return DTYPES[s.precision]
+    return s.precision
+
+
+def _dtype(s: LayerSubject) -> Any:
+    """The compute dtype asked for."""
+    return DTYPES[_asked(s)]
 
 
 def _rounded(s: LayerSubject):
@@ -82,7 +87,7 @@ def _compare(what: str, low, ref, s: LayerSubject) -> str | None:
         )
     scale = float(np.linalg.norm(ref))
     error = float(np.linalg.norm(low - ref))
-    tol = TOLERANCES[s.precision]
+    tol = TOLERANCES[_asked(s)]
     if error > tol * max(scale, np.finfo(np.float32).tiny):
         worst = np.unravel_index(int(np.argmax(np.abs(low - ref))), ref.shape)
         return (

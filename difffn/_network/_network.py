@@ -99,9 +99,10 @@ class Network(NetworkBase):
         flat = name_layers(flat)
         graph = build_graph(flat, chains, tuple(tuple(c) for c in connections), outputs)
         self._set(tuple(flat), graph, layouts=None)
-        if not graph.dangling and all(isinstance(flat[i], InputLayer) for i, _ in graph.inputs):
+        entries = [lyr for lyr in (flat[i] for i, _ in graph.inputs) if isinstance(lyr, InputLayer)]
+        if not graph.dangling and len(entries) == len(graph.inputs):
             # Input layers fix every input layout: check that the sizes fit, abstractly.
-            propagate(self, [flat[i].input_layout for i, _ in graph.inputs], None, abstract=True)
+            propagate(self, [lyr.input_layout for lyr in entries], None, abstract=True)
 
     def _set(self, layers, graph, layouts) -> None:
         self._layers = layers
@@ -374,7 +375,9 @@ class Network(NetworkBase):
             else:
                 lowered = traced.lower()
                 try:
-                    compiled = lowered.compile({"xla_backend_optimization_level": 0})
+                    # jax types compiler options as str | bool; XLA reads this one as an int
+                    options = {"xla_backend_optimization_level": 0}
+                    compiled = lowered.compile(options)  # pyright: ignore[reportArgumentType]
                 except Exception:  # noqa: BLE001 - a backend without the option: defaults
                     compiled = lowered.compile()
                 return compiled(self, key)
