@@ -36,11 +36,11 @@ PREAMBLE = "import jax\nimport jax.numpy as jnp\nimport numpy as np\nimport diff
 
 # pyright --verifytypes difffn --ignoreexternal: the share of exported symbols with known types.
 # The figure only goes up: raise it when annotations improve it.
-MIN_COMPLETENESS = 0.81
-# pyright (standard mode) on difffn/: the errors left (553 on 2026-11-27, pyright 1.1.414; 603 before
-# the typing work). Only
-# goes down; 0 is the goal.
-MAX_LIBRARY_ERRORS = 553
+MIN_COMPLETENESS = 0.87
+# pyright (standard mode) on difffn/: the errors left (292 on 2026-11-27, pyright 1.1.414, after the
+# typing of _onnx, _checking, _batching, _network, _persistence, _devices, _scoring and data; 553
+# before it, 603 before the typing work). Only goes down; 0 is the goal.
+MAX_LIBRARY_ERRORS = 292
 
 PROBE = """
 from __future__ import annotations

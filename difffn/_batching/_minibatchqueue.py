@@ -68,7 +68,8 @@ class MiniBatchQueue:
                 f"(numpy arrays on the host); got {output_environment!r}."
             )
         self.output_environment = output_environment
-        mode = {True: "once", False: "never"}.get(shuffle, shuffle)
+        spelled: dict[bool | str, str] = {True: "once", False: "never"}
+        mode = spelled.get(shuffle, shuffle)
         if mode not in _SHUFFLE:
             raise OptionsError(
                 f"{_WHO}: shuffle must be one of {list(_SHUFFLE)} (or True for 'once', False for "

@@ -80,6 +80,7 @@ def _predict_data(net, data: SequenceData, size: int, outputs, acceleration) -> 
             results = [(kind, ([], fmt)) for kind, _, fmt in batch]
         for (kind, values, _), (_, (collected, _)) in zip(batch, results, strict=True):
             collected.extend(values[:real] if kind == "step" else [values[:real]])
+    assert results is not None  # SequenceData holds at least one sequence
     return results
 
 
@@ -110,6 +111,7 @@ def _run_batch(net, data: SequenceData, index, outputs, acceleration) -> list:
                 observation = np.moveaxis(y, fmt.index("B"), 0)[b]
                 pieces[k][b].append(np.compress(m[b], observation, axis=t))
             last.append(("step", None, fmt))
+    assert pieces is not None and last is not None  # every mini-batch has a window
     out = []
     for k, (kind, array, fmt) in enumerate(last):
         if kind == "step":

@@ -91,7 +91,7 @@ class SequenceData:
     def _check_min_length(self, net: Network) -> None:
         for layer, part in zip(net.input_layers, self.inputs, strict=True):
             least = getattr(layer, "min_length", None)
-            if part[0] == "sequences" and least is not None:
+            if part[0] == "sequences" and least is not None and layer is not None:
                 lengths = [s.shape[part[2]] for s in part[1]]
                 if min(lengths) < least:
                     i = int(np.argmin(lengths))

@@ -56,7 +56,7 @@ def check_length(who: str, value):
     """``sequence_length``: ``"longest"``, ``"shortest"`` or a positive int."""
     if isinstance(value, str) and value in LENGTHS:
         return value
-    if isinstance(value, numbers.Integral) and not isinstance(value, bool) and value >= 1:
+    if isinstance(value, numbers.Integral) and not isinstance(value, bool) and int(value) >= 1:
         return int(value)
     raise OptionsError(
         f"{who}: sequence_length must be 'longest', 'shortest' or a positive int (the chunk "
@@ -88,7 +88,7 @@ def check_bucketing(who: str, value):
     """``sequence_bucketing``: ``"power-of-two"``, ``"none"`` or a positive int."""
     if isinstance(value, str) and value in BUCKETINGS:
         return value
-    if isinstance(value, numbers.Integral) and not isinstance(value, bool) and value >= 1:
+    if isinstance(value, numbers.Integral) and not isinstance(value, bool) and int(value) >= 1:
         return int(value)
     raise OptionsError(
         f"{who}: sequence_bucketing must be 'power-of-two', 'none' or a positive int k (pad "
@@ -254,7 +254,7 @@ def windows(lengths: np.ndarray, options: SequenceOptions) -> list[Window]:
         return [Window(0, shortest, shortest, bucket(shortest, options.bucketing))]
     if options.length == "longest":
         return [Window(0, longest, longest, bucket(longest, options.bucketing))]
-    size = options.length
+    size = int(options.length)  # a chunk length: neither string above
     return [
         Window(start, min(start + size, longest), longest, size)
         for start in range(0, longest, size)
@@ -341,7 +341,12 @@ def padsequences(
     t = obs.index("T")
     lengths = [s.shape[t] for s in seqs]
     length = check_length(who, length)
-    total = {"longest": max(lengths), "shortest": min(lengths)}.get(length, length)
+    if length == "longest":
+        total = max(lengths)
+    elif length == "shortest":
+        total = min(lengths)
+    else:
+        total = int(length)
     out, mask = place(seqs, t, Window(0, total, total, total), direction, padding_value)
     b = fmt.index("B")
     return dlarray(np.moveaxis(out, 0, b), fmt), mask

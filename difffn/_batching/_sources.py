@@ -25,7 +25,7 @@ is given (numbers, not strings or complex; observations present; class labels in
 from __future__ import annotations
 
 import itertools
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Sized
 
 import jax.numpy as jnp
 import numpy as np
@@ -108,7 +108,8 @@ def source(who: str, data, net: Network, *, role: str, max_epochs: int = 1):
       max_epochs: how often an iterable is read (a one-shot iterator allows one).
     """
     if looks_like_arrays(data):
-        return ArraySource(who, *data, net, role=role)
+        X, T = data
+        return ArraySource(who, X, T, net, role=role)
     return IterableSource(who, data, net, role=role, max_epochs=max_epochs)
 
 
@@ -164,7 +165,8 @@ class ArraySource:
     def statistics_sample(self, k):
         return self.inputs[k]
 
-    def iterations(self, batch_size: int) -> int:
+    def iterations(self, batch_size: int) -> int | None:
+        """Full mini-batches per epoch (None where a subclass cannot tell before the epoch)."""
         return self.count // batch_size
 
     def setup(self, who: str, options, placement: Placement) -> int:
@@ -245,8 +247,9 @@ class ArraySource:
             placement.padded(batch_size),
         )
         order = placement.put(order)
+        assert self.device is not None, "place() puts the data on the device first"
         inputs, targets = self.device
-        for b in range(start, self.iterations(batch_size)):
+        for b in range(start, self.count // batch_size):  # full mini-batches
             yield spec, (inputs, targets, order, np.int32(b))
 
     def _host_feeds(self, order, start, placement, batch_size):
@@ -256,7 +259,7 @@ class ArraySource:
         spec = ("direct", self.input_axes, self.target_axes, keep)
         inputs, targets = self.host
         split_x, split_t = placement.divides(padded), placement.divides(batch_size)
-        for b in range(start, self.iterations(batch_size)):
+        for b in range(start, self.count // batch_size):  # full mini-batches
             rows = np.asarray(order[b * batch_size : (b + 1) * batch_size])
             # padding: copies of the first observation, cut from the outputs in the step
             padded_rows = np.concatenate([rows, np.repeat(rows[:1], padded - batch_size)])
@@ -325,7 +328,7 @@ class IterableSource:
         self.data = data
         self.num_inputs = len(net.input_names)
         self.formats = tuple(lo.format if lo else None for lo in net.input_layouts)
-        self.length = len(data) if hasattr(data, "__len__") else None
+        self.length = len(data) if isinstance(data, Sized) else None
         self.steps = steps_per_epoch
         self.data_batch_size = None  # learned from the first full batch
         self.check_targets = None  # check_targets(ts, what): e.g. class labels in range

@@ -24,6 +24,7 @@ import dataclasses
 import inspect
 import time
 from collections.abc import Mapping
+from typing import Any
 
 import jax
 import jax.extend.core as jax_core
@@ -210,6 +211,26 @@ class CheckModel:
     ``traceable``, and defines ``outputs(args, parts)``, ``backward_gradient(args, parts)`` (the
     code under test, all parts concatenated) and ``cotangents(args)`` (the upstream gradients).
     """
+
+    with_backward: bool
+    with_autodiff: bool
+    traceable: bool
+
+    def outputs(self, args: Any, parts: tuple) -> list:
+        """The outputs at the point ``parts``."""
+        raise NotImplementedError
+
+    def runtime_outputs(self, args: Any, parts: tuple) -> list:
+        """The outputs at ``parts`` as the runtime computes them (through the custom backward)."""
+        raise NotImplementedError
+
+    def backward_gradient(self, args: Any, parts: tuple) -> jax.Array:
+        """The gradient from the code under test, all parts concatenated."""
+        raise NotImplementedError
+
+    def cotangents(self, args: Any) -> list:
+        """The upstream gradients, one per output."""
+        raise NotImplementedError
 
     def gradients(self, args, parts) -> dict:
         """The custom backward's gradient and/or JAX autodiff's (the VJP of the outputs)."""

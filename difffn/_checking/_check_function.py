@@ -247,7 +247,7 @@ class _FunctionChecker:
             if owner in self.surrogates:
                 fixed[inputs.leaf_names[k]] = surrogate_outcome(self.surrogates[owner])
         if self.outputs is None or self.unusable:
-            reason = "forward did not run" if self.outputs is None else self.unusable
+            reason = "forward did not run" if self.outputs is None else (self.unusable or "")
             for n in names:
                 rec.add(f"{GRADIENTS}[{n}]", fixed.get(n, incomplete(reason)))
             return

@@ -42,7 +42,8 @@ class FunctionModel(CheckModel):
     """
 
     fcn: DifferentiableFunction
-    tree: jax.tree_util.PyTreeDef  # of the inputs tuple
+    # of the inputs tuple (jax aliases PyTreeDef from jaxlib, which pyright does not resolve)
+    tree: jax.tree_util.PyTreeDef  # pyright: ignore[reportInvalidTypeForm]
     checked: tuple[int, ...]  # leaf indices
     shapes: tuple[tuple[int, ...], ...]
     with_backward: bool = True
@@ -75,7 +76,7 @@ class FunctionModel(CheckModel):
         pieces = []
         for k, shape in zip(self.checked, self.shapes, strict=True):
             g = found[k]
-            if is_array(g) and tuple(g.shape) == shape:
+            if g is not None and is_array(g) and tuple(g.shape) == shape:
                 pieces.append(jnp.ravel(g).astype(jnp.float64))
             else:
                 pieces.append(jnp.full((math.prod(shape),), jnp.nan, jnp.float64))

@@ -132,7 +132,7 @@ def export_matches_predict(s: LayerSubject, check_export: bool):
         return tuple(stripdims(v) for v in (*outs, *state))
 
     loaded = _export.load_function(_export.export_bytes(predict, *s.layouts))
-    batch_sizes = [None]
+    batch_sizes: list[int | None] = [None]
     if any(layout.size("B") is None for layout in s.layouts if "B" in layout.format):
         batch_sizes.append(1)
     problems = []

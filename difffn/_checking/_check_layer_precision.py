@@ -24,6 +24,7 @@ or NaN at the compute dtype (float16's largest value is 65504) fails, named.
 from __future__ import annotations
 
 import functools
+from typing import Any
 
 import jax
 import jax.numpy as jnp
@@ -43,10 +44,21 @@ FIX_OVERFLOW = (
 )
 
 
+def _asked(s: LayerSubject) -> str:
+    """The precision asked for (the checks that call this ran only when one was)."""
+    assert s.precision is not None
+    return s.precision
+
+
+def _dtype(s: LayerSubject) -> Any:
+    """The compute dtype asked for."""
+    return DTYPES[_asked(s)]
+
+
 def _rounded(s: LayerSubject):
     """The layer and inputs rounded to the compute dtype (learnables and inputs; the state
     stays float32, as in training), as float32 values."""
-    dtype = DTYPES[s.precision]
+    dtype = _dtype(s)
     layer = s.layer
     learnables = {n: getattr(layer, n) for n in layer.learnable_names}
     rounded = cast_floating(cast_floating(learnables, dtype), jnp.float32)
@@ -75,7 +87,7 @@ def _compare(what: str, low, ref, s: LayerSubject) -> str | None:
         )
     scale = float(np.linalg.norm(ref))
     error = float(np.linalg.norm(low - ref))
-    tol = TOLERANCES[s.precision]
+    tol = TOLERANCES[_asked(s)]
     if error > tol * max(scale, np.finfo(np.float32).tiny):
         worst = np.unravel_index(int(np.argmax(np.abs(low - ref))), ref.shape)
         return (
@@ -104,7 +116,7 @@ def forward_agrees_at_precision(s: LayerSubject):
     if (outcome := _not_asked(s)) is not None:
         return outcome
     layer, xs = _rounded(s)
-    dtype = DTYPES[s.precision]
+    dtype = _dtype(s)
     ref = s.run(layer, xs, True)[0]
     low = s.run(_learnables_in(layer, dtype), cast_floating(xs, dtype), True)[0]
     problems = [
@@ -128,7 +140,7 @@ def gradients_agree_at_precision(s: LayerSubject):
     layer, xs = _rounded(s)
     outs = s.forwarded[0]
     dys = tuple(
-        jnp.asarray(s.data.normal(50 + i, stripdims(y).shape, DTYPES[s.precision]), jnp.float32)
+        jnp.asarray(s.data.normal(50 + i, stripdims(y).shape, _dtype(s)), jnp.float32)
         for i, y in enumerate(outs)
     )
     names = tuple(layer.learnable_names)

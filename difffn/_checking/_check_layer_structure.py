@@ -428,7 +428,7 @@ def _state_problems(name: str, old, new, *, grow: bool = True) -> list[str]:
         if not is_array(leaf):
             problems.append(f"{what} is {describe_value(leaf)}")
             continue
-        if not is_array(before):
+        if before is None or not is_array(before):
             continue
         shape = stripdims(leaf).shape
         if not (_state_shape_ok(before.shape, shape) if grow else shape == before.shape):

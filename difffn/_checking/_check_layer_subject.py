@@ -9,6 +9,7 @@ is acceleratable, eagerly otherwise. This module is the checker's one door into 
 from __future__ import annotations
 
 import functools
+from typing import Any
 
 import jax
 import jax.numpy as jnp
@@ -85,9 +86,10 @@ class LayerSubject:
             self.data.normal(10 + i, shape, jnp.float32) for i, shape in enumerate(self.shapes)
         )
         self.forward_key = self.data.key(2)
-        self.predicted = None  # (outputs, state)
-        self.forwarded = None  # (outputs, state, memory)
-        self.backward_result = None  # (raw result, takes_state)
+        # What the layer's methods returned, None until they ran (``require`` checks):
+        self.predicted: Any = None  # (outputs, state)
+        self.forwarded: Any = None  # (outputs, state, memory)
+        self.backward_result: Any = None  # (raw result, takes_state)
         self.usable = True
 
     @property

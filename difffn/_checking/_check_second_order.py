@@ -25,6 +25,7 @@ import numpy as np
 from . import _numerical as numerical
 from ._check_common import (
     MIXED_PRECISION_RTOL,
+    CheckModel,
     Data,
     gradients_or_without_autodiff,
     narrowest_float,
@@ -41,7 +42,7 @@ class SecondOrderModel:
     """$p \\mapsto g(p)$, the first-order gradient through the runtime (a
     ``_numerical.Model``); ``args``: ``(the first-order model's args, v)``."""
 
-    first: object
+    first: CheckModel
     with_autodiff: bool = True
     traceable: bool = True
 
@@ -103,7 +104,7 @@ def blocked_by_first_order(rec: Recorder):
 class Point:
     """The first-order check's point: what the second-order check differentiates around."""
 
-    model: object  # a first-order model with runtime_outputs
+    model: CheckModel  # a first-order model
     args: tuple
     base: np.ndarray
     scale: np.ndarray

@@ -81,18 +81,22 @@ class Model(Protocol):
     calls the model; the model never calls back into this module.
     """
 
-    traceable: bool
-    """Whether ``outputs`` and ``gradients`` may be traced (``jax.jit``, ``jax.vmap``); if not,
-    they run eagerly, one point at a time."""
+    @property
+    def traceable(self) -> bool:
+        """Whether ``outputs`` and ``gradients`` may be traced (``jax.jit``, ``jax.vmap``); if
+        not, they run eagerly, one point at a time."""
+        ...
 
     def outputs(self, args: Any, parts: tuple) -> list:
         """The outputs at the point ``parts`` (one flat float64 array per segment); ``args``:
         the fixed arrays (a pytree)."""
+        ...
 
     def gradients(self, args: Any, parts: tuple) -> dict:
         """``{source: gradient, all segments concatenated}`` at ``parts``; ``"backward"`` (if
         any) is the source under test, else ``"autodiff"``. A second source serves as a
         reference."""
+        ...
 
 
 @dataclass(frozen=True)

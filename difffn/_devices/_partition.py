@@ -101,6 +101,7 @@ def fsdp_spec(shape, parts: int) -> P:
 
 def _checked(spec: P, leaf, path: str, placement: Placement) -> P:
     mesh = placement.mesh
+    assert mesh is not None  # the caller checks a spec only on a mesh
     shape = tuple(leaf.shape)
     where = f"df.learnable(sharding={spec}) of {path!r} (shape {shape})"
     if len(spec) > len(shape):

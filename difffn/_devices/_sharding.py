@@ -37,6 +37,7 @@ import math
 from typing import NamedTuple
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
@@ -181,7 +182,7 @@ class Placement:
             if x.sharding == sharding and not copy:
                 return x
             return jax.device_put(x, sharding, may_alias=False if copy else None)
-        if isinstance(x, jax.Array) and jax.dtypes.issubdtype(x.dtype, jax.dtypes.prng_key):
+        if isinstance(x, jax.Array) and jnp.issubdtype(x.dtype, jax.dtypes.prng_key):
             data = self._put_global(jax.random.key_data(x), sharding, copy)
             impl = jax.random.key_impl(x)
             return jax.jit(
@@ -345,7 +346,7 @@ class Placement:
 
 def _mesh_sizes(mesh_shape, devices: int, environment: str) -> tuple[int, ...]:
     """The mesh's axis sizes in ``AXES`` order, checked against the number of devices."""
-    sizes = dict(mesh_shape or ((DATA, -1),))
+    sizes: dict[str, int] = dict(mesh_shape or ((DATA, -1),))
     sizes = {axis: sizes.get(axis, 1) for axis in AXES}
     known = int(np.prod([s for s in sizes.values() if s != -1]))
     for axis, size in sizes.items():

@@ -27,6 +27,7 @@ import functools
 from typing import Any
 
 import jax
+from jax.core import Tracer
 
 from .._core import AccelerationError, Error, FormattedArray
 from .._core import mask as _mask
@@ -84,9 +85,7 @@ def _concrete(kind: type) -> bool:
     """Whether values of this type are concrete JAX arrays (not tracers), memoized per type."""
     found = _CONCRETE.get(kind)
     if found is None:
-        found = _CONCRETE[kind] = issubclass(kind, jax.Array) and not issubclass(
-            kind, jax.core.Tracer
-        )
+        found = _CONCRETE[kind] = issubclass(kind, jax.Array) and not issubclass(kind, Tracer)
     return found
 
 
@@ -139,8 +138,8 @@ def _compiled_key(inputs, key, *, training: bool, wanted):
 
 
 def _run(net, inputs, key, *, training: bool, wanted, acceleration: str, masks):
-    tracing = isinstance(key, jax.core.Tracer) or any(
-        isinstance(x.data if isinstance(x, FormattedArray) else x, jax.core.Tracer)
+    tracing = isinstance(key, Tracer) or any(
+        isinstance(x.data if isinstance(x, FormattedArray) else x, Tracer)
         for x in (*inputs, *(masks or ()))
     )
     run_here = functools.partial(execute, training=training, wanted=wanted)

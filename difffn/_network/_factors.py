@@ -12,7 +12,7 @@ from __future__ import annotations
 import dataclasses
 import math
 import numbers
-from typing import Any
+from typing import Any, overload
 
 import jax
 
@@ -56,7 +56,7 @@ def get_l2_factor(obj: Any, path: str) -> float:
 
 
 def _check_value(kind: str, path: str, value) -> float:
-    if isinstance(value, bool) or not isinstance(value, numbers.Real) or not value >= 0:
+    if isinstance(value, bool) or not isinstance(value, numbers.Real) or not float(value) >= 0:
         raise LayerError(f"{kind} for {path!r} must be a non-negative real number; got {value!r}.")
     return float(value)
 
@@ -91,7 +91,14 @@ def _nested_network(layer: Layer, field: str, path: str, kind: str) -> Network:
     return inner
 
 
-def _set(obj, path, kind, value):
+@overload
+def _set(obj: Network, path: str, kind: str, value: Any) -> Network: ...
+@overload
+def _set(obj: Layer, path: str, kind: str, value: Any) -> Layer: ...
+@overload
+def _set(obj: Any, path: str, kind: str, value: Any) -> Any: ...
+def _set(obj: Any, path: str, kind: str, value: Any) -> Any:
+    """``obj`` (a layer or network) with the factor of ``path`` set (a named error otherwise)."""
     if isinstance(obj, Network):
         layer_name, rest = _split_network_path(obj, path, kind)
         layer = obj.layer(layer_name)

@@ -113,7 +113,7 @@ def _port_name(layer: Layer, name: str, port: int, kind: str) -> str:
 def build_graph(
     layers: Sequence[Layer],
     chains: Sequence[Sequence[int]],
-    connections: Sequence[tuple[str, str]],
+    connections: Sequence[tuple[str, ...]],
     outputs: Sequence[str] | None,
 ) -> Graph:
     """Validate the wiring and compute the graph (names must already be unique)."""

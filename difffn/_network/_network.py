@@ -20,6 +20,7 @@ from collections.abc import Sequence
 from typing import Any
 
 import jax
+from jax.core import Tracer
 
 from .._core import CONCRETIZATION_ERRORS, AccelerationError, Layout, NetworkError, check_key
 from .._core import mask as _mask
@@ -98,9 +99,10 @@ class Network(NetworkBase):
         flat = name_layers(flat)
         graph = build_graph(flat, chains, tuple(tuple(c) for c in connections), outputs)
         self._set(tuple(flat), graph, layouts=None)
-        if not graph.dangling and all(isinstance(flat[i], InputLayer) for i, _ in graph.inputs):
+        entries = [lyr for lyr in (flat[i] for i, _ in graph.inputs) if isinstance(lyr, InputLayer)]
+        if not graph.dangling and len(entries) == len(graph.inputs):
             # Input layers fix every input layout: check that the sizes fit, abstractly.
-            propagate(self, [flat[i].input_layout for i, _ in graph.inputs], None, abstract=True)
+            propagate(self, [lyr.input_layout for lyr in entries], None, abstract=True)
 
     def _set(self, layers, graph, layouts) -> None:
         self._layers = layers
@@ -365,7 +367,7 @@ class Network(NetworkBase):
         """
         check_key("Network.initialize", key, NetworkError)
         layouts = resolve_layouts(self, layouts_or_examples)
-        tracing = any(isinstance(v, jax.core.Tracer) for v in jax.tree.leaves((self, key)))
+        tracing = any(isinstance(v, Tracer) for v in jax.tree.leaves((self, key)))
         if self.acceleratable and not tracing:
             # One compiled program for every initializer: compiling each random draw on its
             # own (eagerly) costs seconds. It runs once, so XLA's optimizations are not worth
@@ -382,7 +384,9 @@ class Network(NetworkBase):
             else:
                 lowered = traced.lower()
                 try:
-                    compiled = lowered.compile({"xla_backend_optimization_level": 0})
+                    # jax types compiler options as str | bool; XLA reads this one as an int
+                    options = {"xla_backend_optimization_level": 0}
+                    compiled = lowered.compile(options)  # pyright: ignore[reportArgumentType]
                 except Exception:  # noqa: BLE001 - a backend without the option: defaults
                     compiled = lowered.compile()
                 return compiled(self, key)
@@ -531,7 +535,7 @@ class Network(NetworkBase):
 
     def run(
         self, inputs, key=None, *, training: bool, outputs=None, acceleration="auto", masks=None
-    ):
+    ) -> tuple[Any, ...]:
         """Run the network: ``(values of the outputs, new state values per layer)``.
 
         Checks and prepares the inputs (``prepare_inputs``), then lets ``_execute.run`` pick how

@@ -197,7 +197,7 @@ class Importer(Inputs, Folding, Emission, Placeholders):
         self.problems: list[str] = []
         self.used_names: set[str] = set()
         self.steps: dict[str, Step] = {}
-        self.consumers: dict[str, list[tuple[Node, int]]] = defaultdict(list)
+        self.consumers: dict[str, list[tuple[Node | None, int]]] = defaultdict(list)
         self.skip: set[int] = set()  # nodes (by id) fused into an earlier layer
         for node in spec.nodes:
             for i, name in enumerate(node.inputs):
@@ -247,9 +247,10 @@ class Importer(Inputs, Folding, Emission, Placeholders):
                     "model inputs (it is a constant); difffn networks compute their outputs "
                     "from inputs. Fix: remove it from the model's outputs."
                 )
+            port = value.port
             if value.order is not None:
-                value = self._in_onnx_order(info.name, value)
-            outputs.append("/".join(value.port))
+                port = self._in_onnx_order(info.name, port, value)
+            outputs.append("/".join(port))
             output_labels[info.name] = value.labels
         # A network of input layers is traced when it is built (its layouts checked). A
         # placeholder cannot run (MATLAB returns a network with placeholders uninitialized), and
@@ -291,8 +292,9 @@ class Importer(Inputs, Folding, Emission, Placeholders):
         return Network([[layer] for layer in layers], connections=self.connections,
                        outputs=None if default == list(outputs) else outputs)  # fmt: skip
 
-    def _in_onnx_order(self, name: str, value: Runtime) -> Runtime:
-        """A network output flattened channels-last, put back in ONNX's feature order."""
+    def _in_onnx_order(self, name: str, port: tuple[str, str], value: Runtime) -> tuple[str, str]:
+        """The port of a network output flattened channels-last (``value``, at ``port``), put
+        back in ONNX's feature order."""
         fn = NodeFunction(
             "Identity",
             Attrs("Identity", (), self.spec.opset, name, 1),
@@ -308,8 +310,8 @@ class Importer(Inputs, Folding, Emission, Placeholders):
             description=f"ONNX's feature order for the output {name!r}",
         )
         self.layers.append(layer)
-        self.connections.append(("/".join(value.port), f"{layer.name}/in"))
-        return Runtime((layer.name, "out"), value.labels, value.shape, value.dtype)
+        self.connections.append(("/".join(port), f"{layer.name}/in"))
+        return (layer.name, "out")
 
     def fail(self, node: Node, reason: str) -> None:
         domain = f", domain {node.domain!r}" if node.domain not in ("", "ai.onnx") else ""

@@ -17,11 +17,12 @@ from typing import Any
 import jax
 import numpy as np
 
+from .._layer import Layer
 from ..layers import FunctionLayer
 from . import _labels, _mapping
 from ._import_values import NodeInfo, Runtime
-from ._layers import NodeFunction, ONNXOperator, expand_to
-from ._load import Node
+from ._layers import NodeFunction, ONNXOperator, Program, expand_to
+from ._load import GraphSpec, Node
 from ._ops import Attrs, FrozenArray, Unsupported
 
 
@@ -29,11 +30,19 @@ class Emission:
     """``Importer``'s layers for runtime nodes (uses ``values``, ``layers``, ``connections``,
     ``spec``, ``placeholders``, ``fail``, ``unique``, ``program`` and ``stand_in``)."""
 
+    spec: GraphSpec
+    placeholders: bool
     values: dict[str, Any]
-    consumers: dict
+    consumers: dict[str, list[tuple[Node | None, int]]]
     variable_sizes: list[str]
     fit: Callable[..., Any]  # Placeholders'
     guess_of: Callable[[NodeInfo], str | None]  # Placeholders'
+    layers: list[Layer]
+    connections: list[tuple[str, str]]
+    fail: Callable[[Node, str], None]
+    unique: Callable[[str], str]
+    program: Callable[[str], Program]
+    stand_in: Callable[[str], np.ndarray]
 
     def place(self, layer, inputs) -> None:
         """Add ``layer`` fed by the runtime tensors named ``inputs`` (one per layer input)."""
@@ -228,7 +237,7 @@ class Emission:
             (after, name) if after else (),
         )
         description = f"ONNX {node.op_type} node {node.name!r}"
-        common = dict(
+        common: dict[str, Any] = dict(
             formattable=True,
             num_inputs=len(layer_inputs),
             num_outputs=len(node.outputs),

@@ -10,6 +10,8 @@ the import's stand-in sizes decides what needs deciding at import (``stand_in``)
 
 from __future__ import annotations
 
+from typing import Any
+
 import jax
 import numpy as np
 
@@ -17,11 +19,14 @@ from . import _limits
 from ._import_values import Const, Deferred, NodeInfo
 from ._layers import Program, Step
 from ._load import Node
-from ._ops import Attrs, FrozenArray, lookup, run
+from ._ops import Attrs, FrozenArray, registered, run
 
 
 class Folding:
     """``Importer``'s constants and programs (uses ``values`` and ``steps``)."""
+
+    values: dict[str, Any]  # the importer's table of tensor kinds
+    steps: dict[str, Step]
 
     def _fold(self, node: Node, a: Attrs, info: NodeInfo) -> None:
         args = []
@@ -57,7 +62,7 @@ class Folding:
             if id(step) in seen:
                 return
             seen.add(id(step))
-            meta = dict(lookup(step.op_type).meta)
+            meta = dict(registered(step.op_type).meta)
             for position, inp in enumerate(step.inputs):
                 if not inp:
                     continue
@@ -84,7 +89,7 @@ class Folding:
         """The producing step on its inputs' stand-in values (each deferred input's cached:
         one step per tensor, not the whole program again)."""
         step = self.steps[name]
-        meta = dict(lookup(step.op_type).meta)
+        meta = dict(registered(step.op_type).meta)
         args = []
         for position, inp in enumerate(step.inputs):
             value = self.values.get(inp) if inp else None

@@ -9,6 +9,7 @@ of ``Importer`` (``_import``): it writes the importer's table of tensor kinds.
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import Any
 
 import numpy as np
 
@@ -17,6 +18,7 @@ from ..layers import FeatureInput, FunctionLayer, ImageInput, SequenceInput
 from . import _labels
 from ._import_values import Runtime
 from ._layers import ONNXInput, ToStorage
+from ._load import Node
 from ._ops import Unsupported, np_dtype
 
 # Sizes a variable batch or sequence length takes while the graph is imported: not 1, which
@@ -28,6 +30,11 @@ class Inputs:
     """``Importer``'s graph inputs (uses ``input_shapes``, ``input_formats``, ``consumers``,
     ``layers``, ``entries``, ``values`` and ``unique``)."""
 
+    input_shapes: dict[str, Any]
+    input_formats: dict[str, Any]
+    consumers: dict[str, list[tuple[Node | None, int]]]
+    values: dict[str, Any]
+    entries: list[tuple[int, str, list, bool]]
     layers: list
     connections: list
     note: str

@@ -11,6 +11,8 @@ reorders known labels costs nothing, and the weights, not the data, are reordere
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 import numpy as np
 
 _PRIORITY = {"B": 0, "T": 1, "S": 2, "U": 3, "C": 4}
@@ -58,7 +60,7 @@ def default_labels(rank: int) -> str:
     return {0: "", 1: "U", 2: "BC", 3: "BTC", 4: "BCSS", 5: "BCSSS"}.get(rank, "U" * rank)
 
 
-def reshaped(in_labels: str, in_shape, out_shape) -> str:
+def reshaped(in_labels: str, in_shape: Sequence[int] | None, out_shape: Sequence[int]) -> str:
     """Labels after a Reshape/Flatten: leading ``B``/``T`` axes whose sizes are unchanged stay;
     one remaining axis is ``C``; a batch of images (``B`` and 3 or 4 more axes) is ``BCSS..``;
     otherwise ``U``."""

@@ -29,7 +29,7 @@ from .._core import Error, FormatError, FormattedArray, LayerError, Layout, ONNX
 from .._layer import InputLayer, Layer, learnable
 from ..layers import FunctionLayer
 from . import _labels, _limits
-from ._ops import Attrs, FrozenArray, Unsupported, lookup, run
+from ._ops import Attrs, FrozenArray, Unsupported, registered, run
 
 
 @dataclasses.dataclass(frozen=True)
@@ -203,7 +203,7 @@ class NodeFunction:
             for name, k in self.sources
         }
         out_rank = len(self.out_labels[0]) if self.out_labels else 0
-        static = lookup(self.op_type, self.attrs.domain).static
+        static = registered(self.op_type, self.attrs.domain).static
         args = []
         for position, slot in enumerate(self.slots):
             kind = slot[0]
@@ -241,7 +241,7 @@ class NodeFunction:
         onnx_in = self.slots[0][1]
         x = arrays[onnx_in]
         abstract = jax.ShapeDtypeStruct(_onnx_shape(x.shape, self.in_labels[onnx_in]), x.dtype)
-        definition = lookup(self.op_type, self.attrs.domain)
+        definition = registered(self.op_type, self.attrs.domain)
         out = jax.eval_shape(lambda v: definition.fn(self.attrs, v, *args[1:]), abstract)
         labels = self.out_labels[0]
         shape = tuple(out.shape[i] for i in _labels.storage_perm(labels))

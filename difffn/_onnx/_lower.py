@@ -17,10 +17,12 @@ it requires huggingface-hub, netron, orbax-export and dm-pix; this module needs 
 from __future__ import annotations
 
 import math
+from typing import Any
 
 import jax
 import jax.numpy as jnp
 import numpy as np
+from jax.core import ShapedArray
 from jax.extend.core import ClosedJaxpr, Jaxpr, Literal
 
 from .._core import ONNXExportError
@@ -141,6 +143,7 @@ class Lowering:
 
         def read(v):
             if isinstance(v, Literal):
+                assert isinstance(v.aval, ShapedArray)  # a literal is an array of known dtype
                 return Const(np.asarray(v.val, dtype=v.aval.dtype), "literal")
             return env[v]
 
@@ -481,8 +484,9 @@ class Lowering:
         if min(begin) < 0 or any(x >= s for x, s in zip(extra, p["lhs_dilation"])):
             return self._unsupported(eqn, scope, "transposed convolution with this padding")
         (x,) = self._transpose(ins[0], numbers.lhs_spec, scope)
-        attrs = dict(strides=list(p["lhs_dilation"]), dilations=list(p["rhs_dilation"]),
-                     pads=begin + [max(n, 0) for n in end])  # fmt: skip
+        attrs: dict[str, Any] = dict(strides=list(p["lhs_dilation"]),
+                                     dilations=list(p["rhs_dilation"]),
+                                     pads=begin + [max(n, 0) for n in end])  # fmt: skip
         if any(extra):
             attrs["output_padding"] = extra
         (y,) = self.node("ConvTranspose", [x, Const(weights, w.name)], scope, **attrs)
@@ -500,7 +504,7 @@ class Lowering:
             return None
         perm = (*rest, *spatial)
         (x,) = self._transpose(ins[0], perm, scope)
-        attrs = dict(
+        attrs: dict[str, Any] = dict(
             kernel_shape=[window[i] for i in spatial],
             strides=[strides[i] for i in spatial],
             pads=[padding[i][0] for i in spatial] + [padding[i][1] for i in spatial],

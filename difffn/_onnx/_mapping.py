@@ -35,6 +35,7 @@ from ._mapping_base import (
     describe,
     floating,
     runtime,
+    shape_of,
     source,
     used,
     with_outputs,
@@ -68,7 +69,7 @@ def _conv(imp, info, out_shapes, out_dtypes, out_labels):
     if a.get("auto_pad", "NOTSET") == "SAME_UPPER":
         padding = "same"
     else:
-        pads, _ = window_pads(a, x.shape[2:], kernel, strides, dilations)
+        pads, _ = window_pads(a, shape_of(x)[2:], kernel, strides, dilations)
         padding = tuple(pads)
     num_filters = int(w.shape[0])
     bias = b if b is not None else np.zeros(num_filters, w.dtype)
@@ -108,7 +109,7 @@ def _max_pool(imp, info, out_shapes, out_dtypes, out_labels):
         padding = "same"
     else:
         pads, _ = window_pads(
-            a, x.shape[2:], kernel, strides, (1, 1), ceil_mode=bool(a.get("ceil_mode", 0))
+            a, shape_of(x)[2:], kernel, strides, (1, 1), ceil_mode=bool(a.get("ceil_mode", 0))
         )
         padding = tuple(pads)
     layer = MaxPool2D(
@@ -138,10 +139,11 @@ def _global_average_pool(imp, info, out_shapes, out_dtypes, out_labels):
 def _batch_norm(imp, info, out_shapes, out_dtypes, out_labels):
     a = info.a
     x = runtime(imp, info, 0)
-    params = [const(info, i) for i in range(1, 5)]
+    found = [const(info, i) for i in range(1, 5)]
+    params = [p for p in found if floating(p) and p.ndim == 1]
     if x is None or x.order is not None or x.labels[1:2] != "C" or len(info.outputs) > 1:
         return False
-    if a.get("training_mode", 0) or not all(floating(p) and p.ndim == 1 for p in params):
+    if a.get("training_mode", 0) or len(params) < len(found):
         return False
     epsilon, momentum = a.get("epsilon", 1e-5), a.get("momentum", 0.9)
     if not (epsilon > 0 and 0 <= momentum <= 1):
@@ -289,7 +291,7 @@ def _softmax(imp, info, out_shapes, out_dtypes, out_labels):
             return False
     else:
         axis = a.get("axis", 1) % rank
-        if x.labels[axis] != "C" or any(n != 1 for n in x.shape[axis + 1 :]):
+        if x.labels[axis] != "C" or any(n != 1 for n in shape_of(x)[axis + 1 :]):
             return False
         if any(label in "BT" for label in x.labels[axis + 1 :]):
             return False
@@ -318,10 +320,11 @@ def _dropout(imp, info, out_shapes, out_dtypes, out_labels):
 
 
 def _addition(imp, info, out_shapes, out_dtypes, out_labels):
-    values = [runtime(imp, info, i) for i in range(len(info.inputs))]
-    if len(values) < 2 or any(v is None or v.order is not None for v in values):
+    found = [runtime(imp, info, i) for i in range(len(info.inputs))]
+    values = [v for v in found if v is not None and v.order is None]
+    if len(found) < 2 or len(values) < len(found):
         return False
-    if len({v.labels for v in values}) > 1 or len({tuple(v.shape) for v in values}) > 1:
+    if len({v.labels for v in values}) > 1 or len({tuple(shape_of(v)) for v in values}) > 1:
         return False
     if not np.issubdtype(values[0].dtype, np.floating):
         return False
@@ -334,8 +337,9 @@ def _addition(imp, info, out_shapes, out_dtypes, out_labels):
 
 
 def _concat(imp, info, out_shapes, out_dtypes, out_labels):
-    values = [runtime(imp, info, i) for i in range(len(info.inputs))]
-    if len(values) < 2 or any(v is None or v.order is not None for v in values):
+    found = [runtime(imp, info, i) for i in range(len(info.inputs))]
+    values = [v for v in found if v is not None and v.order is None]
+    if len(found) < 2 or len(values) < len(found):
         return False
     labels = values[0].labels
     if any(v.labels != labels for v in values):
@@ -395,6 +399,7 @@ def _transpose(imp, info, out_shapes, out_dtypes, out_labels):
     stored_out = tuple(perm[j] for j in _labels.storage_perm(out_labels[0]))
     if stored_in != stored_out:
         return False
+    assert x.port is not None  # only a failed node's outputs have none, and they stop the walk
     imp.set_output(info.outputs[0], *x.port, out_labels[0], out_shapes[0], out_dtypes[0])
     return True
 

@@ -259,10 +259,10 @@ def map_self_attention(imp, info, out_shapes, out_dtypes, out_labels):
     params = [const(info, i) for i in range(1, 9)]
     if x is None or x.order is not None or x.labels != "BTC":
         return False
-    if any(p is None for i, p in enumerate(params) if i % 2 == 0):
+    weights = [p for p in params[0::2] if p is not None]
+    if len(weights) < len(params[0::2]):
         return False
     heads = int(info.a.get("num_heads"))
-    weights = params[0::2]
     biases = [
         np.zeros(w.shape[1], w.dtype) if absent(info, 2 + 2 * k) else b
         for k, (w, b) in enumerate(zip(weights, params[1::2]))

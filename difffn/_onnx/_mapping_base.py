@@ -8,29 +8,41 @@ adds layers and returns True, or returns False and the importer makes an ``ONNXO
 from __future__ import annotations
 
 import dataclasses
+from typing import Any, TypeGuard
 
 import numpy as np
 
+from ._import_values import NodeInfo, Runtime
+from ._ops import Unsupported
 
-def runtime(imp, info, i):
+
+def runtime(imp: Any, info: NodeInfo, i: int) -> Runtime | None:
     """The runtime tensor at input ``i`` (a ``Runtime``), or None."""
     if i < len(info.input_kinds) and info.input_kinds[i] == "runtime":
         return imp.values[info.inputs[i]]
     return None
 
 
-def const(info, i):
+def shape_of(x: Runtime) -> tuple[int, ...]:
+    """The ONNX shape of a runtime tensor, which a tensor after a placeholder may lack."""
+    if x.shape is None:
+        raise Unsupported("its input shapes are unknown (after a placeholder)")
+    return x.shape
+
+
+def const(info: NodeInfo, i: int) -> np.ndarray | None:
     """The constant at input ``i`` (a NumPy array), or None."""
     if i < len(info.input_kinds) and info.input_kinds[i] == "const":
         return info.input_values[i]
     return None
 
 
-def absent(info, i) -> bool:
+def absent(info: NodeInfo, i: int) -> bool:
     return i >= len(info.input_kinds) or info.input_kinds[i] == "absent"
 
 
-def floating(array) -> bool:
+def floating(array: np.ndarray | None) -> TypeGuard[np.ndarray]:
+    """Whether ``array`` is a floating-point array (not None)."""
     return array is not None and np.issubdtype(array.dtype, np.floating)
 
 

@@ -11,6 +11,7 @@ transposed convolution's ``IOHW -> HWOI``) and the layer description names their
 from __future__ import annotations
 
 import math
+from typing import TypeGuard
 
 import numpy as np
 
@@ -33,13 +34,24 @@ from ..layers import (
     Tanh,
     TransposedConv2D,
 )
-from ._mapping_base import absent, add, const, describe, floating, runtime, source, with_outputs
+from ._import_values import Runtime
+from ._mapping_base import (
+    absent,
+    add,
+    const,
+    describe,
+    floating,
+    runtime,
+    shape_of,
+    source,
+    with_outputs,
+)
 from ._ops import Unsupported, ints
 from ._ops_nn import window_pads
 from ._ops_resize import resize_options
 
 
-def _image(x, dims: int) -> bool:
+def _image(x: Runtime | None, dims: int) -> TypeGuard[Runtime]:
     """An NC + ``dims`` spatial axes tensor, not reordered, of floating point."""
     return (
         x is not None
@@ -56,6 +68,7 @@ def _name(imp, info) -> str:
 def _plain(cls, imp, info, out_shapes, out_dtypes, out_labels, description=None, **options):
     """A layer with no learnables on the node's first input (its flattening order kept)."""
     x = runtime(imp, info, 0)
+    assert x is not None  # every rule that calls this has checked its input
     layer = cls(
         **options,
         name=_name(imp, info),
@@ -94,7 +107,7 @@ def conv(imp, info, out_shapes, out_dtypes, out_labels):
     kernel = tuple(int(n) for n in w.shape[2:])
     strides = ints(a.get("strides")) or (1,) * dims
     dilations = ints(a.get("dilations")) or (1,) * dims
-    pads, _ = window_pads(a, x.shape[2:], kernel, strides, dilations)
+    pads, _ = window_pads(a, shape_of(x)[2:], kernel, strides, dilations)
     bias = b if b is not None else np.zeros(w.shape[0], w.dtype)
     if dims == 1:
         cls, weights, how = Conv1D, np.transpose(w, (2, 1, 0)), "OIW -> WIO"
@@ -173,7 +186,7 @@ def average_pool(imp, info, out_shapes, out_dtypes, out_labels):
     kernel = ints(a.get("kernel_shape"))
     strides = ints(a.get("strides")) or (1, 1)
     pads, extra = window_pads(
-        a, x.shape[2:], kernel, strides, (1, 1), ceil_mode=bool(a.get("ceil_mode", 0))
+        a, shape_of(x)[2:], kernel, strides, (1, 1), ceil_mode=bool(a.get("ceil_mode", 0))
     )
     include = bool(a.get("count_include_pad", 0))
     if include and any(extra):
@@ -223,7 +236,7 @@ def instance_norm(imp, info, out_shapes, out_dtypes, out_labels):
     x = runtime(imp, info, 0)
     if x is None or len(x.labels) < 3 or not _image(x, len(x.labels) - 2):
         return False
-    parts = _offset_scale(info, 1, 2, x.shape[1])
+    parts = _offset_scale(info, 1, 2, shape_of(x)[1])
     if parts is None:
         return False
     return _normalization(imp, info, InstanceNorm, parts, out_shapes, out_dtypes, out_labels)
@@ -236,7 +249,7 @@ def group_norm(imp, info, out_shapes, out_dtypes, out_labels):
     x = runtime(imp, info, 0)
     if x is None or len(x.labels) < 3 or not _image(x, len(x.labels) - 2):
         return False
-    channels, groups = x.shape[1], int(a.get("num_groups"))
+    channels, groups = shape_of(x)[1], int(a.get("num_groups"))
     if a.get("stash_type", 1) != 1 or channels % groups:
         return False
     parts = _offset_scale(info, 1, 2, channels)
@@ -259,7 +272,7 @@ def layer_norm(imp, info, out_shapes, out_dtypes, out_labels):
         return False
     if a.get("stash_type", 1) != 1 or not _unused_extra_outputs(imp, info):
         return False
-    parts = _offset_scale(info, 1, 2, x.shape[-1])
+    parts = _offset_scale(info, 1, 2, shape_of(x)[-1])
     if parts is None:
         return False
     return _normalization(
@@ -375,13 +388,14 @@ def identity(imp, info, out_shapes, out_dtypes, out_labels):
 def multiplication(imp, info, out_shapes, out_dtypes, out_labels):
     """Mul of two runtime tensors of one format: ``Multiplication`` (size-1 axes broadcast,
     except batch and time, whose sizes are stand-ins at import)."""
-    values = [runtime(imp, info, i) for i in range(len(info.inputs))]
-    if len(values) != 2 or any(v is None or v.order is not None for v in values):
+    found = [runtime(imp, info, i) for i in range(len(info.inputs))]
+    values = [v for v in found if v is not None and v.order is None]
+    if len(found) != 2 or len(values) < len(found):
         return False
     first, second = values
     if first.labels != second.labels or not np.issubdtype(first.dtype, np.floating):
         return False
-    for label, m, n in zip(first.labels, first.shape, second.shape):
+    for label, m, n in zip(first.labels, shape_of(first), shape_of(second)):
         if m != n and (label in "BT" or 1 not in (m, n)):
             return False
     layer = Multiplication(

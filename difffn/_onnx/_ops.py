@@ -251,6 +251,13 @@ def lookup(op_type: str, domain: str = "") -> OpDef | None:
     return OPS.get(op_type)
 
 
+def registered(op_type: str, domain: str = "") -> OpDef:
+    """The registered operator of a node the importer has accepted (``lookup`` found it)."""
+    definition = lookup(op_type, domain)
+    assert definition is not None, (domain, op_type)
+    return definition
+
+
 _LOADED = []
 
 

@@ -11,6 +11,8 @@ implemented: the node is a ``df.ONNXImportError`` (or a placeholder).
 
 from __future__ import annotations
 
+from typing import Any
+
 import jax.numpy as jnp
 import numpy as np
 
@@ -51,7 +53,10 @@ def resize_options(a, in_shape, scales, sizes) -> dict:
         one_pixel = False
     if coordinates not in _COORDINATES:
         raise Unsupported(f"Resize coordinate_transformation_mode={coordinates!r}")
-    options = {"method": _MODES[mode], "geometric_transform_mode": _COORDINATES[coordinates]}
+    options: dict[str, Any] = {
+        "method": _MODES[mode],
+        "geometric_transform_mode": _COORDINATES[coordinates],
+    }
     if mode == "nearest":
         if rounding not in _ROUNDING:
             raise Unsupported(f"Resize nearest_mode={rounding!r} (floor, round_prefer_ceil)")

@@ -122,7 +122,7 @@ def _rnn(a, x, w, r, b, lengths, h0, c0=None, p=None):
             pd = None if p is None else p[d].astype(dtype)
             couple = bool(a.get("input_forget", 0))
 
-            def cell(carry, z, rd=rd, rb=rb, pd=pd, f=f, g=g, act_h=act_h, couple=couple):
+            def lstm_cell(carry, z, rd=rd, rb=rb, pd=pd, f=f, g=g, act_h=act_h, couple=couple):
                 h_prev, c_prev = carry
                 z = z + h_prev @ rd.T + rb
                 zi, zo, zf, zc = (z[:, k * hidden : (k + 1) * hidden] for k in range(4))
@@ -137,13 +137,15 @@ def _rnn(a, x, w, r, b, lengths, h0, c0=None, p=None):
                 h_new = f(clipped(zo)) * act_h(c_new)
                 return (h_new, c_new), h_new
 
-            (h, c), hs = _run_direction(cell, projected, (h, c), lengths, d == 1 or _reverse(a))
+            (h, c), hs = _run_direction(
+                lstm_cell, projected, (h, c), lengths, d == 1 or _reverse(a)
+            )
             last_c.append(c)
         elif kind == "GRU":
             (g,) = rest
             before = bool(a.get("linear_before_reset", 0))
 
-            def cell(carry, z, rd=rd, rb=rb, f=f, g=g, before=before):
+            def gru_cell(carry, z, rd=rd, rb=rb, f=f, g=g, before=before):
                 (h_prev,) = carry
                 rz, rr, rh = (rd[k * hidden : (k + 1) * hidden] for k in range(3))
                 bz, br, bh = (rb[:, k * hidden : (k + 1) * hidden] for k in range(3))
@@ -157,15 +159,15 @@ def _rnn(a, x, w, r, b, lengths, h0, c0=None, p=None):
                 h_new = (1 - zt) * candidate + zt * h_prev
                 return (h_new,), h_new
 
-            (h,), hs = _run_direction(cell, projected, (h,), lengths, d == 1 or _reverse(a))
+            (h,), hs = _run_direction(gru_cell, projected, (h,), lengths, d == 1 or _reverse(a))
         else:
 
-            def cell(carry, z, rd=rd, rb=rb, f=f):
+            def rnn_cell(carry, z, rd=rd, rb=rb, f=f):
                 (h_prev,) = carry
                 h_new = f(clipped(z + h_prev @ rd.T + rb))
                 return (h_new,), h_new
 
-            (h,), hs = _run_direction(cell, projected, (h,), lengths, d == 1 or _reverse(a))
+            (h,), hs = _run_direction(rnn_cell, projected, (h,), lengths, d == 1 or _reverse(a))
         ys.append(hs)
         last_h.append(h)
     y = jnp.stack(ys, axis=1)  # (T, D, N, H)

@@ -25,7 +25,7 @@ import os
 import struct
 import tempfile
 from pathlib import Path
-from typing import Any
+from typing import Any, NoReturn
 
 from .._core import SerializationError, files
 
@@ -262,7 +262,7 @@ def check_schema(value, schema, *, source: str, where: str = "the payload") -> N
         _malformed(source, f"{where} should be {wanted}, not {type(value).__name__}")
 
 
-def _malformed(source: str, what: str):
+def _malformed(source: str, what: str) -> NoReturn:
     raise SerializationError(
         f"{source!r} is malformed: {what}. Its checksum is right, so it was written this way "
         "(by another program, or another version). Fix: write it again (df.save, or a new "

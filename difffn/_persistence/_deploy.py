@@ -232,7 +232,7 @@ def load_exported(path: str | os.PathLike[str]) -> ExportedNetwork:
     layouts, dtypes = _check_description(payload, source)
     vjp_order = payload.get("vjp_order", 1)
     try:
-        exported = _export.load_function(payload["exported"]).exported
+        exported = _export.load_exported(payload["exported"])
     except SerializationError as error:
         raise SerializationError(
             f"{source!r}: {error} It was exported with jax {payload.get('jax_version')}; this is "
@@ -369,7 +369,7 @@ class ExportedNetwork:
         input_dtypes: Any,
         output_formats: Any,
         layers: Any,
-        difffn_version: str,
+        difffn_version: str | None,
         source: Any,
         vjp_order: int = 1,
     ) -> None:

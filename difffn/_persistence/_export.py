@@ -111,6 +111,21 @@ def load_function(data: bytes) -> Callable:
     Raises:
       SerializationError: the bytes are not a serialized ``jax.export`` function.
     """
+    exported = load_exported(data)
+
+    def call(*inputs):
+        return exported.call(*(stripdims(x) for x in inputs))
+
+    call.exported = exported  # type: ignore[attr-defined]
+    return call
+
+
+def load_exported(data: bytes) -> jax_export.Exported:
+    """The ``jax.export.Exported`` in serialized export bytes.
+
+    Raises:
+      SerializationError: the bytes are not a serialized ``jax.export`` function.
+    """
     try:
         exported = jax_export.deserialize(bytearray(data))
     except Exception as error:  # noqa: BLE001 - any decoding failure means the same to users
@@ -118,9 +133,4 @@ def load_function(data: bytes) -> Callable:
             f"load: the data ({len(data)} bytes) is not a serialized jax.export function "
             f"({type(error).__name__}). Fix: pass bytes produced by difffn's export."
         ) from error
-
-    def call(*inputs):
-        return exported.call(*(stripdims(x) for x in inputs))
-
-    call.exported = exported  # type: ignore[attr-defined]
-    return call
+    return exported

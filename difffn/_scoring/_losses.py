@@ -33,6 +33,7 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 import numpy as np
+from jax.core import Tracer
 
 from .._core import (
     Data,
@@ -147,7 +148,7 @@ def check_labels(who: str, labels, num_classes: int, *, what: str = "the targets
     ``jit``) are not checked here: ``trainnet`` and ``testnet`` check their data once, on the
     host, before anything runs.
     """
-    if isinstance(labels, jax.core.Tracer):
+    if isinstance(labels, Tracer):
         return
     values = np.asarray(jax.device_get(stripdims(labels)))
     if values.size == 0:

@@ -114,6 +114,7 @@ def _class_indices(who: str, Y, T):
         true = t.reshape(score.shape) if t.size == score.size else t
         k = 2
     else:  # integer targets of the predictions' shape are one-hot, like float ones
+        assert c is not None  # not binary: there is a class axis
         predicted = jnp.argmax(y, axis=c)
         true = t if labels else jnp.argmax(t, axis=c)
         k = y.shape[c]
@@ -167,7 +168,11 @@ class _Confusion(Metric):
 
 
 class Accuracy(_Confusion):
-    name, title, maximize = "accuracy", "Accuracy", True
+    """Classification accuracy in percent (MATLAB's ``"accuracy"``)."""
+
+    name: str = "accuracy"
+    title: str = "Accuracy"
+    maximize: bool = True
 
     def compute(self, state: PyTree) -> jax.Array:
         confusion = state["confusion"]
@@ -175,7 +180,11 @@ class Accuracy(_Confusion):
 
 
 class Precision(_Confusion):
-    name, title, maximize = "precision", "Precision", True
+    """Precision (macro-averaged over classes; the positive class's when binary)."""
+
+    name: str = "precision"
+    title: str = "Precision"
+    maximize: bool = True
 
     def compute(self, state: PyTree) -> jax.Array:
         precision, _, present = self._per_class(state["confusion"])
@@ -183,7 +192,11 @@ class Precision(_Confusion):
 
 
 class Recall(_Confusion):
-    name, title, maximize = "recall", "Recall", True
+    """Recall (macro-averaged over classes; the positive class's when binary)."""
+
+    name: str = "recall"
+    title: str = "Recall"
+    maximize: bool = True
 
     def compute(self, state: PyTree) -> jax.Array:
         _, recall, present = self._per_class(state["confusion"])
@@ -191,7 +204,11 @@ class Recall(_Confusion):
 
 
 class FScore(_Confusion):
-    name, title, maximize = "fscore", "FScore", True
+    """F1 score (macro-averaged over classes; the positive class's when binary)."""
+
+    name: str = "fscore"
+    title: str = "FScore"
+    maximize: bool = True
 
     def compute(self, state: PyTree) -> jax.Array:
         precision, recall, present = self._per_class(state["confusion"])
@@ -201,7 +218,11 @@ class FScore(_Confusion):
 
 
 class AUC(Metric):
-    name, title, maximize = "auc", "AUC", True
+    """Area under the ROC curve (macro-averaged over classes with both kinds of targets)."""
+
+    name: str = "auc"
+    title: str = "AUC"
+    maximize: bool = True
     class_labels = True
 
     def init(self, Y: Data) -> PyTree:
@@ -223,6 +244,7 @@ class AUC(Metric):
                 t = t >= 0.5
             positive = t.reshape(-1, 1).astype(jnp.float32)
         else:
+            assert c is not None  # init found k > 1 classes on the class axis
             scores = jnp.moveaxis(y, c, -1).reshape(-1, k)
             if jnp.issubdtype(t.dtype, jnp.integer) and t.shape != y.shape:
                 check_labels(self.name, t, k)
@@ -254,7 +276,11 @@ class AUC(Metric):
 
 
 class RMSE(Metric):
-    name, title, maximize = "rmse", "RMSE", False
+    """Root-mean-square error over every predicted value (padded time steps left out)."""
+
+    name: str = "rmse"
+    title: str = "RMSE"
+    maximize: bool = False
 
     def init(self, Y: Data) -> PyTree:
         return {"sum": jnp.zeros((), jnp.float32), "count": jnp.zeros((), jnp.float32)}
@@ -297,14 +323,20 @@ class FunctionMetric(Metric):
                 "jnp.mean(jnp.abs(df.stripdims(Y) - T)), name='mae')."
             )
         self.fn = fn
-        self.name = name or getattr(fn, "__name__", type(fn).__name__)
-        self.title = self.name
-        self.maximize = bool(getattr(fn, "maximize", False) if maximize is None else maximize)
+        self.name: str = name or getattr(fn, "__name__", type(fn).__name__)
+        self.title: str = self.name
+        self.maximize: bool = bool(getattr(fn, "maximize", False) if maximize is None else maximize)
 
     def init(self, Y: Data) -> PyTree:
         return {"sum": jnp.zeros((), jnp.float32), "count": jnp.zeros((), jnp.float32)}
 
-    def update(self, state: PyTree, Y: Data, T: Data, mask: jax.Array | None = None) -> PyTree:
+    def update(
+        self,
+        state: PyTree,
+        Y: Data | tuple[Data, ...],
+        T: Data | tuple[Data, ...],
+        mask: jax.Array | None = None,
+    ) -> PyTree:
         ys = Y if isinstance(Y, tuple) else (Y,)
         ts = T if isinstance(T, tuple) else (T,)
         kwargs = {}
@@ -319,7 +351,9 @@ class FunctionMetric(Metric):
                     "df.losses functions), or score sequence-to-one outputs."
                 )
             kwargs["mask"] = mask
-            n = jnp.sum(_mask_of(self.name, ys[0], mask))
+            m = _mask_of(self.name, ys[0], mask)
+            assert m is not None  # a mask was given
+            n = jnp.sum(m)
         value = _user_code.call(
             self.fn,
             *ys,

@@ -34,12 +34,14 @@ def digits() -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
     """
     try:
         from sklearn.datasets import load_digits
+        from sklearn.utils import Bunch
     except ImportError as error:
         raise ImportError(
             "df.data.digits() reads the digits data set that ships with scikit-learn, which is "
             "not installed. Fix: pip install 'difffn[examples]' (or pip install scikit-learn)."
         ) from error
     bunch = load_digits()
+    assert isinstance(bunch, Bunch)  # typed Bunch | tuple; a tuple only with return_X_y
     images = (np.asarray(bunch.images, np.float32) / 16.0)[..., None]
     labels = np.asarray(bunch.target, np.int32)
     rng = np.random.default_rng(_SEED)
