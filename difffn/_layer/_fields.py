@@ -111,8 +111,15 @@ class NetworkBase:
     Layers only need to recognise a nested network; this base breaks the import cycle.
     """
 
-    initialized: bool
-    has_state: bool
+    @property
+    def initialized(self) -> bool:
+        """Whether every layer is initialized (``df.Network`` defines it)."""
+        raise NotImplementedError
+
+    @property
+    def has_state(self) -> bool:
+        """Whether any layer has state (``df.Network`` defines it)."""
+        raise NotImplementedError
 
 
 def is_network(value) -> bool:

@@ -29,7 +29,7 @@ import dataclasses
 import functools
 import inspect
 from collections.abc import Sequence
-from typing import Any, ClassVar, Self, TypeVar, cast, dataclass_transform
+from typing import TYPE_CHECKING, Any, ClassVar, Self, TypeVar, cast, dataclass_transform
 
 import jax
 
@@ -256,6 +256,13 @@ class Layer(metaclass=_LayerMeta):
     _user_methods: ClassVar[frozenset[str]]
 
     # -- immutability ----------------------------------------------------------------------
+
+    if TYPE_CHECKING:  # set in the instance dict by ``_validate`` (not a dataclass field)
+
+        @property
+        def _factors(self) -> tuple[tuple[str, str, float], ...]:
+            """The learn-rate and L2 factors set on this layer: (field, kind, value) triples."""
+            ...
 
     def __setattr__(self, name: str, value: Any) -> None:
         if self.__dict__.get("_initializing"):

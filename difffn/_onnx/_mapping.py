@@ -10,6 +10,7 @@ weights that follow instead of the data.
 
 from __future__ import annotations
 
+import jax.numpy as jnp
 import numpy as np
 
 from ..layers import (
@@ -80,8 +81,8 @@ def _conv(imp, info, out_shapes, out_dtypes, out_labels):
         padding=padding,
         dilation=dilations,
         groups=int(a.get("group", 1)),
-        weights=np.transpose(w, (2, 3, 1, 0)),
-        bias=bias,
+        weights=jnp.asarray(np.transpose(w, (2, 3, 1, 0))),
+        bias=jnp.asarray(bias),
         name=imp.unique(info.node.name),
         description=describe(
             info,
@@ -153,10 +154,10 @@ def _batch_norm(imp, info, out_shapes, out_dtypes, out_labels):
         epsilon=float(epsilon),
         mean_decay=1 - float(momentum),
         variance_decay=1 - float(momentum),
-        scale=scale,
-        offset=offset,
-        trained_mean=mean,
-        trained_variance=variance,
+        scale=jnp.asarray(scale),
+        offset=jnp.asarray(offset),
+        trained_mean=jnp.asarray(mean),
+        trained_variance=jnp.asarray(variance),
         name=imp.unique(info.node.name),
         description=describe(
             info,
@@ -419,7 +420,7 @@ def _embedding(imp, info, out_shapes, out_dtypes, out_labels):
     layer = Embedding(
         dimension,
         num_words,
-        weights=table,
+        weights=jnp.asarray(table),
         name=imp.unique(info.node.name),
         description=describe(info, [("weights", source(info, 0))]),
     )

@@ -13,6 +13,7 @@ from __future__ import annotations
 import math
 from typing import TypeGuard
 
+import jax.numpy as jnp
 import numpy as np
 
 from ..layers import (
@@ -121,8 +122,8 @@ def conv(imp, info, out_shapes, out_dtypes, out_labels):
         stride=strides,
         padding=pads,
         dilation=dilations,
-        weights=weights,
-        bias=bias,
+        weights=jnp.asarray(weights),
+        bias=jnp.asarray(bias),
         name=_name(imp, info),
         description=describe(
             info,
@@ -158,8 +159,8 @@ def conv_transpose(imp, info, out_shapes, out_dtypes, out_labels):
         num_filters,
         stride=ints(a.get("strides")) or (1, 1),
         cropping=((flat[0], flat[2]), (flat[1], flat[3])),
-        weights=np.transpose(w, (2, 3, 1, 0)),
-        bias=b if b is not None else np.zeros(num_filters, w.dtype),
+        weights=jnp.asarray(np.transpose(w, (2, 3, 1, 0))),
+        bias=jnp.asarray(b if b is not None else np.zeros(num_filters, w.dtype)),
         name=_name(imp, info),
         description=describe(
             info,

@@ -18,6 +18,7 @@ the batch's size), and either ``Y`` or ``Y_h`` used (the layer has one output). 
 
 from __future__ import annotations
 
+import jax.numpy as jnp
 import numpy as np
 
 from ..layers import GRU, LSTM, BiLSTM, FunctionLayer
@@ -131,11 +132,11 @@ def _lstm(imp, info, out_shapes, out_dtypes, out_labels):
         output_mode="sequence" if which == "Y" else "last",
         gate_activation_function=gate,
         state_activation_function=state,
-        input_weights=np.concatenate(weights, axis=1),
-        recurrent_weights=np.concatenate(recurrent, axis=1),
-        bias=np.concatenate(biases),
-        hidden_state=hidden_state,
-        cell_state=cell_state,
+        input_weights=jnp.asarray(np.concatenate(weights, axis=1)),
+        recurrent_weights=jnp.asarray(np.concatenate(recurrent, axis=1)),
+        bias=jnp.asarray(np.concatenate(biases)),
+        hidden_state=jnp.asarray(hidden_state),
+        cell_state=jnp.asarray(cell_state),
         name=imp.unique(info.node.name),
         description=describe(
             info,
@@ -186,10 +187,10 @@ def _gru(imp, info, out_shapes, out_dtypes, out_labels):
         reset_gate_mode=mode,
         gate_activation_function=gate,
         state_activation_function=state,
-        input_weights=_blocks(w[0], hidden, _RZH).T,
-        recurrent_weights=_blocks(r[0], hidden, _RZH).T,
-        bias=bias,
-        hidden_state=hidden_state,
+        input_weights=jnp.asarray(_blocks(w[0], hidden, _RZH).T),
+        recurrent_weights=jnp.asarray(_blocks(r[0], hidden, _RZH).T),
+        bias=jnp.asarray(bias),
+        hidden_state=jnp.asarray(hidden_state),
         name=imp.unique(info.node.name),
         description=describe(
             info,
