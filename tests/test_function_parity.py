@@ -263,13 +263,6 @@ COMPOSITIONS = {
 }
 
 
-# Where jax.custom_vjp succeeds and difffn raises its named error instead: jax.jit or
-# jax.checkpoint *inside* a forward-over-reverse derivative traces the operation's forward rule
-# to a jaxpr before the outer forward mode reaches it, where difffn cannot tell it from reverse
-# mode (see docs/functions.md); a jvp or jvp_from_forward = True makes these cells work.
-KNOWN_GAPS = {"hessian∘jit", "hessian∘checkpoint"}
-
-
 def _run(composition, f, jit: bool):
     """``("ok", values)`` or ``("error", exception)``."""
     run = COMPOSITIONS[composition]
@@ -344,10 +337,7 @@ def test_parity_with_custom_vjp(table, op_name):
         if name != op_name or with_jvp:
             continue
         where = f"{op_name} / {composition} / jit={jit}"
-        if theirs[0] == "ok" and composition in KNOWN_GAPS:
-            assert isinstance(ours[1], df.ForwardModeError), f"{where}: {ours[1]!r}"
-            assert "jvp_from_forward" in str(ours[1]), where
-        elif theirs[0] == "ok":
+        if theirs[0] == "ok":
             assert ours[0] == "ok", f"{where}: {ours[1]!r}"
             _assert_same(theirs[1], ours[1], where)
         else:

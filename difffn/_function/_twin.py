@@ -25,12 +25,11 @@ from collections.abc import Callable
 from typing import Any, NamedTuple
 
 import jax
-from jax._src.interpreters.ad import JVPTracer, LinearizeTracer
+from jax._src.interpreters.batching import BatchTracer
 
 from .._core import DifferentiableFunctionError
 from ._primitive import custom_vjp
-
-_AD_TRACERS = (JVPTracer, LinearizeTracer)
+from ._tangent_map import forward_over_reverse
 
 
 class Twin(NamedTuple):
@@ -119,12 +118,31 @@ def twin_custom_vjp(
     inner = build(jvp) if memory else outer
     twins.append(inner)
     if inner_jvp is not None and inner_jvp is not jvp:
-        twins.append(build(inner_jvp))
+        # The operation for fwd under a possible outer derivative: forward mode by inner_jvp,
+        # reverse mode by bwd (see _tangent_map).
+        with_memory = memory
+        twins.append(
+            forward_over_reverse(
+                full if with_memory else outer_primal,
+                (lambda *p: fwd(True, call_inner, *p)) if with_memory else outer_fwd,
+                lambda r, c: bwd(with_memory, r, c),
+                rule(inner_jvp, with_memory),
+                name=name,
+            )
+        )
     return Twin(outer, inner)
 
 
 def _under_derivative(values) -> bool:
-    """Whether an outer derivative's trace (JVP or linearize: ``jax.hessian``, ``jax.jvp`` or
-    ``jax.linearize`` of a gradient, grad of grad) differentiates ``values``. The jaxpr that a
-    ``jax.checkpoint`` or ``jax.jit`` traces keeps ``jax.custom_vjp``'s plain rules."""
-    return any(isinstance(v, _AD_TRACERS) for v in jax.tree.leaves(values))
+    """Whether an outer derivative may differentiate ``values``: an outer derivative's trace
+    (JVP or linearize: ``jax.hessian``, ``jax.jvp`` or ``jax.linearize`` of a gradient, grad of
+    grad), or a staged program (``jax.jit``, ``jax.checkpoint``, a ``scan`` body), which an
+    outer derivative may differentiate after it is traced (``jax.hessian(jax.jit(loss))``)."""
+    return any(_may_be_differentiated(v) for v in jax.tree.leaves(values))
+
+
+def _may_be_differentiated(value) -> bool:
+    """Any tracer but a ``jax.vmap`` of concrete values: eager values have no outer derivative."""
+    while isinstance(value, BatchTracer):
+        value = value.val
+    return isinstance(value, jax.core.Tracer)
