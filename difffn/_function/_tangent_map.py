@@ -31,6 +31,7 @@ import jax.extend.core as jax_core
 import jax.numpy as jnp
 from jax.interpreters import ad, batching, mlir
 
+from .._core import Error, ForwardModeError
 from . import _cotangents as ct
 from ._primitive import Primal
 
@@ -102,6 +103,47 @@ def forward_over_reverse(
 
     wrapped.defjvp(rule, symbolic_zeros=True)
     return wrapped
+
+
+def autodiff_jvp(fun: Callable[..., Any], *, who: str, fix: str) -> Callable[..., Any]:
+    """A forward-mode rule for `forward_over_reverse` (through ``twin_custom_vjp``'s
+    ``inner_jvp``): autodiff of ``fun`` in forward mode, as JAX differentiates the body of a
+    ``jax.custom_vjp`` fwd. What autodiff cannot differentiate is a ``ForwardModeError``
+    naming ``who``, with ``fix``.
+
+    Returns:
+      ``jvp(inner, primals, tangents, out_avals) -> output tangents``, the tangents of every
+      output leaf of ``fun(*primals)`` (``float0`` for integer ones).
+    """
+
+    def jvp(inner, primals, tangents, out_avals):
+        del inner, out_avals
+        leaves, tree = jax.tree.flatten(primals)
+        t_leaves = tree.flatten_up_to(tangents)
+        chosen = [
+            i
+            for i, (x, t) in enumerate(zip(leaves, t_leaves))
+            if _inexact(x) and not ct.is_symbolic_zero(t)
+        ]
+
+        def of(*values):
+            full = list(leaves)
+            for i, v in zip(chosen, values):
+                full[i] = v
+            return fun(*jax.tree.unflatten(tree, full))
+
+        try:
+            return jax.jvp(of, [leaves[i] for i in chosen], [t_leaves[i] for i in chosen])[1]
+        except Error:
+            raise
+        except Exception as error:  # JAX's own error about the body
+            raise ForwardModeError(
+                f"{who} could not be differentiated in forward mode, which forward over reverse "
+                f"(jax.hessian, jax.jvp of a gradient) needs: {type(error).__name__}: {error}. "
+                f"Fix: {fix}"
+            ) from error
+
+    return jvp
 
 
 def _inexact(x) -> bool:
