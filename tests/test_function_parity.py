@@ -358,6 +358,32 @@ def test_with_a_user_jvp_every_cell_succeeds(table, op_name):
         _assert_same(theirs[1], ours[1], where)
 
 
+# Beyond the table: a third derivative over forward over reverse, with jax.jit or
+# jax.checkpoint inside, and jax.vmap inside a second derivative.
+BEYOND = {
+    "jacfwd∘hessian∘jit": lambda f: jax.jacfwd(jax.hessian(jax.jit(_loss(f))))(X),
+    "jacrev∘hessian∘checkpoint": lambda f: jax.jacrev(jax.hessian(jax.checkpoint(_loss(f))))(X),
+    "grad∘grad∘checkpoint": lambda f: jax.grad(
+        lambda x: jnp.sum(jax.grad(jax.checkpoint(_loss(f)))(x) ** 2)
+    )(X),
+    "hessian∘vmap": lambda f: jax.hessian(
+        lambda x: jnp.sum(jax.vmap(_loss(f))(jnp.stack([x, 2 * x])))
+    )(X),
+    "grad∘grad∘vmap": lambda f: jax.grad(
+        lambda x: jnp.sum(jax.grad(lambda x: jnp.sum(jax.vmap(_loss(f))(jnp.stack([x, -x]))))(x))
+    )(X),
+}
+
+
+@pytest.mark.parametrize("composition", list(BEYOND))
+def test_deeper_compositions_match_custom_vjp(composition, x64):
+    run = BEYOND[composition]
+    for op_name, (cls, _, args_of, (ref_vjp, _)) in OPS.items():
+        expected = run(_vector(ref_vjp, args_of))
+        got = run(_vector(cls(), args_of))
+        _assert_same(jax.tree.map(np.asarray, expected), jax.tree.map(np.asarray, got), op_name)
+
+
 def test_the_reference_fails_somewhere(table):
     """The table is not vacuous: jax.custom_vjp has no forward mode of its own."""
     failed = {c for (c, _, with_jvp, _), (theirs, _) in table.items() if theirs[0] == "error"}

@@ -38,8 +38,12 @@ from ._primitive import Primal
 try:
     from jax._src.interpreters import partial_eval as pe
     from jax._src.tree_util import broadcast_prefix
-except ImportError as error:  # pragma: no cover - depends on the JAX version
-    raise ImportError(f"difffn needs jax>=0.10.2 (jax._src.tree_util): {error}") from error
+except ImportError:  # pragma: no cover - depends on the JAX version
+    pe = broadcast_prefix = None
+
+AVAILABLE = broadcast_prefix is not None
+"""Whether this JAX has the internals used here; without them ``twin_custom_vjp`` builds no
+forward-over-reverse twin (forward over reverse is then a ``ForwardModeError``)."""
 
 
 def forward_over_reverse(
@@ -197,6 +201,7 @@ class _Rule:
         ]
         grads = self.bwd(residuals, jax.tree.unflatten(self.out_tree, flat))
         avals = jax.tree.unflatten(self.in_tree, list(self.in_avals))
+        assert broadcast_prefix is not None  # AVAILABLE
         grads = broadcast_prefix(tuple(grads), tuple(avals), is_leaf=lambda x: x is None)
         return [
             jnp.zeros(a.shape, a.dtype) if g is None or ct.is_symbolic_zero(g) else g
@@ -276,8 +281,8 @@ def _batch_rule(args, dims, *, rule, batched):
 
 def _jvp_rule(primals, tangents, *, rule, batched):
     """A derivative of the tangent map itself (third order and above): autodiff of it."""
-    tangents = [ad.instantiate_zeros(t) for t in tangents]
-    return jax.jvp(lambda *a: _evaluate(rule, batched, a), primals, tangents)
+    tangents = tuple(ad.instantiate_zeros(t) for t in tangents)
+    return jax.jvp(lambda *a: _evaluate(rule, batched, a), tuple(primals), tangents)
 
 
 _tangent_map_p = jax_core.Primitive("difffn_tangent_map")
@@ -288,4 +293,5 @@ mlir.register_lowering(_tangent_map_p, mlir.lower_fun(_impl, multiple_results=Tr
 batching.primitive_batchers[_tangent_map_p] = _batch_rule
 ad.primitive_jvps[_tangent_map_p] = _jvp_rule
 ad.primitive_transposes[_tangent_map_p] = _transpose_rule
-pe.custom_staging_rules[_tangent_map_p] = _staging_rule
+if pe is not None:
+    pe.custom_staging_rules[_tangent_map_p] = _staging_rule
