@@ -299,6 +299,44 @@ def test_forward_over_reverse_without_jvp_works_as_with_custom_vjp(transform):
     assert_tree_allclose(transform(Square(), 1.0), transform(square, 1.0), rtol=1e-6)
 
 
+class HostSin(df.DifferentiableFunction):
+    """sin on the host (a pure_callback): not differentiable by JAX, with a correct backward."""
+
+    save_inputs_for_backward = True
+
+    def forward(self, x):
+        out = jax.ShapeDtypeStruct(x.shape, x.dtype)
+        return jax.pure_callback(np.sin, out, x, vmap_method="sequential")
+
+    def backward(self, dy, compute_gradients, x):
+        return dy * jnp.cos(x)
+
+
+INSIDE = {
+    "jit": jax.jit,
+    "checkpoint": jax.checkpoint,
+}
+
+
+@pytest.mark.parametrize("inside", list(INSIDE))
+def test_jit_or_checkpoint_inside_a_second_derivative_keeps_each_mode_its_rule(inside, x64):
+    """With jax.jit or jax.checkpoint inside the derivative, the operation's forward rule is
+    traced before the outer derivative meets it. Reverse over reverse still uses backward (so a
+    forward JAX cannot differentiate works there), while forward over reverse needs autodiff of
+    forward, like jax.custom_vjp's fwd body: a named ForwardModeError here."""
+    x = jnp.array([0.3, -0.7, 1.1])
+    wrap = INSIDE[inside]
+    loss = lambda f: wrap(lambda x: jnp.sum(jnp.sin(f(x))))  # noqa: E731
+    grad2 = lambda f: jax.grad(lambda x: jnp.sum(jax.grad(loss(f))(x)))  # noqa: E731
+    assert_tree_allclose(grad2(HostSin())(x), grad2(jnp.sin)(x), rtol=1e-12)
+    with pytest.raises(
+        df.ForwardModeError,
+        match=r"HostSin.forward could not be differentiated in forward mode.*jax.hessian.*"
+        r"Fix: define HostSin.jvp",
+    ):
+        jax.hessian(loss(HostSin()))(x)
+
+
 def test_linearize_without_jvp_fails_when_its_linear_function_runs():
     """jax.linearize is lazy: the named error comes when the tangent map is run (difffn's
     primitive, under JAX_CUSTOM_VJP3=1, names the class at once)."""
