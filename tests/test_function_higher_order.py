@@ -299,6 +299,44 @@ def test_forward_over_reverse_without_jvp_works_as_with_custom_vjp(transform):
     assert_tree_allclose(transform(Square(), 1.0), transform(square, 1.0), rtol=1e-6)
 
 
+class HostSin(df.DifferentiableFunction):
+    """sin on the host (a pure_callback): not differentiable by JAX, with a correct backward."""
+
+    save_inputs_for_backward = True
+
+    def forward(self, x):
+        out = jax.ShapeDtypeStruct(x.shape, x.dtype)
+        return jax.pure_callback(np.sin, out, x, vmap_method="sequential")
+
+    def backward(self, dy, compute_gradients, x):
+        return dy * jnp.cos(x)
+
+
+INSIDE = {
+    "jit": jax.jit,
+    "checkpoint": jax.checkpoint,
+}
+
+
+@pytest.mark.parametrize("inside", list(INSIDE))
+def test_jit_or_checkpoint_inside_a_second_derivative_keeps_each_mode_its_rule(inside, x64):
+    """With jax.jit or jax.checkpoint inside the derivative, the operation's forward rule is
+    traced before the outer derivative meets it. Reverse over reverse still uses backward (so a
+    forward JAX cannot differentiate works there), while forward over reverse needs autodiff of
+    forward, like jax.custom_vjp's fwd body: a named ForwardModeError here."""
+    x = jnp.array([0.3, -0.7, 1.1])
+    wrap = INSIDE[inside]
+    loss = lambda f: wrap(lambda x: jnp.sum(jnp.sin(f(x))))  # noqa: E731
+    grad2 = lambda f: jax.grad(lambda x: jnp.sum(jax.grad(loss(f))(x)))  # noqa: E731
+    assert_tree_allclose(grad2(HostSin())(x), grad2(jnp.sin)(x), rtol=1e-12)
+    with pytest.raises(
+        df.ForwardModeError,
+        match=r"HostSin.forward could not be differentiated in forward mode.*jax.hessian.*"
+        r"Fix: define HostSin.jvp",
+    ):
+        jax.hessian(loss(HostSin()))(x)
+
+
 def test_linearize_without_jvp_fails_when_its_linear_function_runs():
     """jax.linearize is lazy: the named error comes when the tangent map is run (difffn's
     primitive, under JAX_CUSTOM_VJP3=1, names the class at once)."""
@@ -320,7 +358,8 @@ class TrueSquare(df.DifferentiableFunction):
 def test_the_forward_mode_guard_costs_reverse_mode_nothing(x64):
     """Reverse mode transposes the guard's tangent map away: grad, grad-of-grad, vmap-of-grad
     and checkpointed grad agree with JAX autodiff, and the gradient's program keeps only the
-    guard's identity on the primal (its tangent map was transposed away)."""
+    operation itself on the primal (a custom_jvp call named after the class, for an outer
+    forward-mode derivative): no guard and no tangent map is left."""
     x = jnp.linspace(-1.0, 2.0, 4)
     loss = lambda f: lambda x: jnp.sum(jnp.sin(f(x)))  # noqa: E731
     reference = loss(lambda x: x**2)
@@ -333,7 +372,8 @@ def test_the_forward_mode_guard_costs_reverse_mode_nothing(x64):
     per_row = jax.vmap(jax.grad(loss(TrueSquare())))(jnp.stack([x, 2 * x]))
     assert_tree_allclose(per_row, jax.vmap(jax.grad(reference))(jnp.stack([x, 2 * x])), rtol=1e-12)
     jaxpr = str(jax.make_jaxpr(jax.grad(loss(TrueSquare())))(x))
-    assert "difffn_reverse_only" in jaxpr and "difffn_forward_tangent" not in jaxpr
+    assert "custom_jvp_call" in jaxpr and "name=TrueSquare" in jaxpr
+    assert "difffn_forward_tangent" not in jaxpr and "difffn_tangent_map" not in jaxpr
 
 
 # --------------------------------------------------------------------------------------------

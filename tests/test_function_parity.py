@@ -263,13 +263,6 @@ COMPOSITIONS = {
 }
 
 
-# Where jax.custom_vjp succeeds and difffn raises its named error instead: jax.jit or
-# jax.checkpoint *inside* a forward-over-reverse derivative traces the operation's forward rule
-# to a jaxpr before the outer forward mode reaches it, where difffn cannot tell it from reverse
-# mode (see docs/functions.md); a jvp or jvp_from_forward = True makes these cells work.
-KNOWN_GAPS = {"hessian∘jit", "hessian∘checkpoint"}
-
-
 def _run(composition, f, jit: bool):
     """``("ok", values)`` or ``("error", exception)``."""
     run = COMPOSITIONS[composition]
@@ -344,10 +337,7 @@ def test_parity_with_custom_vjp(table, op_name):
         if name != op_name or with_jvp:
             continue
         where = f"{op_name} / {composition} / jit={jit}"
-        if theirs[0] == "ok" and composition in KNOWN_GAPS:
-            assert isinstance(ours[1], df.ForwardModeError), f"{where}: {ours[1]!r}"
-            assert "jvp_from_forward" in str(ours[1]), where
-        elif theirs[0] == "ok":
+        if theirs[0] == "ok":
             assert ours[0] == "ok", f"{where}: {ours[1]!r}"
             _assert_same(theirs[1], ours[1], where)
         else:
@@ -366,6 +356,32 @@ def test_with_a_user_jvp_every_cell_succeeds(table, op_name):
         assert theirs[0] == "ok", f"{where}: the reference failed: {theirs[1]!r}"
         assert ours[0] == "ok", f"{where}: {ours[1]!r}"
         _assert_same(theirs[1], ours[1], where)
+
+
+# Beyond the table: a third derivative over forward over reverse, with jax.jit or
+# jax.checkpoint inside, and jax.vmap inside a second derivative.
+BEYOND = {
+    "jacfwd∘hessian∘jit": lambda f: jax.jacfwd(jax.hessian(jax.jit(_loss(f))))(X),
+    "jacrev∘hessian∘checkpoint": lambda f: jax.jacrev(jax.hessian(jax.checkpoint(_loss(f))))(X),
+    "grad∘grad∘checkpoint": lambda f: jax.grad(
+        lambda x: jnp.sum(jax.grad(jax.checkpoint(_loss(f)))(x) ** 2)
+    )(X),
+    "hessian∘vmap": lambda f: jax.hessian(
+        lambda x: jnp.sum(jax.vmap(_loss(f))(jnp.stack([x, 2 * x])))
+    )(X),
+    "grad∘grad∘vmap": lambda f: jax.grad(
+        lambda x: jnp.sum(jax.grad(lambda x: jnp.sum(jax.vmap(_loss(f))(jnp.stack([x, -x]))))(x))
+    )(X),
+}
+
+
+@pytest.mark.parametrize("composition", list(BEYOND))
+def test_deeper_compositions_match_custom_vjp(composition, x64):
+    run = BEYOND[composition]
+    for op_name, (cls, _, args_of, (ref_vjp, _)) in OPS.items():
+        expected = run(_vector(ref_vjp, args_of))
+        got = run(_vector(cls(), args_of))
+        _assert_same(jax.tree.map(np.asarray, expected), jax.tree.map(np.asarray, got), op_name)
 
 
 def test_the_reference_fails_somewhere(table):

@@ -10,6 +10,7 @@ import os
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 import pytest
 from helpers import ROOT, assert_tree_allclose, run_python
 
@@ -176,6 +177,154 @@ def test_layer_memory_is_differentiated_at_second_order(order, x64):
     assert_tree_allclose(
         order(loss(trained))(scale, x), order(loss(sincos_reference))(scale, x), rtol=1e-10
     )
+
+
+# --------------------------------------------------------------------------------------------
+# forward over reverse (issue 23): jax.hessian, jax.jvp of a gradient
+
+
+def prelu_custom_vjp():
+    """PReLUAll's rule as a jax.custom_vjp whose fwd computes the forward with plain JAX code,
+    the form in which JAX allows forward over reverse (the outer forward mode differentiates
+    fwd's body and bwd)."""
+
+    @jax.custom_vjp
+    def prelu(alpha, x):
+        return prelu_reference(alpha, x)
+
+    def fwd(alpha, x):
+        return prelu_reference(alpha, x), (alpha, x)
+
+    def bwd(residuals, dy):
+        alpha, x = residuals
+        dx = jnp.where(x > 0, dy, alpha * dy)
+        dalpha = jnp.sum(jnp.where(x > 0, 0.0, x * dy), axis=0, keepdims=True)
+        return dalpha, dx
+
+    prelu.defvjp(fwd, bwd)
+    return prelu
+
+
+def square_plain_fwd_custom_vjp():
+    """SquareLayer's rule (3 * dLdY, not forward's 2x) with a plain-JAX fwd."""
+
+    @jax.custom_vjp
+    def square(x):
+        return x**2
+
+    square.defvjp(lambda x: (x**2, None), lambda _, dy: (3.0 * dy,))
+    return square
+
+
+def _loss(f):
+    return lambda a, x: jnp.sum(jnp.sin(f(a, x)) * x)
+
+
+FORWARD_OVER_REVERSE = {
+    "hessian": lambda f, a, x: jax.hessian(_loss(f), (0, 1))(a, x),
+    "hessian(jit)": lambda f, a, x: jax.hessian(jax.jit(_loss(f)), (0, 1))(a, x),
+    "hessian(checkpoint)": lambda f, a, x: jax.hessian(jax.checkpoint(_loss(f)), (0, 1))(a, x),
+    "jit(hessian)": lambda f, a, x: jax.jit(jax.hessian(_loss(f), (0, 1)))(a, x),
+    "jvp(grad)": lambda f, a, x: jax.jvp(jax.grad(_loss(f), (0, 1)), (a, x), (a, 2 * x)),
+    "jacfwd(jit(grad))": lambda f, a, x: jax.jacfwd(jax.jit(jax.grad(_loss(f), (0, 1))))(a, x),
+    "vmap(hessian)": lambda f, a, x: jax.vmap(jax.hessian(_loss(f), 1), (None, 0))(
+        a, jnp.stack([x, -2 * x])
+    ),
+}
+
+
+@pytest.mark.parametrize("transform", list(FORWARD_OVER_REVERSE))
+def test_layer_forward_over_reverse_matches_custom_vjp(transform, x64):
+    """Where a jax.custom_vjp with the same rule allows forward over reverse, a layer with a
+    custom backward does too, with the same numbers (w.r.t. the input and a learnable)."""
+    x, alpha = jnp.array([0.3, -0.7, 1.1, -0.2]), jnp.array([0.25])
+    run = FORWARD_OVER_REVERSE[transform]
+    got = run(lambda a, x: PReLUAll(alpha=a)(x), alpha, x)
+    expected = run(prelu_custom_vjp(), alpha, x)
+    assert_tree_allclose(got, expected, rtol=1e-12, atol=1e-12)
+
+
+@pytest.mark.parametrize("transform", ["hessian", "hessian(jit)", "hessian(checkpoint)"])
+def test_layer_forward_over_reverse_differentiates_backward_and_the_outputs(transform, x64):
+    """The gradient is backward's (3 * dLdY, not 2x); its forward-mode derivative takes the
+    outputs' tangents from autodiff of predict, as a custom_vjp's plain fwd body gives them."""
+    x = jnp.array([0.3, -0.7, 1.1])
+    run = FORWARD_OVER_REVERSE[transform]
+    got = run(lambda a, x: SquareLayer()(x), None, x)
+    expected = run(lambda a, x: square_plain_fwd_custom_vjp()(x), None, x)
+    assert_tree_allclose(got, expected, rtol=1e-12, atol=1e-12)
+    assert not np.allclose(got[1][1], jax.hessian(_loss(lambda a, x: x**2), 1)(None, x))
+
+
+def sincos_custom_vjp():
+    """SinCosLayer's training rule: fwd computes the outputs and the memory with plain JAX."""
+
+    @jax.custom_vjp
+    def sincos(scale, x):
+        return sincos_reference(scale, x)
+
+    def fwd(scale, x):
+        return sincos_reference(scale, x), (scale, (jnp.cos(x), -jnp.sin(x), x))
+
+    def bwd(residuals, dys):
+        (scale, (cos, minus_sin, x)), (dy1, dy2) = residuals, dys
+        dscale = jnp.sum(dy1 * jnp.sin(x) + dy2 * jnp.cos(x))
+        return dscale, (dy1 * cos + dy2 * minus_sin) * scale
+
+    sincos.defvjp(fwd, bwd)
+    return sincos
+
+
+@pytest.mark.parametrize("transform", ["hessian", "hessian(jit)", "jvp(grad)"])
+def test_layer_forward_over_reverse_with_memory(transform, x64):
+    x, scale = jnp.linspace(-1.5, 1.5, 4), jnp.array(1.3)
+
+    def trained(scale, x):  # the training path: forward, with its memory value
+        (y1, y2), _ = call_layer(SinCosLayer(scale=scale, num_outputs=2), [x], training=True)
+        return y1 + y2**2
+
+    reference = sincos_custom_vjp()
+    run = FORWARD_OVER_REVERSE[transform]
+    expected = run(lambda s, x: reference(s, x)[0] + reference(s, x)[1] ** 2, scale, x)
+    assert_tree_allclose(run(trained, scale, x), expected, rtol=1e-12, atol=1e-12)
+
+
+class HostPReLU(PReLUAll):
+    """predict on the host (a pure_callback): not differentiable in forward mode."""
+
+    def predict(self, x):
+        out = jax.ShapeDtypeStruct(x.shape, x.dtype)
+        alpha = self.alpha
+        return jax.pure_callback(
+            lambda a, x: np.asarray(prelu_reference(a, x)), out, alpha, x, vmap_method="sequential"
+        )
+
+
+@pytest.mark.parametrize("transform", ["hessian", "hessian(jit)", "jvp(grad)"])
+def test_layer_forward_over_reverse_of_a_non_differentiable_predict_is_named(transform):
+    """Where jax.custom_vjp fails too (its fwd body cannot be differentiated in forward mode),
+    a named df.ForwardModeError that names the layer's method and the fix."""
+    x, alpha = jnp.array([0.3, -0.7, 1.1]), jnp.array([0.25])
+    run = FORWARD_OVER_REVERSE[transform]
+
+    @jax.custom_vjp
+    def host(alpha, x):
+        return HostPReLU(alpha=alpha).predict(x)
+
+    host.defvjp(lambda a, x: (host(a, x), (a, x)), prelu_custom_vjp().bwd)  # type: ignore[attr-defined]
+    with pytest.raises(Exception) as theirs:
+        run(host, alpha, x)
+    assert not isinstance(theirs.value, df.Error)
+    with pytest.raises(
+        df.ForwardModeError,
+        match=r"HostPReLU.*predict.*could not be differentiated in forward mode.*Fix: make predict differentiable JAX code, or take the second derivative in reverse mode",
+    ):
+        run(lambda a, x: HostPReLU(alpha=a)(x), alpha, x)
+    # Reverse over reverse uses backward again, and works.
+    grad2 = jax.grad(
+        lambda x: jnp.sum(jax.grad(_loss(lambda a, x: HostPReLU(alpha=a)(x)), 1)(alpha, x))
+    )
+    assert np.all(np.isfinite(grad2(x)))
 
 
 # --------------------------------------------------------------------------------------------

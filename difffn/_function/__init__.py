@@ -16,10 +16,12 @@ from ._function import _input_names as input_names
 from ._function import run_forward as run_forward
 from ._function_rules import _is_wrapped_single as is_wrapped_single
 from ._primitive import custom_vjp as custom_vjp
+from ._tangent_map import autodiff_jvp as autodiff_jvp
 from ._twin import twin_custom_vjp as twin_custom_vjp
 
 __all__ = [
     "DifferentiableFunction",
+    "autodiff_jvp",
     "forward_parameters",
     "input_names",
     "is_wrapped_single",

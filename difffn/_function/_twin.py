@@ -12,8 +12,12 @@ by the inner twin, which exists only under an outer derivative.
 
 Under an outer *forward* mode (``jax.hessian`` is forward over reverse), the outputs ``fwd``
 computes need tangents, which a ``jax.custom_vjp`` gets by autodiff of its fwd's body: with
-``inner_jvp``, ``fwd`` then calls a third twin, whose forward-mode rule is ``inner_jvp`` (difffn's
-primitive, ``_primitive.custom_vjp`` with a ``jvp``), while reverse mode keeps the plain twins.
+``inner_jvp``, ``fwd`` then calls a third twin (``_tangent_map.forward_over_reverse``), whose
+tangent map is ``inner_jvp`` when forward mode runs it and ``bwd`` when reverse mode transposes
+it. ``fwd`` calls it whenever an outer derivative may still come: under an outer derivative's
+trace, and in any staged program (``jax.jit``, ``jax.checkpoint`` or a ``scan`` body *inside*
+the derivative trace the rule before the outer derivative meets it). Only eager values (a
+``jax.vmap`` of them included) keep the plain twins.
 
 Both ``DifferentiableFunction`` (``_function_rules.Operation``) and a layer's custom backward
 (``_layer._layer_backward``) are built with `twin_custom_vjp`.
@@ -25,12 +29,16 @@ from collections.abc import Callable
 from typing import Any, NamedTuple
 
 import jax
-from jax._src.interpreters.ad import JVPTracer, LinearizeTracer
+from jax.core import Tracer
 
 from .._core import DifferentiableFunctionError
+from . import _tangent_map
 from ._primitive import custom_vjp
 
-_AD_TRACERS = (JVPTracer, LinearizeTracer)
+try:
+    from jax._src.interpreters.batching import BatchTracer
+except ImportError:  # pragma: no cover - depends on the JAX version
+    BatchTracer = ()  # every tracer then counts as one an outer derivative may differentiate
 
 
 class Twin(NamedTuple):
@@ -118,13 +126,32 @@ def twin_custom_vjp(
     outer = make(outer_primal, outer_fwd, lambda r, c: bwd(False, r, c), rule(jvp, False))
     inner = build(jvp) if memory else outer
     twins.append(inner)
-    if inner_jvp is not None and inner_jvp is not jvp:
-        twins.append(build(inner_jvp))
+    if inner_jvp is not None and inner_jvp is not jvp and _tangent_map.AVAILABLE:
+        # The operation for fwd under a possible outer derivative: forward mode by inner_jvp,
+        # reverse mode by bwd (see _tangent_map).
+        given = inner_jvp
+        twins.append(
+            _tangent_map.forward_over_reverse(
+                full if memory else outer_primal,
+                (lambda *p: fwd(True, call_inner, *p)) if memory else outer_fwd,
+                lambda r, c: bwd(memory, r, c),
+                lambda primals, tangents, avals: given(memory, primals, tangents, avals),
+                name=name,
+            )
+        )
     return Twin(outer, inner)
 
 
 def _under_derivative(values) -> bool:
-    """Whether an outer derivative's trace (JVP or linearize: ``jax.hessian``, ``jax.jvp`` or
-    ``jax.linearize`` of a gradient, grad of grad) differentiates ``values``. The jaxpr that a
-    ``jax.checkpoint`` or ``jax.jit`` traces keeps ``jax.custom_vjp``'s plain rules."""
-    return any(isinstance(v, _AD_TRACERS) for v in jax.tree.leaves(values))
+    """Whether an outer derivative may differentiate ``values``: an outer derivative's trace
+    (JVP or linearize: ``jax.hessian``, ``jax.jvp`` or ``jax.linearize`` of a gradient, grad of
+    grad), or a staged program (``jax.jit``, ``jax.checkpoint``, a ``scan`` body), which an
+    outer derivative may differentiate after it is traced (``jax.hessian(jax.jit(loss))``)."""
+    return any(_may_be_differentiated(v) for v in jax.tree.leaves(values))
+
+
+def _may_be_differentiated(value) -> bool:
+    """Any tracer but a ``jax.vmap`` of concrete values: eager values have no outer derivative."""
+    while isinstance(value, BatchTracer):
+        value = value.val
+    return isinstance(value, Tracer)

@@ -41,8 +41,8 @@ from .._core import (
     stripdims,
     who,
 )
+from .._function import autodiff_jvp, twin_custom_vjp
 from .._function import cotangents as ct
-from .._function import twin_custom_vjp
 from ._fields import LEARNABLE, STATE, is_network
 
 
@@ -254,8 +254,23 @@ def call_with_backward(layer, inputs, training: bool, key, run_user):
         dws, dss, dxs = vjp(tuple(ct.instantiate(c, s) for c, s in zip(mem_cts, mem_specs)))
         return dws, dss, _none_like(cs), dxs, None
 
+    # Forward over reverse (jax.hessian, jax.jvp of a gradient): the outputs fwd computes get
+    # their tangents by autodiff of the user's method, as a jax.custom_vjp fwd's body would.
+    inner_jvp = autodiff_jvp(
+        run_full,
+        who=who(layer, method),
+        fix=(
+            f"make {method} differentiable JAX code, or take the second derivative in reverse "
+            "mode (jax.grad or jax.jacrev of a gradient), which uses backward again."
+        ),
+    )
     run_with_backward = twin_custom_vjp(
-        run_full, fwd, bwd, name=f"{cls.__name__}.backward", error=LayerError
+        run_full,
+        fwd,
+        bwd,
+        inner_jvp=inner_jvp,
+        name=f"{cls.__name__}.backward",
+        error=LayerError,
     ).outer
     outputs, new_state = run_with_backward(learnables, states, consts, tuple(inputs), key)
     return outputs, new_state
