@@ -33,27 +33,18 @@ import re
 from pathlib import Path
 
 from .._core import SerializationError, files
+from . import _logfile
 
 SUFFIX = ".jsonl"
 NAME = re.compile(r"net_history__[0-9a-f]{16}\.jsonl")  # what file_name gives
 LIMIT = 1 << 34  # bytes read of a log at most (16 GiB: some 10^8 rows)
-_WHAT = "the history log"
+_WHAT = _logfile.WHAT
 KINDS = ("training", "validation")
 
 
 def file_name(run_id: str) -> str:
     """The log's name in the checkpoint folder (``run_id`` as ``_rowlog.run_id``)."""
     return f"net_history__{run_id}{SUFFIX}"
-
-
-def _folder(path: Path) -> Path:
-    folder = Path(path).parent
-    if not folder.is_dir():
-        raise SerializationError(
-            f"cannot write {str(path)!r}: the folder {str(folder)!r} does not exist. Fix: create "
-            "it first."
-        )
-    return folder
 
 
 def _parse(line: bytes) -> dict | None:
@@ -92,7 +83,7 @@ def repair(path: Path) -> None:
     Raises:
       SerializationError: the log cannot be read or written.
     """
-    folder = _folder(path)
+    folder = _logfile.folder_of(path)
     try:
         # never through a link planted in the folder, never a FIFO or device (_core.files)
         fd = files.open_regular(path, os.O_RDWR | os.O_CREAT, what=_WHAT)
@@ -128,22 +119,12 @@ def append(path: Path, training: tuple[int, list], validation: tuple[int, list])
     Raises:
       SerializationError: the log cannot be written (the disk, the folder).
     """
-    _folder(path)
     text = "".join(
         _line(kind, start + k, row)
         for kind, (start, rows) in zip(KINDS, (training, validation), strict=True)
         for k, row in enumerate(rows)
     )
-    try:
-        fd = files.open_regular(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, what=_WHAT)
-        with os.fdopen(fd, "ab") as handle:
-            handle.write(text.encode())
-            handle.flush()
-            os.fsync(handle.fileno())
-    except OSError as error:
-        raise SerializationError(
-            f"could not write {str(path)!r}: {error.strerror or error}."
-        ) from error
+    _logfile.append(path, text.encode())
 
 
 def read(path: Path, training: int, validation: int) -> tuple[list, list, str | None]:
@@ -152,12 +133,9 @@ def read(path: Path, training: int, validation: int) -> tuple[list, list, str | 
     Returns ``(training rows, validation rows, problem)``: ``problem`` says what is missing
     (a missing or damaged log), None when every row was found.
     """
-    try:
-        blob = files.read_regular(path, limit=LIMIT, what=_WHAT)
-    except SerializationError as error:
-        return [], [], str(error)
-    except OSError as error:
-        return [], [], f"the history log {str(path)!r} cannot be read ({error.strerror or error})"
+    blob, problem = _logfile.read(path, LIMIT)
+    if problem is not None:
+        return [], [], problem
     rows: dict[str, list] = {kind: [] for kind in KINDS}
     for _, record in _whole_lines(blob):
         kind, index = record.pop("kind"), record.pop("row")

@@ -28,12 +28,13 @@ from pathlib import Path
 
 from .._core import SerializationError, files
 from .._persistence import msgpack_codec
+from . import _logfile
 
 MAGIC = b"DIFFFNLOG\x00\x01\x00"
 _RECORD = struct.Struct("<Q32s")
 NAME = re.compile(r"net_history__[0-9a-f]{16}\.difffnlog")  # what file_name gives
 LIMIT = 1 << 34  # bytes read of a log at most (16 GiB: some 10^8 rows)
-_WHAT = "the history log"
+_WHAT = _logfile.WHAT
 
 
 def file_name(run_id: str) -> str:
@@ -64,16 +65,6 @@ def _records(blob: bytes):
         offset = end
 
 
-def _folder(path: Path) -> Path:
-    folder = Path(path).parent
-    if not folder.is_dir():
-        raise SerializationError(
-            f"cannot write {str(path)!r}: the folder {str(folder)!r} does not exist. Fix: create "
-            "it first."
-        )
-    return folder
-
-
 def repair(path: Path) -> None:
     """Before a process first appends: start the file, or cut a torn tail off it (a process
     killed mid-append), so the records appended after it stay readable.
@@ -81,7 +72,7 @@ def repair(path: Path) -> None:
     Raises:
       SerializationError: the log cannot be read or written.
     """
-    folder = _folder(path)
+    folder = _logfile.folder_of(path)
     try:
         fd = files.open_regular(path, os.O_RDWR | os.O_CREAT, what=_WHAT)
         with os.fdopen(fd, "rb+") as handle:
@@ -112,20 +103,10 @@ def append(path: Path, training: tuple[int, list], validation: tuple[int, list])
     Raises:
       SerializationError: the log cannot be written (the disk, the folder).
     """
-    _folder(path)
     body = msgpack_codec().msgpack_serialize(
         {"training": [training[0], training[1]], "validation": [validation[0], validation[1]]}
     )
-    try:
-        fd = files.open_regular(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, what=_WHAT)
-        with os.fdopen(fd, "ab") as handle:
-            handle.write(_RECORD.pack(len(body), hashlib.sha256(body).digest()) + body)
-            handle.flush()
-            os.fsync(handle.fileno())
-    except OSError as error:
-        raise SerializationError(
-            f"could not write {str(path)!r}: {error.strerror or error}."
-        ) from error
+    _logfile.append(path, _RECORD.pack(len(body), hashlib.sha256(body).digest()) + body)
 
 
 def read(path: Path, training: int, validation: int) -> tuple[list, list, str | None]:
@@ -134,12 +115,9 @@ def read(path: Path, training: int, validation: int) -> tuple[list, list, str | 
     Returns ``(training rows, validation rows, problem)``: ``problem`` says what is missing
     (a missing or damaged log), None when every row was found.
     """
-    try:
-        blob = files.read_regular(path, limit=LIMIT, what=_WHAT)
-    except SerializationError as error:
-        return [], [], str(error)
-    except OSError as error:
-        return [], [], f"the history log {str(path)!r} cannot be read ({error.strerror or error})"
+    blob, problem = _logfile.read(path, LIMIT)
+    if problem is not None:
+        return [], [], problem
     if not blob.startswith(MAGIC):
         return [], [], f"{str(path)!r} is not a difffn history log"
     rows: dict[str, list] = {"training": [], "validation": []}
