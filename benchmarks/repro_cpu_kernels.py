@@ -10,6 +10,13 @@ e.g. ``--xla_cpu_experimental_ynn_fusion_type=LIBRARY_FUSION_TYPE_INDIVIDUAL_CON
    filter gradients).
 2. A dense layer's forward and both gradients at the transformer's sizes: (32*128, 128) x
    (128, 512) (the earlier profiles put ~61 % of the transformer step in matmul fusions).
+3. Attention's scores, forward and both gradients: batch 32 x 4 heads of (128, 32) x (32, 128)
+   (the transformer's ``[32x4x128x128]`` dot fusions, 10.5 % of its step in the quiet profile
+   of 2026-11-27, at about a fifth of the dense layer's arithmetic rate).
+
+On the quiet 2-core machine (2026-11-27 16:50 UTC, jax 0.10.2, torch 2.14.1) the first ran at
+30.7 GFLOP/s in XLA against 224.1 in PyTorch (7.3x slower), the second at 139.9 against 198.4;
+``docs/performance.md`` has the table.
 """
 
 from __future__ import annotations
@@ -71,7 +78,21 @@ def dense_step(rows=32 * 128, width=128, hidden=512):
     return _time(step, x, w), 3 * 2 * rows * width * hidden, (x, w)
 
 
-def _torch_times(conv_arrays, dense_arrays):
+def attention_scores(batch=32 * 4, steps=128, head=32):
+    """XLA's time of ``q @ k^T`` per head, forward and both gradients, and its FLOPs."""
+    rng = np.random.default_rng(0)
+    q = jnp.asarray(rng.standard_normal((batch, steps, head), np.float32))
+    k = jnp.asarray(rng.standard_normal((batch, steps, head), np.float32))
+
+    @jax.jit
+    def step(q, k):
+        s, back = jax.vjp(lambda q, k: jnp.einsum("btd,bsd->bts", q, k), q, k)
+        return s, back(jnp.ones_like(s))
+
+    return _time(step, q, k), 3 * 2 * batch * steps * steps * head, (q, k)
+
+
+def _torch_times(conv_arrays, dense_arrays, attention_arrays):
     import torch
 
     torch.set_num_threads(os.cpu_count() or 1)
@@ -90,8 +111,16 @@ def _torch_times(conv_arrays, dense_arrays):
         y.backward(torch.ones_like(y))
         return y
 
+    aq, ak = (torch.from_numpy(np.array(a)) for a in attention_arrays)
+
+    def scores():
+        qs, ks = aq.clone().requires_grad_(), ak.clone().requires_grad_()
+        s = torch.bmm(qs, ks.transpose(1, 2))
+        s.backward(torch.ones_like(s))
+        return s
+
     out = []
-    for fn in (conv_grad, dense):
+    for fn in (conv_grad, dense, scores):
         fn()
         times = []
         for _ in range(REPEATS):
@@ -105,15 +134,17 @@ def _torch_times(conv_arrays, dense_arrays):
 def main() -> int:
     conv_s, conv_flops, conv_arrays = conv_filter_gradient()
     dense_s, dense_flops, dense_arrays = dense_step()
+    scores_s, scores_flops, scores_arrays = attention_scores()
     print(f"jax {jax.__version__}, XLA_FLAGS={os.environ.get('XLA_FLAGS', '')!r}, "
           f"{os.cpu_count()} cores, median of {REPEATS}")  # fmt: skip
     rows = [
         ("conv 3x3 filter gradient", conv_s, conv_flops),
         ("dense fwd+bwd", dense_s, dense_flops),
+        ("attention scores fwd+bwd", scores_s, scores_flops),
     ]
-    torch_s = [None, None]
+    torch_s = [None, None, None]
     if importlib.util.find_spec("torch") is not None:
-        torch_s = _torch_times(conv_arrays, dense_arrays)
+        torch_s = _torch_times(conv_arrays, dense_arrays, scores_arrays)
     for (name, seconds, flops), other in zip(rows, torch_s):
         line = f"{name:26s} XLA {seconds * 1e3:8.2f} ms ({flops / seconds / 1e9:6.1f} GFLOP/s)"
         if other is not None:

@@ -56,3 +56,19 @@ def test_summary_groups_and_shares():
     assert [r[0] for r in rows] == ["dot", "elementwise"]
     np.testing.assert_allclose([r[1] for r in rows], [0.4, 0.1])
     np.testing.assert_allclose([r[2] for r in rows], [0.8, 0.2])
+
+
+def test_the_kernel_reproducer_times_the_kernels_it_names(monkeypatch, capsys):
+    """benchmarks/repro_cpu_kernels.py: every kernel it reports runs and is reported with its
+    time and rate (torch hidden, as in CI), and the attention kernel counts its FLOPs right."""
+    from benchmarks import repro_cpu_kernels
+
+    monkeypatch.setattr(repro_cpu_kernels, "REPEATS", 1)
+    seconds, flops, (q, k) = repro_cpu_kernels.attention_scores(batch=2, steps=8, head=4)
+    assert seconds > 0 and flops == 3 * 2 * 2 * 8 * 8 * 4
+    assert q.shape == k.shape == (2, 8, 4)
+    monkeypatch.setattr(repro_cpu_kernels.importlib.util, "find_spec", lambda name: None)
+    assert repro_cpu_kernels.main() == 0
+    out = capsys.readouterr().out
+    for row in ("conv 3x3 filter gradient", "dense fwd+bwd", "attention scores fwd+bwd"):
+        assert re.search(rf"{re.escape(row)}\s+XLA\s+[\d.]+ ms \(\s*[\d.]+ GFLOP/s\)", out), out

@@ -196,6 +196,30 @@ def test_cosine_takes_matlabs_property_names():
     assert rates(older, 1, 4) == rates(matlab, 1, 4)
 
 
+def test_cosine_takes_period_growth_factor_and_inf_as_matlab_scripts_write_it():
+    # cosineLearnRate(Period=4, PeriodGrowthFactor=Inf): one decay, then an endless period
+    o = df.TrainingOptions(
+        learn_rate_schedule="cosine",
+        learn_rate_schedule_settings={"period": 4, "period_growth_factor": math.inf},
+    )
+    expected = [0.01 * (1 + math.cos(math.pi * t / 4)) / 2 for t in range(4)]
+    assert rates(o, 1, 7) == pytest.approx(expected + [0.01] * 3)
+    growth = df.TrainingOptions(
+        learn_rate_schedule="cosine",
+        learn_rate_schedule_settings={"period": 4, "period_growth_factor": 2},
+    )
+    older = df.TrainingOptions(
+        learn_rate_schedule="cosine",
+        learn_rate_schedule_settings={"period": 4, "period_growth": 2},
+    )
+    assert rates(growth, 1, 13) == rates(older, 1, 13)
+    with pytest.raises(df.OptionsError, match=r"'period_growth_factor'\] must be at least 1"):
+        df.TrainingOptions(
+            learn_rate_schedule="cosine",
+            learn_rate_schedule_settings={"period_growth_factor": 0.5},
+        )
+
+
 def test_cosine_refuses_a_factor_under_both_names():
     with pytest.raises(df.OptionsError) as raised:
         df.TrainingOptions(

@@ -19,11 +19,14 @@ iterations, per its ``frequency_unit``), from 0.
 * ``"exponential"``: ``initial_factor * drop_factor ** (k / period)``. Settings:
   ``initial_factor`` 1, ``drop_factor`` 0.9, ``period`` 1; unit epoch.
 * ``"cosine"``: ``min + (max - min) * (1 + cos(pi * t / P)) / 2`` with warm restarts: ``t``
-  counts from the last restart and each period is ``period_growth`` times the previous one.
-  Settings: ``initial_factor`` (alias ``max_factor``) 1, ``final_factor`` (alias
-  ``min_factor``) 0, ``period`` (default: the whole training), ``period_growth`` 1; unit epoch.
-  MathWorks' ``cosineLearnRate`` names its factors InitialFactor and FinalFactor; the earlier
-  names ``max_factor``/``min_factor`` are kept as synonyms.
+  counts from the last restart and each period is ``period_growth_factor`` times the previous
+  one. Settings: ``initial_factor`` (alias ``max_factor``) 1, ``final_factor`` (alias
+  ``min_factor``) 0, ``period`` (default: the whole training), ``period_growth_factor`` (alias
+  ``period_growth``) 1, which may be ``math.inf`` (MATLAB scripts write
+  ``PeriodGrowthFactor=Inf``): the period after the first is then endless, so the factor
+  returns to ``initial_factor`` after the first period and stays there; unit epoch. MathWorks'
+  ``cosineLearnRate`` names its factors InitialFactor and FinalFactor; the earlier names
+  ``max_factor``/``min_factor``/``period_growth`` are kept as synonyms.
 * ``"cyclical"``: triangular, from 1 up to ``max_factor`` (10) during the first ``step_ratio``
   (0.5) of each ``period`` (10), then back down; unit epoch.
 
@@ -84,7 +87,11 @@ DEFAULTS: dict[str, dict[str, Any]] = {
 # and FinalFactor; difffn's cosine first named them max_factor/min_factor, and saved settings
 # keep those keys).
 SYNONYMS: dict[str, dict[str, str]] = {
-    "cosine": {"initial_factor": "max_factor", "final_factor": "min_factor"},
+    "cosine": {
+        "initial_factor": "max_factor",
+        "final_factor": "min_factor",
+        "period_growth_factor": "period_growth",
+    },
 }
 for _name, _settings in DEFAULTS.items():
     if _name != "none":
@@ -111,9 +118,9 @@ def _check_setting(schedule: str, key: str, value):
         raise OptionsError(f"{where} must be positive and finite; got {value!r}.")
     if key == "step_ratio" and not 0 < value < 1:
         raise OptionsError(f"{where} must be in (0, 1); got {value!r}.")
-    if key == "period_growth" and not 1 <= value < _INF:
-        raise OptionsError(f"{where} must be at least 1; got {value!r}.")
-    if key.endswith("factor") and not 0 <= value < _INF:
+    if key in ("period_growth", "period_growth_factor") and not value >= 1:
+        raise OptionsError(f"{where} must be at least 1 (or math.inf); got {value!r}.")
+    if key.endswith("factor") and key != "period_growth_factor" and not 0 <= value < _INF:
         raise OptionsError(f"{where} must be non-negative and finite; got {value!r}.")
     return value
 
@@ -278,8 +285,8 @@ def _cosine(s: dict[str, Any], k: np.ndarray) -> np.ndarray:
         local[inside], length[inside] = k[inside] - start, period
         todo &= ~inside
         start, period = start + period, period * s["period_growth"]
-    shape = np.empty(k.shape)
-    for value in np.unique(length):
+    shape = np.ones(k.shape)  # an endless period (growth math.inf) stays at its start: cos(0)
+    for value in np.unique(length[np.isfinite(length)]):
         at = length == value
         shape[at] = optax.cosine_decay_schedule(1.0, decay_steps=value)(local[at])
     return s["min_factor"] + (s["max_factor"] - s["min_factor"]) * shape
