@@ -14,9 +14,9 @@ e.g. ``--xla_cpu_experimental_ynn_fusion_type=LIBRARY_FUSION_TYPE_INDIVIDUAL_CON
    (the transformer's ``[32x4x128x128]`` dot fusions, 10.5 % of its step in the quiet profile
    of 2026-11-27, at about a fifth of the dense layer's arithmetic rate).
 
-On the quiet 2-core machine (2026-11-27 16:50 UTC, jax 0.10.2, torch 2.14.1) the first ran at
-30.7 GFLOP/s in XLA against 224.1 in PyTorch (7.3x slower), the second at 139.9 against 198.4;
-``docs/performance.md`` has the table.
+On the quiet 2-core machine (2026-11-27 16:37 UTC, jax 0.10.2, torch 2.14.1) the first ran at
+23.6 GFLOP/s in XLA against 235.3 in PyTorch (10.0x slower), the second at 170.7 against
+222.7, the third at 52.0 against 128.9; ``docs/performance.md`` has the table.
 """
 
 from __future__ import annotations
@@ -51,17 +51,17 @@ def conv_filter_gradient(n=64, size=32, c_in=16, c_out=16, k=3):
     w = jnp.asarray(rng.standard_normal((k, k, c_in, c_out), np.float32))
     dy = jnp.asarray(rng.standard_normal((n, size, size, c_out), np.float32))
 
-    def conv(w):
-        return jax.lax.conv_general_dilated(
-            x, w, (1, 1), "SAME", dimension_numbers=("NHWC", "HWIO", "NHWC")
-        )
-
     @jax.jit
-    def filter_gradient(w, dy):
+    def filter_gradient(x, w, dy):  # x an argument: a constant would be pre-transposed by XLA
+        def conv(w):
+            return jax.lax.conv_general_dilated(
+                x, w, (1, 1), "SAME", dimension_numbers=("NHWC", "HWIO", "NHWC")
+            )
+
         return jax.vjp(conv, w)[1](dy)[0]
 
     flops = 2 * n * size * size * c_in * c_out * k * k
-    return _time(filter_gradient, w, dy), flops, (x, w, dy)
+    return _time(filter_gradient, x, w, dy), flops, (x, w, dy)
 
 
 def dense_step(rows=32 * 128, width=128, hidden=512):
