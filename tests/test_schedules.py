@@ -218,6 +218,14 @@ def test_cosine_takes_period_growth_factor_and_inf_as_matlab_scripts_write_it():
             learn_rate_schedule="cosine",
             learn_rate_schedule_settings={"period_growth_factor": 0.5},
         )
+    with pytest.raises(df.OptionsError) as raised:
+        df.TrainingOptions(
+            learn_rate_schedule="cosine",
+            learn_rate_schedule_settings={"period_growth_factor": 2, "period_growth": 2},
+        )
+    message = str(raised.value)
+    assert "'period_growth_factor' and 'period_growth'" in message
+    assert "keep 'period_growth_factor'" in message
 
 
 def test_cosine_refuses_a_factor_under_both_names():

@@ -83,9 +83,9 @@ DEFAULTS: dict[str, dict[str, Any]] = {
     "cosine": {"max_factor": 1.0, "min_factor": 0.0, "period": None, "period_growth": 1.0},
     "cyclical": {"max_factor": 10.0, "period": 10.0, "step_ratio": 0.5},
 }
-# MATLAB's property names that difffn stores under another key (cosineLearnRate's InitialFactor
-# and FinalFactor; difffn's cosine first named them max_factor/min_factor, and saved settings
-# keep those keys).
+# MATLAB's property names that difffn stores under another key (cosineLearnRate's InitialFactor,
+# FinalFactor and PeriodGrowthFactor; difffn's cosine first named them max_factor, min_factor
+# and period_growth, and saved settings keep those keys).
 SYNONYMS: dict[str, dict[str, str]] = {
     "cosine": {
         "initial_factor": "max_factor",
