@@ -60,4 +60,4 @@ lint: $(VENV)/.installed-dev
 	$(VENV)/bin/ruff format --check difffn tests examples benchmarks tools docs/hooks
 
 clean:
-	rm -rf $(VENV) $(OLDEST) .pytest_cache .hypothesis site dist
+	rm -rf $(VENV) $(OLDEST) .pytest_cache .hypothesis site dist elu_digits_logs elu_digits_network.png elu_digits_training_progress.png
