@@ -169,20 +169,21 @@ def test_placeholders_keep_the_shapes_when_the_operator_has_no_output_type():
     np.testing.assert_allclose(np.asarray(df.stripdims(y)), expected, rtol=1e-4, atol=1e-5)
 
 
-def _custom_then_flatten(custom: bool):
-    """x (N, 3, 8, 8) -> op (8x8 -> 16x16; the custom one has no output type) -> Relu ->
-    Flatten -> Gemm (768 -> 5). Nothing before the Gemm says the size: only the replacement.
-    ``custom=False``: the op is ONNX's own nearest Resize by 2 (the reference)."""
-    rng = np.random.default_rng(0)
-    inits = [numpy_helper.from_array(0.05 * rng.standard_normal((5, 768)).astype(np.float32), "fc")]
+def _upsampling_node(source: str, custom: bool, inits: list):
+    """The custom ``Upsample2x`` (no output type), or ONNX's own nearest Resize by 2 (the
+    reference; its scales join ``inits``), from ``source`` to ``"u"``."""
     if custom:
-        first = helper.make_node("Upsample2x", ["x"], ["u"], name="/up", domain="my.ops")
-    else:
-        inits.append(numpy_helper.from_array(np.array([1, 1, 2, 2], np.float32), "scales"))
-        first = helper.make_node("Resize", ["x", "", "scales"], ["u"], name="/up", mode="nearest")
+        return helper.make_node("Upsample2x", [source], ["u"], name="/up", domain="my.ops")
+    inits.append(numpy_helper.from_array(np.array([1, 1, 2, 2], np.float32), "scales"))
+    return helper.make_node("Resize", [source, "", "scales"], ["u"], name="/up", mode="nearest")
+
+
+def _classified(nodes, source: str, inits, custom: bool):
+    """The model of ``nodes`` then Relu -> Flatten -> Gemm (``fc``, 5 classes) from ``source``,
+    for x (N, 3, 8, 8)."""
     nodes = [
-        first,
-        helper.make_node("Relu", ["u"], ["r"], name="/relu"),
+        *nodes,
+        helper.make_node("Relu", [source], ["r"], name="/relu"),
         helper.make_node("Flatten", ["r"], ["f"], name="/flatten", axis=1),
         helper.make_node("Gemm", ["f", "fc"], ["y"], name="/fc/Gemm", transB=1),
     ]
@@ -192,6 +193,15 @@ def _custom_then_flatten(custom: bool):
     )  # fmt: skip
     opsets = [helper.make_opsetid("", 17)] + ([helper.make_opsetid("my.ops", 1)] if custom else [])
     return helper.make_model(graph, opset_imports=opsets)
+
+
+def _custom_then_flatten(custom: bool):
+    """x (N, 3, 8, 8) -> op (8x8 -> 16x16; the custom one has no output type) -> Relu ->
+    Flatten -> Gemm (768 -> 5). Nothing before the Gemm says the size: only the replacement.
+    ``custom=False``: the op is ONNX's own nearest Resize by 2 (the reference)."""
+    rng = np.random.default_rng(0)
+    inits = [numpy_helper.from_array(0.05 * rng.standard_normal((5, 768)).astype(np.float32), "fc")]
+    return _classified([_upsampling_node("x", custom, inits)], "u", inits, custom)
 
 
 def _upsample(name):
@@ -243,28 +253,15 @@ def _skip_connection(custom: bool):
         numpy_helper.from_array(0.2 * rng.standard_normal((4, 6, 3, 3)).astype(np.float32), "w"),
         numpy_helper.from_array(0.05 * rng.standard_normal((5, 256)).astype(np.float32), "fc"),
     ]
-    if custom:
-        up = helper.make_node("Upsample2x", ["p"], ["u"], name="/up", domain="my.ops")
-    else:
-        inits.append(numpy_helper.from_array(np.array([1, 1, 2, 2], np.float32), "scales"))
-        up = helper.make_node("Resize", ["p", "", "scales"], ["u"], name="/up", mode="nearest")
     nodes = [
         helper.make_node(
             "MaxPool", ["x"], ["p"], name="/pool", kernel_shape=[2, 2], strides=[2, 2]
         ),
-        up,
+        _upsampling_node("p", custom, inits),
         helper.make_node("Concat", ["u", "x"], ["c"], name="/cat", axis=1),
         helper.make_node("Conv", ["c", "w"], ["v"], name="/conv", pads=[1, 1, 1, 1]),
-        helper.make_node("Relu", ["v"], ["r"], name="/relu"),
-        helper.make_node("Flatten", ["r"], ["f"], name="/flatten", axis=1),
-        helper.make_node("Gemm", ["f", "fc"], ["y"], name="/fc/Gemm", transB=1),
     ]
-    graph = helper.make_graph(
-        nodes, "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["N", 3, 8, 8])],
-        [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["N", 5])], inits,
-    )  # fmt: skip
-    opsets = [helper.make_opsetid("", 17)] + ([helper.make_opsetid("my.ops", 1)] if custom else [])
-    return helper.make_model(graph, opset_imports=opsets)
+    return _classified(nodes, "v", inits, custom)
 
 
 def test_a_skip_connection_after_a_placeholder_takes_the_other_inputs_sizes():
