@@ -14,9 +14,9 @@ from helpers import run_python, unwritable_folder
 import difffn as df
 from difffn._network import compilation_cache as _compilation_cache
 
-# Trains a tiny network with the cache in argv[1]; prints the cache hits JAX's monitoring events
-# counted and the misses it logged (jax_explain_cache_misses logs each persistent-cache miss).
-TRAIN = """
+# The start of both scripts below: counts the cache hits JAX's monitoring events report and
+# the misses it logs (jax_explain_cache_misses logs each persistent-cache miss).
+LISTEN = """
 import json, logging, sys
 import jax, numpy as np
 import difffn as df
@@ -27,6 +27,12 @@ jax.config.update("jax_explain_cache_misses", True)
 handler = logging.Handler()
 handler.emit = lambda record: misses.append(record.getMessage())
 logging.getLogger("jax._src.compiler").addHandler(handler)
+"""
+
+# Trains a tiny network with the cache in argv[1]; prints the hits and misses.
+TRAIN = (
+    LISTEN
+    + """
 jax.jit(lambda x: x + 1)(1.0)  # compiled before the cache is on: trainnet must still turn it on
 net = df.Network([df.layers.FeatureInput(2, name="in"), df.layers.FullyConnected(1, name="fc")])
 X = np.arange(16, dtype=np.float32).reshape(8, 2) / 16
@@ -41,6 +47,7 @@ print(json.dumps({
     "loss": [float(v) for v in info.training_history["loss"]],
 }))
 """
+)
 
 
 def _train(folder, env=None) -> dict:
@@ -172,17 +179,9 @@ def test_entries_of_an_unbounded_run_get_a_last_use(tmp_path):
 # Builds and initializes a network (no training) with the default option; prints what the
 # initialization compiled or read back, and its learnables. With argv[1] == "then-off", a
 # trainnet(compilation_cache=None) follows and the folder in use after it is printed.
-INITIALIZE = """
-import json, logging, sys
-import jax, numpy as np
-import difffn as df
-
-events, misses = [], []
-jax.monitoring.register_event_listener(lambda name, **kwargs: events.append(name))
-jax.config.update("jax_explain_cache_misses", True)
-handler = logging.Handler()
-handler.emit = lambda record: misses.append(record.getMessage())
-logging.getLogger("jax._src.compiler").addHandler(handler)
+INITIALIZE = (
+    LISTEN
+    + """
 layers = [df.layers.ImageInput((8, 8, 3), name="in"), df.layers.Conv2D(3, 4, name="conv"),
           df.layers.BatchNorm(name="bn"), df.layers.ReLU(name="relu")]
 net = df.Network(layers).initialize(key=jax.random.key(0))
@@ -199,6 +198,7 @@ if sys.argv[1] == "then-off":
     result["dir_after_off"] = jax.config.jax_compilation_cache_dir
 print(json.dumps(result))
 """
+)
 
 
 def test_initialize_turns_the_cache_on_so_a_second_run_does_not_compile_it(tmp_path):
