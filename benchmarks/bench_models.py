@@ -111,18 +111,23 @@ def _batch(X, T, b, size):
 _SETUP = {}  # the latest difffn setup's time to build and initialize its network
 
 
-def _difffn(model, sizes, X, T, net, cache=None):
-    start = time.perf_counter()
-    net = model.difffn_network(sizes)  # building the network is part of difffn's setup
-    jax.block_until_ready(jax.tree.leaves(net))
-    _SETUP["initialize_s"] = time.perf_counter() - start
-    options = df.TrainingOptions(
+def difffn_options(sizes, cache=None) -> df.TrainingOptions:
+    """difffn's training options in every loop of this benchmark (and its profile)."""
+    return df.TrainingOptions(
         mini_batch_size=sizes.batch,
         shuffle="never",
         l2_regularization=0.0,
         verbose=False,
         compilation_cache=cache,
     )
+
+
+def _difffn(model, sizes, X, T, net, cache=None):
+    start = time.perf_counter()
+    net = model.difffn_network(sizes)  # building the network is part of difffn's setup
+    jax.block_until_ready(jax.tree.leaves(net))
+    _SETUP["initialize_s"] = time.perf_counter() - start
+    options = difffn_options(sizes, cache)
 
     def train(epochs):
         trained, info = df.trainnet(X, T, net, "crossentropy", options.replace(max_epochs=epochs))

@@ -151,14 +151,7 @@ def jax_worker(model_name: str, steps: int, quick: bool) -> None:
     sizes = model.QUICK if quick else model.FULL
     X, T = model.data(sizes, steps)
     net = model.difffn_network(sizes)
-    options = df.TrainingOptions(
-        mini_batch_size=sizes.batch,
-        shuffle="never",
-        l2_regularization=0.0,
-        verbose=False,
-        compilation_cache=None,
-        max_epochs=1,
-    )
+    options = bench_models.difffn_options(sizes).replace(max_epochs=1)
     jax.block_until_ready(jax.tree.leaves(df.trainnet(X, T, net, "crossentropy", options)[0]))
     trace = tempfile.mkdtemp(prefix="difffn-trace-")
     start = time.perf_counter()
