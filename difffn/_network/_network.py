@@ -28,6 +28,7 @@ from .._layer import LEARNABLE, STATE, InputLayer, Layer, NetworkBase, Parameter
 from .._layer import parameters as _parameters
 from . import _cache, _compilation_cache, _execute, _graph_edit, _network_inputs, _plot, _summary
 from ._graph import Graph, build_graph, flatten_layers, name_layers
+from ._merged_draws import merged_draws
 from ._propagate import propagate, resolve_layouts
 
 _KEEP = object()  # with_layers: keep the recorded layouts
@@ -370,26 +371,24 @@ class Network(NetworkBase):
         tracing = any(isinstance(v, Tracer) for v in jax.tree.leaves((self, key)))
         if self.acceleratable and not tracing:
             # One compiled program for every initializer: compiling each random draw on its
-            # own (eagerly) costs seconds. It runs once, so XLA's optimizations are not worth
-            # their compile time (a CNN's initializers: 0.4 s instead of 1.6 s). The persistent
-            # cache is on from here ("auto", as trainnet's default): a second run of the script
-            # reads this program back instead of compiling it.
+            # own (eagerly) costs seconds. Its independent Threefry draws run as one call per
+            # depth (_merged_draws: the same values, a third of the kernels). It runs once, so
+            # XLA's optimizations are not worth their compile time, nor are XLA:CPU's MLIR
+            # fusion emitters, slower to compile than its classic ones (the benchmark
+            # transformer's initializers: 0.24 s of compiling instead of 0.89 s). The
+            # persistent cache is on from here ("auto", as trainnet's default): a second run
+            # of the script reads this program back instead of compiling it.
             _compilation_cache.use("auto", "Network.initialize")
+
+            def initializers(net: Network, key: jax.Array) -> Network:
+                return propagate(net, layouts, key, abstract=False)
+
             try:
-                traced = jax.jit(
-                    lambda net, key: propagate(net, layouts, key, abstract=False)
-                ).trace(self, key)
+                traced = jax.jit(merged_draws(initializers)).trace(self, key)
             except (*CONCRETIZATION_ERRORS, AccelerationError):
                 pass  # an initialize with Python logic on values: run it eagerly instead
             else:
-                lowered = traced.lower()
-                try:
-                    # jax types compiler options as str | bool; XLA reads this one as an int
-                    options = {"xla_backend_optimization_level": 0}
-                    compiled = lowered.compile(options)  # pyright: ignore[reportArgumentType]
-                except Exception:  # noqa: BLE001 - a backend without the option: defaults
-                    compiled = lowered.compile()
-                return compiled(self, key)
+                return _compile_once(traced.lower())(self, key)
         return propagate(self, layouts, key, abstract=False)
 
     # -- running ---------------------------------------------------------------------------------
@@ -631,3 +630,21 @@ class Network(NetworkBase):
             f"Network({len(self._layers)} layers, inputs={list(self.input_names)}, "
             f"outputs={list(self.output_names)}, {learnables:,} learnables, {state})"
         )
+
+
+# A program that runs once: XLA's optimizations and its CPU fusion emitters cost more compile
+# time than they save (jax types compiler options as str | bool; XLA reads the level as an int).
+_RUN_ONCE_OPTIONS: tuple[dict[str, Any], ...] = (
+    {"xla_backend_optimization_level": 0, "xla_cpu_use_fusion_emitters": False},
+    {"xla_backend_optimization_level": 0},
+)
+
+
+def _compile_once(lowered: Any) -> Any:
+    """``lowered`` compiled for one run: the first options the backend takes, else defaults."""
+    for options in _RUN_ONCE_OPTIONS:
+        try:
+            return lowered.compile(options)
+        except Exception:  # noqa: BLE001 - a backend without the option (a GPU has no CPU emitters)
+            continue
+    return lowered.compile()
