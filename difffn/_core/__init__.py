@@ -4,7 +4,7 @@ The `df.Error` family; `who(layer)` and the other words of messages; format labe
 `FormattedArray`, `dlarray`/`dims`/`finddim`/`stripdims`/`permute`, `Layout`; what counts as a
 key; opening files without leaving the user's folder (`files`); strings, ragged lists and complex
 data named before JAX sees them; observations along the batch axis; padding masks; what a user
-method takes (signatures); running user code so that what JAX cannot trace is a named error.
+method takes (signatures); compiling set-up programs that run once (`run_once`); running user code so that what JAX cannot trace is a named error.
 
 This file is the package's internal API: the floors above import these names from here, and
 nothing else from the package's modules (tests/test_architecture.py holds it).
@@ -25,6 +25,8 @@ from ._describe import is_array as is_array
 from ._describe import raised_at as raised_at
 from ._describe import short as short
 from ._describe import who as who
+from ._run_once import compile_once as compile_once
+from ._run_once import run_once as run_once
 from ._errors import AccelerationError as AccelerationError
 from ._errors import BackwardError as BackwardError
 from ._errors import CheckError as CheckError
@@ -112,6 +114,7 @@ __all__ = [
     "batch_axis",
     "batches",
     "check_key",
+    "compile_once",
     "check_numbers",
     "count",
     "dims",
@@ -135,5 +138,6 @@ __all__ = [
     "type_name",
     "user_code",
     "value_axes",
+    "run_once",
     "who",
 ]

@@ -46,9 +46,12 @@ def count(x, axis: int) -> int:
 
 
 def as_device_array(x):
-    """A jax array (formats kept); numpy data is copied to the default device."""
+    """A jax array (formats kept); numpy data is copied to the default device (by
+    ``jax.device_put``, which converts on the host: ``jnp.asarray`` compiles a program)."""
     if isinstance(x, FormattedArray):
         return x
+    if isinstance(x, np.ndarray):
+        return jax.device_put(x)
     return jnp.asarray(x)
 
 

@@ -22,7 +22,14 @@ from typing import Any
 import jax
 from jax.core import Tracer
 
-from .._core import CONCRETIZATION_ERRORS, AccelerationError, Layout, NetworkError, check_key
+from .._core import (
+    CONCRETIZATION_ERRORS,
+    AccelerationError,
+    Layout,
+    NetworkError,
+    check_key,
+    compile_once,
+)
 from .._core import mask as _mask
 from .._layer import LEARNABLE, STATE, InputLayer, Layer, NetworkBase, ParameterTable
 from .._layer import parameters as _parameters
@@ -372,12 +379,11 @@ class Network(NetworkBase):
         if self.acceleratable and not tracing:
             # One compiled program for every initializer: compiling each random draw on its
             # own (eagerly) costs seconds. Its independent Threefry draws run as one call per
-            # depth (_merged_draws: the same values, a third of the kernels). It runs once, so
-            # XLA's optimizations are not worth their compile time, nor are XLA:CPU's MLIR
-            # fusion emitters, slower to compile than its classic ones (the benchmark
-            # transformer's initializers: 0.24 s of compiling instead of 0.89 s). The
-            # persistent cache is on from here ("auto", as trainnet's default): a second run
-            # of the script reads this program back instead of compiling it.
+            # depth (_merged_draws: the same values, a third of the kernels), compiled for one
+            # run (_core.compile_once: the benchmark transformer's initializers 0.24 s of
+            # compiling instead of 0.89 s). The persistent cache is on from here ("auto", as
+            # trainnet's default): a second run of the script reads this program back instead
+            # of compiling it.
             _compilation_cache.use("auto", "Network.initialize")
 
             def initializers(net: Network, key: jax.Array) -> Network:
@@ -388,7 +394,7 @@ class Network(NetworkBase):
             except (*CONCRETIZATION_ERRORS, AccelerationError):
                 pass  # an initialize with Python logic on values: run it eagerly instead
             else:
-                return _compile_once(traced.lower())(self, key)
+                return compile_once(traced.lower())(self, key)
         return propagate(self, layouts, key, abstract=False)
 
     # -- running ---------------------------------------------------------------------------------
@@ -631,20 +637,3 @@ class Network(NetworkBase):
             f"outputs={list(self.output_names)}, {learnables:,} learnables, {state})"
         )
 
-
-# A program that runs once: XLA's optimizations and its CPU fusion emitters cost more compile
-# time than they save (jax types compiler options as str | bool; XLA reads the level as an int).
-_RUN_ONCE_OPTIONS: tuple[dict[str, Any], ...] = (
-    {"xla_backend_optimization_level": 0, "xla_cpu_use_fusion_emitters": False},
-    {"xla_backend_optimization_level": 0},
-)
-
-
-def _compile_once(lowered: Any) -> Any:
-    """``lowered`` compiled for one run: the first options the backend takes, else defaults."""
-    for options in _RUN_ONCE_OPTIONS:
-        try:
-            return lowered.compile(options)
-        except Exception:  # noqa: BLE001 - a backend without the option (a GPU has no CPU emitters)
-            continue
-    return lowered.compile()

@@ -16,6 +16,7 @@ from typing import Any
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 from .._core import Error, FormattedArray, Layout, NetworkError, dims, dlarray, raised_at
 from .._layer import InputLayer, Layer, call_layer
@@ -105,6 +106,13 @@ class _Failed(Exception):
     def __init__(self, index: int, error: BaseException):
         super().__init__(index)
         self.index, self.error = index, error
+
+
+
+def _placeholder_key() -> jax.Array:
+    """``jax.random.key(0)``'s value, made on the host: a key for checking layouts, where no
+    value is kept (``jax.random.key`` compiles two programs on its first call)."""
+    return jax.random.wrap_key_data(np.zeros(2, np.uint32), impl="threefry2x32")
 
 
 def propagate(net, input_layouts, key, *, abstract: bool, previous=None):
@@ -215,7 +223,7 @@ def _propagate_at(net, input_layouts, key, abstract, previous, length):
                 out_layouts[(i, o)] = lo
                 out_sizes[(i, o)] = _concrete(lo, length)
             continue
-        layer_key = jax.random.fold_in(key, i) if key is not None else jax.random.key(0)
+        layer_key = jax.random.fold_in(key, i) if key is not None else _placeholder_key()
         try:
             if abstract and layer.acceleratable:
                 layer = jax.eval_shape(

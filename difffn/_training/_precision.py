@@ -22,6 +22,7 @@ from typing import Any, NamedTuple
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16, "float16": jnp.float16}
 
@@ -87,10 +88,10 @@ class Policy:
 
             # flax annotates fin_steps as an int; its own update makes it an array, as here
             dynamic = DynamicScale(
-                fin_steps=jnp.zeros((), jnp.int32),  # pyright: ignore[reportArgumentType]
-                scale=jnp.float32(2**16),
+                fin_steps=_scalar(0, np.int32),  # pyright: ignore[reportArgumentType]
+                scale=_scalar(2**16, np.float32),
             )
-        return Scaling(dynamic, jnp.zeros((), jnp.int32))
+        return Scaling(dynamic, _scalar(0, np.int32))
 
     def value_and_grad(self, objective, learnables, scaling: Scaling):
         """``objective(learnables) -> (loss, aux)`` differentiated, with loss scaling for float16.
@@ -131,6 +132,12 @@ def restore_scaling(policy: Policy, saved: dict | None) -> Scaling:
     dynamic = scaling.dynamic
     if dynamic is not None and saved.get("scale") is not None:
         dynamic = dynamic.replace(
-            scale=jnp.float32(saved["scale"]), fin_steps=jnp.int32(saved["fin_steps"])
+            scale=_scalar(saved["scale"], np.float32),
+            fin_steps=_scalar(saved["fin_steps"], np.int32),
         )
-    return Scaling(dynamic, jnp.int32(saved["skipped"]))
+    return Scaling(dynamic, _scalar(saved["skipped"], np.int32))
+
+
+def _scalar(value, dtype) -> jax.Array:
+    """A scalar on the default device, made on the host (``jnp.int32(0)`` compiles a program)."""
+    return jax.device_put(np.asarray(value, dtype))

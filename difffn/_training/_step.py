@@ -34,7 +34,7 @@ import jax.numpy as jnp
 import optax
 
 from .._batching import sequence_source as _seq
-from .._core import OptionsError, stripdims
+from .._core import OptionsError, run_once, stripdims
 from .._core import batches as _batches
 from .._core import user_code as _user_code
 from .._devices import optimizer_shardings
@@ -159,12 +159,13 @@ class Steps:
         self._jitted: dict = {}
 
     def init_state(self, learnables):
-        """The optimizer state of ``learnables``, laid out like them (optax ``init``, jitted)."""
+        """The optimizer state of ``learnables``, laid out like them (optax ``init``, jitted and
+        compiled for its one run)."""
         shapes = jax.eval_shape(self.tx.init, learnables)
         self.opt_shardings = optimizer_shardings(
             self.tx, shapes, self.learnable_shardings, self.placement
         )
-        return jax.jit(self.tx.init, out_shardings=self.opt_shardings)(learnables)
+        return run_once(self.tx.init, learnables, out_shardings=self.opt_shardings)
 
     def _carry_shardings(self):
         replicated = self.placement.replicated

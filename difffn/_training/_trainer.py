@@ -38,7 +38,7 @@ from .._batching import (
     validation_batches,
 )
 from .._batching import sequence_source as _seq
-from .._core import FormattedArray, Layout, OptionsError, check_key
+from .._core import FormattedArray, Layout, OptionsError, check_key, run_once
 from .._core import batches as _batches
 from .._devices import Placement, agree, learnable_layout, watching
 from .._layer import Layer, learnable_mask
@@ -254,7 +254,9 @@ class _Run:
         )
         self.policy = Policy(options.precision)
         self.reporter: _progress.Reporter | None = None  # made by train()
-        init_key, shuffle_key, step_key = jax.random.split(key, 3)
+        # one small program, compiled for one run (jax.random.split and unpacking its result
+        # eagerly compile two programs with all of XLA's optimizations)
+        init_key, shuffle_key, step_key = run_once(lambda k: tuple(jax.random.split(k, 3)), key)
         net = self._setup_data(data, net, init_key, loss_fn, loss)
         net, fingerprint = self._resume_network(net, loss, key, checkpoint)
         self._setup_writer(fingerprint, key, checkpoint)
@@ -384,7 +386,7 @@ class _Run:
         state = self.state
         state.opt_state = put(state.opt_state, self.steps.opt_shardings)
         state.key = put(state.key)
-        state.nan_at = put(jnp.zeros((), jnp.int32))
+        state.nan_at = put(np.zeros((), np.int32))  # from the host: no program to compile
         saved = checkpoint.payload.get("scaling") if checkpoint is not None else None
         state.scaling = put(restore_scaling(self.policy, saved))
 
