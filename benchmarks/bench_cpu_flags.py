@@ -56,6 +56,15 @@ CANDIDATES = {
     },
     "tiling propagation": {"xla_cpu_experimental_enable_tiling_propagation": True},
     "fast min/max": {"xla_cpu_enable_fast_min_max": True},
+    # the default's YNNPACK fusions less some (issue 29, the quiet machine: its convolutions)
+    "ynnpack off": {"xla_cpu_experimental_ynn_fusion_type": ""},
+    "ynnpack reduce": {"xla_cpu_experimental_ynn_fusion_type": f"{_T}REDUCE"},
+    "ynnpack dot+reduce": {"xla_cpu_experimental_ynn_fusion_type": f"{_T}INDIVIDUAL_DOT,{_T}REDUCE"},
+    "ynnpack dot+reduce+conv": {
+        "xla_cpu_experimental_ynn_fusion_type": (
+            f"{_T}INDIVIDUAL_DOT,{_T}REDUCE,{_T}INDIVIDUAL_CONVOLUTION"
+        )
+    },
 }
 STEPS = {False: 3, True: 2}
 ROUNDS = {False: 3, True: 1}

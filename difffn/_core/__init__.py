@@ -4,7 +4,9 @@ The `df.Error` family; `who(layer)` and the other words of messages; format labe
 `FormattedArray`, `dlarray`/`dims`/`finddim`/`stripdims`/`permute`, `Layout`; what counts as a
 key; opening files without leaving the user's folder (`files`); strings, ragged lists and complex
 data named before JAX sees them; observations along the batch axis; padding masks; what a user
-method takes (signatures); compiling set-up programs that run once (`run_once`); running user code so that what JAX cannot trace is a named error.
+method takes (signatures); the XLA compile options of set-up programs (`run_once`) and of
+difffn's CPU kernels (`kernel_options`); running user code so that what JAX cannot trace is a
+named error.
 
 This file is the package's internal API: the floors above import these names from here, and
 nothing else from the package's modules (tests/test_architecture.py holds it).
@@ -25,8 +27,9 @@ from ._describe import is_array as is_array
 from ._describe import raised_at as raised_at
 from ._describe import short as short
 from ._describe import who as who
-from ._run_once import compile_once as compile_once
-from ._run_once import run_once as run_once
+from ._compiler_options import compile_once as compile_once
+from ._compiler_options import kernel_options as kernel_options
+from ._compiler_options import run_once as run_once
 from ._errors import AccelerationError as AccelerationError
 from ._errors import BackwardError as BackwardError
 from ._errors import CheckError as CheckError
@@ -115,6 +118,7 @@ __all__ = [
     "batches",
     "check_key",
     "compile_once",
+    "kernel_options",
     "check_numbers",
     "count",
     "dims",

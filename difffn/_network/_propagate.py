@@ -112,7 +112,7 @@ class _Failed(Exception):
 def _placeholder_key() -> jax.Array:
     """``jax.random.key(0)``'s value, made on the host: a key for checking layouts, where no
     value is kept (``jax.random.key`` compiles two programs on its first call)."""
-    return jax.random.wrap_key_data(np.zeros(2, np.uint32), impl="threefry2x32")
+    return jax.random.wrap_key_data(jax.device_put(np.zeros(2, np.uint32)), impl="threefry2x32")
 
 
 def propagate(net, input_layouts, key, *, abstract: bool, previous=None):

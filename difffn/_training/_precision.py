@@ -89,7 +89,7 @@ class Policy:
             # flax annotates fin_steps as an int; its own update makes it an array, as here
             dynamic = DynamicScale(
                 fin_steps=_scalar(0, np.int32),  # pyright: ignore[reportArgumentType]
-                scale=_scalar(2**16, np.float32),
+                scale=_scalar(2**16, np.float32),  # pyright: ignore[reportArgumentType]
             )
         return Scaling(dynamic, _scalar(0, np.int32))
 

@@ -34,7 +34,7 @@ import jax.numpy as jnp
 import optax
 
 from .._batching import sequence_source as _seq
-from .._core import OptionsError, run_once, stripdims
+from .._core import OptionsError, kernel_options, run_once, stripdims
 from .._core import batches as _batches
 from .._core import user_code as _user_code
 from .._devices import optimizer_shardings
@@ -261,7 +261,9 @@ class Steps:
                     "accumulate": dict(out_shardings=replicated),
                     "evaluate": dict(out_shardings=replicated),
                 }.get(name, {})  # "sequences": one device (the trainer refuses a mesh)
-            self._jitted[key] = jax.jit(fn, donate_argnums=donate, **shardings)
+            self._jitted[key] = jax.jit(
+                fn, donate_argnums=donate, compiler_options=kernel_options(), **shardings
+            )
         return self._jitted[key]
 
     def step(self, spec):
