@@ -14,10 +14,12 @@ initializers that way:
 
 1. ``jax.make_jaxpr`` traces the initializers as they are (a user's error surfaces here, as
    before);
-2. a second trace inlines nested ``jit`` calls and writes each draw on a scalar Threefry key as
-   the key implementation's own ``random_bits`` / ``split`` / ``fold_in`` (``jax.extend.random.
-   threefry_prng_impl``), so every ``threefry2x32`` equation sits at the top level;
-3. the result is evaluated in the caller's trace depth by depth (a draw's depth: how many draws
+2. its equations are flattened into one list, without tracing again: nested ``jit`` calls are
+   inlined, and each draw on a scalar Threefry key is replaced by the equations of the key
+   implementation's own ``random_bits`` / ``split`` / ``fold_in`` (``jax.extend.random.
+   threefry_prng_impl``, traced once per kind and shape), so every ``threefry2x32`` equation
+   sits in the list;
+3. the list is evaluated in the caller's trace depth by depth (a draw's depth: how many draws
    lie on its longest chain of inputs), each depth's ``threefry2x32`` equations as one.
 
 The values are bit-identical to the unmerged program's (``tests/test_initialize_program.py``
@@ -57,14 +59,13 @@ def merged_draws(fn: Callable[..., Any]) -> Callable[..., Any]:
             lambda *leaves: fn(*jax.tree.unflatten(tree, leaves)), return_shape=True
         )(*flat)
         outputs = jax.tree.structure(shapes)
-        if closed.effects:  # a side effect keeps its place: the program as traced
-            return jax.tree.unflatten(outputs, _evaluate(closed.jaxpr, closed.consts, flat))
-        try:
-            expanded = jax.make_jaxpr(lambda *leaves: _inline(closed.jaxpr, closed.consts, leaves))(
-                *flat
-            )
-            values = _by_depth(expanded.jaxpr, expanded.consts, flat)
-        except Exception:  # noqa: BLE001 - an equation this rewrite cannot read: as traced
+        values = None
+        if not closed.effects:  # a side effect keeps its place: the program as traced
+            try:
+                values = _run_flat(closed, flat)
+            except Exception:  # noqa: BLE001 - an equation this rewrite cannot read: as traced
+                values = None
+        if values is None:
             values = _evaluate(closed.jaxpr, closed.consts, flat)
         return jax.tree.unflatten(outputs, values)
 
@@ -77,17 +78,31 @@ def _bind(eqn: Any, args: Sequence[Any]) -> list[Any]:
     return list(out) if eqn.primitive.multiple_results else [out]
 
 
-def _reader(env: dict) -> Callable[[Any], Any]:
-    return lambda v: v.val if isinstance(v, jex_core.Literal) else env[v]
-
-
 def _evaluate(jaxpr: Any, consts: Sequence[Any], args: Sequence[Any]) -> list[Any]:
     """``jaxpr`` evaluated in the caller's trace, equation by equation."""
     env = dict(zip(jaxpr.constvars, consts)) | dict(zip(jaxpr.invars, args))
-    read = _reader(env)
+    read = lambda v: v.val if isinstance(v, jex_core.Literal) else env[v]  # noqa: E731
     for eqn in jaxpr.eqns:
         env.update(zip(eqn.outvars, _bind(eqn, [read(v) for v in eqn.invars])))
     return [read(v) for v in jaxpr.outvars]
+
+
+# -- 2. one flat list of equations -----------------------------------------------------------------
+
+
+class _Ref:
+    """A value of the flat list (a variable of one inlined copy of a jaxpr)."""
+
+    __slots__ = ()
+
+
+class _Node:
+    """One equation of the flat list: the original equation, on references."""
+
+    __slots__ = ("eqn", "ins", "outs")
+
+    def __init__(self, eqn: Any, ins: list[Any], outs: list[_Ref]) -> None:
+        self.eqn, self.ins, self.outs = eqn, ins, outs
 
 
 def _scalar_threefry_key(aval: Any) -> bool:
@@ -101,88 +116,104 @@ def _scalar_threefry_key(aval: Any) -> bool:
 
 
 @functools.lru_cache(maxsize=256)
-def _draw_jaxpr(name: str, params: tuple, data_aval: Any) -> Any:
-    """The key implementation's own computation of one draw, on the key's two words."""
-    words = jax.ShapeDtypeStruct((2,), jnp.uint32)
+def _draw_jaxpr(name: str, params: tuple, key_dtype: Any, data_aval: Any) -> Any:
+    """The key implementation's own computation of one draw, from the typed key."""
     p = dict(params)
+    key = jax.ShapeDtypeStruct((), key_dtype)
+    words = jax.random.key_data
     if name == "random_bits":
-        return jax.make_jaxpr(lambda k: _IMPL.random_bits(k, p["bit_width"], p["shape"]))(words)
+        return jax.make_jaxpr(lambda k: _IMPL.random_bits(words(k), p["bit_width"], p["shape"]))(
+            key
+        )
+    wrap = functools.partial(jax.random.wrap_key_data, impl="threefry2x32")
     if name == "random_split":
-        return jax.make_jaxpr(lambda k: _IMPL.split(k, p["shape"]))(words)
+        return jax.make_jaxpr(lambda k: wrap(_IMPL.split(words(k), p["shape"])))(key)
     data = jax.ShapeDtypeStruct(data_aval.shape, data_aval.dtype)
-    return jax.make_jaxpr(lambda k, d: _IMPL.fold_in(k, d))(words, data)
+    return jax.make_jaxpr(lambda k, d: wrap(_IMPL.fold_in(words(k), d)))(key, data)
 
 
-def _inline(jaxpr: Any, consts: Sequence[Any], args: Sequence[Any]) -> list[Any]:
-    """Evaluate ``jaxpr`` with ``jit`` calls inlined and scalar-Threefry-key draws spelled out."""
-    env = dict(zip(jaxpr.constvars, consts)) | dict(zip(jaxpr.invars, args))
-    read = _reader(env)
+def _flatten(jaxpr: Any, consts: Sequence[Any], ins: Sequence[Any], nodes: list, values: dict):
+    """Append ``jaxpr``'s equations to ``nodes`` on references; return its outputs' references.
+
+    ``ins``: references (or ``Literal``\\ s) for its inputs; ``values``: the constants' values.
+    """
+    env: dict[Any, Any] = dict(zip(jaxpr.invars, ins))
+    for var, value in zip(jaxpr.constvars, consts):
+        env[var] = ref = _Ref()
+        values[ref] = value
+    read = lambda v: v if isinstance(v, jex_core.Literal) else env[v]  # noqa: E731
     for eqn in jaxpr.eqns:
-        ins = [read(v) for v in eqn.invars]
+        args = [read(v) for v in eqn.invars]
         name = eqn.primitive.name
         if name in _CALLS and "jaxpr" in eqn.params:
             inner = eqn.params["jaxpr"]
             if isinstance(inner, jex_core.ClosedJaxpr):
-                outs = _inline(inner.jaxpr, inner.consts, ins)
+                outs = _flatten(inner.jaxpr, inner.consts, args, nodes, values)
             else:
-                outs = _inline(inner, (), ins)
+                outs = _flatten(inner, (), args, nodes, values)
         elif name in _DRAWS and _scalar_threefry_key(eqn.invars[0].aval):
-            data_aval = eqn.invars[1].aval if name == "random_fold_in" else None
-            closed = _draw_jaxpr(name, tuple(sorted(eqn.params.items())), data_aval)
-            words = jax.random.key_data(ins[0])
-            outs = _inline(closed.jaxpr, closed.consts, [words, *ins[1:]])
-            if name != "random_bits":  # split and fold_in give keys
-                outs = [jax.random.wrap_key_data(outs[0], impl="threefry2x32")]
+            data = eqn.invars[1].aval if name == "random_fold_in" else None
+            params = tuple(sorted(eqn.params.items()))
+            closed = _draw_jaxpr(name, params, eqn.invars[0].aval.dtype, data)
+            outs = _flatten(closed.jaxpr, closed.consts, args, nodes, values)
         else:
-            outs = _bind(eqn, ins)
+            outs = [_Ref() for _ in eqn.outvars]
+            nodes.append(_Node(eqn, args, outs))
         env.update(zip(eqn.outvars, outs))
     return [read(v) for v in jaxpr.outvars]
 
 
-def _by_depth(jaxpr: Any, consts: Sequence[Any], args: Sequence[Any]) -> list[Any]:
-    """Evaluate a flat ``jaxpr``, the ``threefry2x32`` equations of each depth as one call.
+# -- 3. depth by depth -------------------------------------------------------------------------
+
+
+def _run_flat(closed: Any, args: Sequence[Any]) -> list[Any]:
+    """Evaluate ``closed`` flattened, the ``threefry2x32`` equations of each depth as one call.
 
     A Threefry equation's depth is one more than its inputs' deepest; any other equation's is
     its inputs' deepest. Depth by depth: first the Threefry equations (their inputs are all of
     smaller depths, already evaluated), then the others in program order.
     """
+    nodes: list[_Node] = []
+    values: dict[Any, Any] = {}
+    inputs = [_Ref() for _ in args]
+    values.update(zip(inputs, args))
+    outputs = _flatten(closed.jaxpr, closed.consts, inputs, nodes, values)
     depth: dict[Any, int] = {}
-    draws: list[list[Any]] = [[]]
-    others: list[list[Any]] = [[]]
-    for eqn in jaxpr.eqns:
-        d = max((depth.get(v, 0) for v in eqn.invars if not isinstance(v, jex_core.Literal)), default=0)
-        d += eqn.primitive is _THREEFRY
+    draws: list[list[_Node]] = [[]]
+    others: list[list[_Node]] = [[]]
+    for node in nodes:
+        d = max((depth.get(r, 0) for r in node.ins if isinstance(r, _Ref)), default=0)
+        d += node.eqn.primitive is _THREEFRY
         while len(draws) <= d:
             draws.append([])
             others.append([])
-        (draws if eqn.primitive is _THREEFRY else others)[d].append(eqn)
-        depth.update((v, d) for v in eqn.outvars)
-    env = dict(zip(jaxpr.constvars, consts)) | dict(zip(jaxpr.invars, args))
-    read = _reader(env)
+        (draws if node.eqn.primitive is _THREEFRY else others)[d].append(node)
+        depth.update((r, d) for r in node.outs)
+    read = lambda r: r.val if isinstance(r, jex_core.Literal) else values[r]  # noqa: E731
     for level_draws, level_others in zip(draws, others):
         if len(level_draws) == 1:
             level_others = [*level_draws, *level_others]
         elif level_draws:
-            env.update(_threefry_at_once(level_draws, read))
-        for eqn in level_others:
-            env.update(zip(eqn.outvars, _bind(eqn, [read(v) for v in eqn.invars])))
-    return [read(v) for v in jaxpr.outvars]
+            values.update(_threefry_at_once(level_draws, read))
+        for node in level_others:
+            values.update(zip(node.outs, _bind(node.eqn, [read(r) for r in node.ins])))
+    return [read(r) for r in outputs]
 
 
-def _threefry_at_once(eqns: list[Any], read: Callable[[Any], Any]) -> dict:
+def _threefry_at_once(nodes: list[_Node], read: Callable[[Any], Any]) -> dict:
     """Several ``threefry2x32`` equations as one call on their operands, concatenated."""
-    shapes = [tuple(eqn.outvars[0].aval.shape) for eqn in eqns]
+    shapes = [tuple(node.eqn.outvars[0].aval.shape) for node in nodes]
     operands = [
         jnp.concatenate(
-            [jnp.ravel(jnp.broadcast_to(read(eqn.invars[i]), s)) for eqn, s in zip(eqns, shapes)]
+            [jnp.ravel(jnp.broadcast_to(read(node.ins[i]), s)) for node, s in zip(nodes, shapes)]
         )
         for i in range(4)
     ]
     first, second = _THREEFRY.bind(*operands)
     results, start = {}, 0
-    for eqn, shape in zip(eqns, shapes):
+    for node, shape in zip(nodes, shapes):
         stop = start + math.prod(shape)
-        results[eqn.outvars[0]] = first[start:stop].reshape(shape)
-        results[eqn.outvars[1]] = second[start:stop].reshape(shape)
+        results[node.outs[0]] = first[start:stop].reshape(shape)
+        results[node.outs[1]] = second[start:stop].reshape(shape)
         start = stop
     return results
