@@ -59,7 +59,9 @@ CANDIDATES = {
     # the default's YNNPACK fusions less some (issue 29, the quiet machine: its convolutions)
     "ynnpack off": {"xla_cpu_experimental_ynn_fusion_type": ""},
     "ynnpack reduce": {"xla_cpu_experimental_ynn_fusion_type": f"{_T}REDUCE"},
-    "ynnpack dot+reduce": {"xla_cpu_experimental_ynn_fusion_type": f"{_T}INDIVIDUAL_DOT,{_T}REDUCE"},
+    "ynnpack dot+reduce": {
+        "xla_cpu_experimental_ynn_fusion_type": f"{_T}INDIVIDUAL_DOT,{_T}REDUCE"
+    },
     "ynnpack dot+reduce+conv": {
         "xla_cpu_experimental_ynn_fusion_type": (
             f"{_T}INDIVIDUAL_DOT,{_T}REDUCE,{_T}INDIVIDUAL_CONVOLUTION"

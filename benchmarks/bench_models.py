@@ -136,7 +136,27 @@ def _difffn(model, sizes, X, T, net, cache=None):
     return train
 
 
-def _hand_written(model, sizes, X, T, net, cache=None):
+def hand_initializer(like):
+    """What a JAX user writes to make the parameters: one ``jax.jit`` function drawing every
+    leaf of ``like`` (shapes and dtypes) from a key, with ``jax.nn.initializers`` (Glorot for
+    arrays of two or more axes, ones for vectors)."""
+    leaves, tree = jax.tree.flatten(like)
+    glorot = jax.nn.initializers.glorot_uniform(in_axis=-2, out_axis=-1)
+
+    def init(key):
+        keys = jax.random.split(key, len(leaves))
+        return jax.tree.unflatten(
+            tree,
+            [
+                glorot(k, x.shape, x.dtype) if len(x.shape) >= 2 else jnp.ones(x.shape, x.dtype)
+                for k, x in zip(keys, leaves)
+            ],
+        )
+
+    return jax.jit(init)
+
+
+def _hand_written(model, sizes, X, T, net, cache=None, initial=None):
     forward = model.hand_written_forward(sizes)
     tx = _solver()
 
@@ -153,7 +173,7 @@ def _hand_written(model, sizes, X, T, net, cache=None):
 
     step = jax.jit(step, donate_argnums=(0, 1, 2))
     Xd, Td = jnp.asarray(X), jnp.asarray(T)
-    initial = parameters(net)
+    initial = parameters(net) if initial is None else initial
 
     def train(epochs):
         params, state = jax.tree.map(jnp.copy, initial)  # donated buffers: a fresh copy per run
@@ -228,6 +248,9 @@ def _equinox(model, sizes, X, T, net, cache=None):
 
 
 TRAINERS = dict(zip(FRAMEWORKS, (_difffn, _hand_written, _nnx, _equinox)))
+# the hand-written loop's cold first step once more, making its own parameters in its timed part
+# (difffn's does, by building and initializing its network); its losses differ (other numbers)
+OWN_INIT = "jax.jit + optax, own initializers"
 
 
 def torch_variants(model_name: str) -> tuple[str, ...]:
@@ -271,6 +294,15 @@ def _worker(model_name, framework, quick, cache):
     # difffn builds its own network inside the timed part (an initialized network built here
     # would put its initializers' program in the compilation cache before the first run)
     net = None if framework == FRAMEWORKS[0] else model.difffn_network(sizes)
+    if framework == OWN_INIT:  # the shapes a user's code states; the values drawn when timed
+        like = jax.tree.map(lambda a: jax.ShapeDtypeStruct(a.shape, a.dtype), parameters(net))
+        start, start_cpu = time.perf_counter(), time.process_time()
+        initial = hand_initializer(like)(jax.random.key(0))
+        train = _hand_written(model, sizes, X[: sizes.batch], T[: sizes.batch], net, None, initial)
+        _, losses = jax.block_until_ready(train(1))
+        first = {"first_step_s": time.perf_counter() - start, "first_loss": float(losses[0])}
+        print(json.dumps(first))
+        return
     start, start_cpu = time.perf_counter(), time.process_time()
     # cold: build the model and optimizer, compile, one step
     _, losses = jax.block_until_ready(
@@ -343,8 +375,9 @@ def _in_subprocess(*args, module="benchmarks.bench_models", cache=None) -> dict:
     return json.loads(done.stdout.strip().splitlines()[-1])
 
 
-def print_results(model_name: str, results: dict, quick: bool) -> None:
-    """The table of one model from the workers' results (``{framework: result}``)."""
+def print_results(model_name: str, results: dict, quick: bool, own_init=None) -> None:
+    """The table of one model from the workers' results (``{framework: result}``; ``own_init``:
+    the hand-written loop's cold first step with its own initializers)."""
     sizes = MODELS[model_name].QUICK if quick else MODELS[model_name].FULL
     base = results["jax.jit + optax"]
     rows = [
@@ -409,6 +442,12 @@ def print_results(model_name: str, results: dict, quick: bool) -> None:
             f"difffn no slower: {first / base['first_step_s']:.2f}x, from initialized parameters "
             f"{(first - setup) / base['first_step_s']:.2f}x)"
         )
+        if own_init is not None:
+            own = own_init["first_step_s"]
+            print(
+                f"first step (cold), both making their parameters: difffn {first:.2f} s, jit+optax "
+                f"with its own jitted initializers {own:.2f} s (difffn {first / own:.2f}x)"
+            )
     eager = results.get("torch eager")
     if eager is not None:
         best = min(r["step_s"] for f, r in results.items() if f.startswith("torch"))
@@ -444,6 +483,7 @@ def run(*, quick: bool = False) -> None:
     for model_name in MODELS:
         frameworks = selected(FRAMEWORKS)
         results = {f: _in_subprocess("--worker", model_name, f, *flags) for f in frameworks}
+        own_init = _in_subprocess("--worker", model_name, OWN_INIT, *flags)
         variants = selected(torch_variants(model_name))
         with tempfile.TemporaryDirectory() as folder:
             data = _torch_data(model_name, quick, folder) if variants else ""
@@ -454,7 +494,7 @@ def run(*, quick: bool = False) -> None:
         timings = _in_subprocess("--timing", model_name, *flags, *(["--torch"] if variants else []))
         for f, r in results.items():
             r.update(timings[f])
-        print_results(model_name, results, quick)
+        print_results(model_name, results, quick, own_init)
         cache_pair(model_name, quick)
 
 

@@ -23,13 +23,13 @@ from ._batches import as_device_array as as_device_array
 from ._batches import batch_axis as batch_axis
 from ._batches import count as count
 from ._batches import pad_with_first as pad_with_first
+from ._compiler_options import compile_once as compile_once
+from ._compiler_options import kernel_options as kernel_options
+from ._compiler_options import run_once as run_once
 from ._describe import is_array as is_array
 from ._describe import raised_at as raised_at
 from ._describe import short as short
 from ._describe import who as who
-from ._compiler_options import compile_once as compile_once
-from ._compiler_options import kernel_options as kernel_options
-from ._compiler_options import run_once as run_once
 from ._errors import AccelerationError as AccelerationError
 from ._errors import BackwardError as BackwardError
 from ._errors import CheckError as CheckError

@@ -10,15 +10,15 @@ three-way key split 0.04 s instead of 0.10 s).
 
 **Training programs** (``kernel_options``, given to ``jax.jit`` by trainnet's step and its
 other compiled programs; JAX takes compile options only on a top-level ``jax.jit``, which a
-network's compiled ``predict`` is not inside a user's own ``jax.jit``). jaxlib 0.10's XLA:CPU hands convolutions,
-matrix products and reductions to YNNPACK by default. Its convolutions are the slower choice
-for training: without them (XLA's own convolution kernels, YNNPACK for the products and
-reductions) the benchmark ResNet's hand-written step takes 96 ms instead of 123 ms, the same
-losses to float32 rounding, the transformer's step is unchanged, and a MATLAB-style digits CNN
-gains 3 % (``docs/performance.md``, "XLA:CPU options"). Each YNNPACK kernel also builds its
-plan on the program's first run (a quarter of a second of the ResNet's first step). A user's
-own ``--xla_cpu_experimental_ynn_fusion_type`` in ``XLA_FLAGS`` is left to rule; so is a
-jaxlib that does not know the option (checked once, on a one-line program).
+network's compiled ``predict`` is not inside a user's own ``jax.jit``). jaxlib 0.10's XLA:CPU
+hands convolutions, matrix products and reductions to YNNPACK by default. Its convolutions are
+the slower choice for training: without them (XLA's own convolution kernels, YNNPACK for the
+products and reductions) the benchmark ResNet's hand-written step takes 96-103 ms instead of
+123-130 ms, the same losses to float32 rounding, the transformer's step is unchanged, and a
+MATLAB-style digits CNN gains 3 % (``docs/performance.md``, "XLA:CPU options"). Each YNNPACK
+kernel also builds its plan on the program's first run. A user's own
+``--xla_cpu_experimental_ynn_fusion_type`` in ``XLA_FLAGS`` is left to rule; so is a jaxlib
+that does not know the option (checked once, on a one-line program).
 
 A backend that refuses an option compiles with fewer, then with its defaults. JAX's persistent
 compilation cache stores these programs like any other (the options are part of its key).

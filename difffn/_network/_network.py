@@ -636,4 +636,3 @@ class Network(NetworkBase):
             f"Network({len(self._layers)} layers, inputs={list(self.input_names)}, "
             f"outputs={list(self.output_names)}, {learnables:,} learnables, {state})"
         )
-

@@ -108,7 +108,6 @@ class _Failed(Exception):
         self.index, self.error = index, error
 
 
-
 def _placeholder_key() -> jax.Array:
     """``jax.random.key(0)``'s value, made on the host: a key for checking layouts, where no
     value is kept (``jax.random.key`` compiles two programs on its first call)."""
