@@ -40,6 +40,8 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Callable
+from typing import Any
 
 import jax
 import jax.numpy as jnp
@@ -136,7 +138,7 @@ def _difffn(model, sizes, X, T, net, cache=None):
     return train
 
 
-def hand_initializer(like):
+def hand_initializer(like: Any) -> Callable[[jax.Array], Any]:
     """What a JAX user writes to make the parameters: one ``jax.jit`` function drawing every
     leaf of ``like`` (shapes and dtypes) from a key, with ``jax.nn.initializers`` (Glorot for
     arrays of two or more axes, ones for vectors)."""
@@ -156,7 +158,7 @@ def hand_initializer(like):
     return jax.jit(init)
 
 
-def _hand_written(model, sizes, X, T, net, cache=None, initial=None):
+def _hand_written(model, sizes, X, T, net, cache=None, initial: Any = None):
     forward = model.hand_written_forward(sizes)
     tx = _solver()
 
@@ -375,7 +377,9 @@ def _in_subprocess(*args, module="benchmarks.bench_models", cache=None) -> dict:
     return json.loads(done.stdout.strip().splitlines()[-1])
 
 
-def print_results(model_name: str, results: dict, quick: bool, own_init=None) -> None:
+def print_results(
+    model_name: str, results: dict, quick: bool, own_init: dict | None = None
+) -> None:
     """The table of one model from the workers' results (``{framework: result}``; ``own_init``:
     the hand-written loop's cold first step with its own initializers)."""
     sizes = MODELS[model_name].QUICK if quick else MODELS[model_name].FULL
@@ -483,7 +487,9 @@ def run(*, quick: bool = False) -> None:
     for model_name in MODELS:
         frameworks = selected(FRAMEWORKS)
         results = {f: _in_subprocess("--worker", model_name, f, *flags) for f in frameworks}
-        own_init = _in_subprocess("--worker", model_name, OWN_INIT, *flags)
+        own_init = None  # a narrowed run (BENCH_MODELS_LOOPS) times it only when named
+        if not os.environ.get(LOOPS_VARIABLE) or OWN_INIT in os.environ[LOOPS_VARIABLE]:
+            own_init = _in_subprocess("--worker", model_name, OWN_INIT, *flags)
         variants = selected(torch_variants(model_name))
         with tempfile.TemporaryDirectory() as folder:
             data = _torch_data(model_name, quick, folder) if variants else ""

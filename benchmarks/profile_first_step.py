@@ -109,7 +109,7 @@ def run(model_name: str, runs: int, quick: bool, cache: str | None) -> list[dict
     return results
 
 
-def main(argv=None) -> int:
+def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m benchmarks.profile_first_step")
     parser.add_argument("--model", default="transformer", choices=["resnet", "transformer"])
     parser.add_argument("--runs", type=int, default=4)

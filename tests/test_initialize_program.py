@@ -15,6 +15,7 @@ import numpy as np
 import pytest
 
 import difffn as df
+from difffn._network import _merged_draws
 from difffn._network import _network as network_module
 from difffn._network._merged_draws import merged_draws
 
@@ -122,11 +123,17 @@ def _eager(net, initialized, key):
     return layers
 
 
+def _no_fallback(*_):
+    raise AssertionError("merged_draws fell back to the program as traced")
+
+
 @pytest.mark.parametrize("name", ["cnn", "recurrent", "attention", "custom"])
 @pytest.mark.parametrize("make_key", [jax.random.key, jax.random.PRNGKey], ids=["typed", "raw"])
 def test_merged_initializers_give_jax_own_values_bit_for_bit(monkeypatch, name, make_key):
     net, key = _networks()[name], make_key(3)
-    merged = net.initialize(key=key)
+    with monkeypatch.context() as m:  # the merge itself ran, not its fallback
+        m.setattr(_merged_draws, "_as_traced", _no_fallback)
+        merged = net.initialize(key=key)
     reference = _unmerged(monkeypatch, net, key)
     leaves, tree = jax.tree.flatten(merged)
     assert tree == jax.tree.structure(reference)
@@ -139,15 +146,42 @@ def test_merged_initializers_give_jax_own_values_bit_for_bit(monkeypatch, name, 
             _same(getattr(got_layer, field), getattr(eager_layer, field), what)
 
 
-def test_other_key_implementations_and_side_effects_are_left_as_traced(monkeypatch, capfd):
-    net = df.Network([L.FeatureInput(4), RandomThings(), Printing(), L.FullyConnected(2)])
-    rbg = jax.random.key(5, impl="rbg")
-    for key in (rbg, jax.random.key(5)):
+def test_other_key_implementations_are_left_as_they_are(monkeypatch):
+    net = df.Network([L.FeatureInput(4), RandomThings(), L.FullyConnected(2)])
+    key = jax.random.key(5, impl="rbg")
+    with monkeypatch.context() as m:  # no side effect: the rewrite runs, leaving rbg's draws
+        m.setattr(_merged_draws, "_as_traced", _no_fallback)
         merged = net.initialize(key=key)
-        reference = _unmerged(monkeypatch, net, key)
-        for got, want in zip(jax.tree.leaves(merged), jax.tree.leaves(reference), strict=True):
-            _same(got, want)
-    assert capfd.readouterr().out.count("initialized 4") == 4
+    reference = _unmerged(monkeypatch, net, key)
+    for got, want in zip(jax.tree.leaves(merged), jax.tree.leaves(reference), strict=True):
+        _same(got, want)
+
+
+def test_side_effects_keep_the_program_as_traced(monkeypatch, capfd):
+    net = df.Network([L.FeatureInput(4), RandomThings(), Printing(), L.FullyConnected(2)])
+    key = jax.random.key(5)
+    merged = net.initialize(key=key)
+    reference = _unmerged(monkeypatch, net, key)
+    for got, want in zip(jax.tree.leaves(merged), jax.tree.leaves(reference), strict=True):
+        _same(got, want)
+    assert capfd.readouterr().out.count("initialized 4") == 2
+
+
+@pytest.mark.parametrize("layout", [True, False], ids=["partitionable", "original"])
+def test_each_draw_keeps_the_threefry_layout_it_was_traced_under(monkeypatch, layout):
+    def draws(key):
+        with jax.threefry_partitionable(layout):
+            a = jax.random.bits(jax.random.fold_in(key, 1), (5, 3))
+            b = jax.random.split(jax.random.fold_in(key, 2), 4)
+            folded = jax.vmap(lambda i: jax.random.fold_in(key, i))(jnp.arange(3))  # unmerged
+            return a, jax.random.key_data(b), jax.random.key_data(folded)
+
+    key = jax.random.key(11)
+    with monkeypatch.context() as m:
+        m.setattr(_merged_draws, "_as_traced", _no_fallback)
+        got = jax.jit(merged_draws(draws))(key)
+    for g, w in zip(got, draws(key), strict=True):
+        np.testing.assert_array_equal(np.asarray(g), np.asarray(w))  # bits: exactly
 
 
 def test_independent_draws_become_one_threefry_call_per_depth():

@@ -4,9 +4,9 @@ The `df.Error` family; `who(layer)` and the other words of messages; format labe
 `FormattedArray`, `dlarray`/`dims`/`finddim`/`stripdims`/`permute`, `Layout`; what counts as a
 key; opening files without leaving the user's folder (`files`); strings, ragged lists and complex
 data named before JAX sees them; observations along the batch axis; padding masks; what a user
-method takes (signatures); the XLA compile options of set-up programs (`run_once`) and of
-difffn's CPU kernels (`kernel_options`); running user code so that what JAX cannot trace is a
-named error.
+method takes (signatures); the XLA compile options of set-up programs (`compile_once`,
+`run_once`) and of trainnet's CPU kernels (`kernel_options`); running user code so that what
+JAX cannot trace is a named error.
 
 This file is the package's internal API: the floors above import these names from here, and
 nothing else from the package's modules (tests/test_architecture.py holds it).
@@ -117,9 +117,8 @@ __all__ = [
     "batch_axis",
     "batches",
     "check_key",
-    "compile_once",
-    "kernel_options",
     "check_numbers",
+    "compile_once",
     "count",
     "dims",
     "dlarray",
@@ -129,12 +128,14 @@ __all__ = [
     "has_backward",
     "has_method",
     "is_array",
+    "kernel_options",
     "mask",
     "pad_with_first",
     "permute",
     "positional",
     "predict_arity",
     "raised_at",
+    "run_once",
     "short",
     "spread",
     "stripdims",
@@ -142,6 +143,5 @@ __all__ = [
     "type_name",
     "user_code",
     "value_axes",
-    "run_once",
     "who",
 ]

@@ -51,7 +51,7 @@ def as_device_array(x):
     if isinstance(x, FormattedArray):
         return x
     if isinstance(x, np.ndarray):
-        return jax.device_put(x)
+        return jax.device_put(x, may_alias=False)  # a copy: the caller may change x later
     return jnp.asarray(x)
 
 

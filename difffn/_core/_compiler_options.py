@@ -4,13 +4,13 @@
 XLA's optimizations pay for themselves over the many runs of a training step, not over the one
 run of a set-up program, whose cost is all compile time. ``compile_once`` / ``run_once`` compile
 with XLA's backend optimizations off and XLA:CPU's classic kernel emitters instead of its MLIR
-fusion emitters, which compile several times faster (``docs/performance.md``, "Where the cold
-first step goes": the benchmark transformer's initializers 0.24 s instead of 0.89 s; a
-three-way key split 0.04 s instead of 0.10 s).
+fusion emitters, which compile several times faster (``docs/performance.md``, "What changed
+after that": the benchmark transformer's initializers, their draws merged, 0.24 s instead of
+0.75 s; a three-way key split 0.04 s instead of 0.10 s).
 
 **Training programs** (``kernel_options``, given to ``jax.jit`` by trainnet's step and its
-other compiled programs; JAX takes compile options only on a top-level ``jax.jit``, which a
-network's compiled ``predict`` is not inside a user's own ``jax.jit``). jaxlib 0.10's XLA:CPU
+other compiled programs; not to a network's compiled ``predict``, which may run inside a user's
+own ``jax.jit``, and JAX takes compile options only on a top-level one). jaxlib 0.10's XLA:CPU
 hands convolutions, matrix products and reductions to YNNPACK by default. Its convolutions are
 the slower choice for training: without them (XLA's own convolution kernels, YNNPACK for the
 products and reductions) the benchmark ResNet's hand-written step takes 96-103 ms instead of
@@ -20,7 +20,8 @@ kernel also builds its plan on the program's first run. A user's own
 ``--xla_cpu_experimental_ynn_fusion_type`` in ``XLA_FLAGS`` is left to rule; so is a jaxlib
 that does not know the option (checked once, on a one-line program).
 
-A backend that refuses an option compiles with fewer, then with its defaults. JAX's persistent
+A backend that refuses an option (a jaxlib that does not know it) compiles with fewer, then with
+its defaults; other backends take the ``xla_cpu_*`` options and ignore them. JAX's persistent
 compilation cache stores these programs like any other (the options are part of its key).
 """
 
@@ -47,7 +48,7 @@ def compile_once(lowered: Any) -> Any:
     for options in _ONCE:
         try:
             return lowered.compile(options)
-        except Exception:  # noqa: BLE001 - a backend without the option (a GPU has no CPU emitters)
+        except Exception:  # noqa: BLE001 - a jaxlib that does not know the option
             continue
     return lowered.compile()
 

@@ -23,12 +23,15 @@ initializers that way:
    lie on its longest chain of inputs), each depth's ``threefry2x32`` equations as one.
 
 The values are bit-identical to the unmerged program's (``tests/test_initialize_program.py``
-compares them with ``jax.random`` run eagerly). Draws on other key implementations, on arrays of
-keys, and inside control flow (``scan``, ``cond``, custom derivatives) are left as they are;
-a program with side effects (a ``jax.debug.print`` in an initializer) is not reordered; anything
-this rewrite cannot read falls back to the program as traced. Written here because JAX has no
-pass that batches independent PRNG calls (``jax.vmap`` does, for draws of one shape only).
-Measured in ``docs/performance.md`` ("Where the cold first step goes").
+compares them with ``jax.random`` run eagerly). Each equation is evaluated in the context it was
+traced in, and each draw is spelled out with the Threefry layout it was traced under
+(``jax.threefry_partitionable``). Draws on other key implementations, on arrays of keys, a
+``fold_in`` of an array, and draws inside control flow (``scan``, ``cond``, custom derivatives)
+are left as they are; a program with side effects (a ``jax.debug.print`` in an initializer) is
+not reordered; anything this rewrite cannot read falls back to the program as traced (the tests
+hold that the built-in layers' programs never do). Written here because JAX has no pass that
+batches independent PRNG calls (``jax.vmap`` does, for draws of one shape only). Measured in
+``docs/performance.md`` ("What changed after that").
 """
 
 from __future__ import annotations
@@ -45,7 +48,7 @@ from jax.extend import random as jex_random
 
 _THREEFRY = jex_random.threefry2x32_p
 _IMPL = jex_random.threefry_prng_impl
-_CALLS = frozenset({"pjit", "jit", "closed_call", "core_call"})
+_CALLS = {"pjit": "jaxpr", "jit": "jaxpr", "closed_call": "call_jaxpr"}  # the program's param
 _DRAWS = frozenset({"random_bits", "random_split", "random_fold_in"})
 
 
@@ -66,25 +69,24 @@ def merged_draws(fn: Callable[..., Any]) -> Callable[..., Any]:
             except Exception:  # noqa: BLE001 - an equation this rewrite cannot read: as traced
                 values = None
         if values is None:
-            values = _evaluate(closed.jaxpr, closed.consts, flat)
+            values = _as_traced(closed, flat)
         return jax.tree.unflatten(outputs, values)
 
     return run
 
 
+def _as_traced(closed: Any, args: Sequence[Any]) -> list[Any]:
+    """The program evaluated as traced, unmerged (JAX's ``jaxpr_as_fun``)."""
+    return list(jex_core.jaxpr_as_fun(closed)(*args))
+
+
 def _bind(eqn: Any, args: Sequence[Any]) -> list[Any]:
+    """One equation bound in the caller's trace, in its own context (as ``eval_jaxpr`` does:
+    the Threefry layout, ``compute_on``, XLA metadata it was traced under)."""
     params = eqn.primitive.get_bind_params(eqn.params)
-    out = eqn.primitive.bind(*args, **params)
+    with eqn.ctx.manager:
+        out = eqn.primitive.bind(*args, **params)
     return list(out) if eqn.primitive.multiple_results else [out]
-
-
-def _evaluate(jaxpr: Any, consts: Sequence[Any], args: Sequence[Any]) -> list[Any]:
-    """``jaxpr`` evaluated in the caller's trace, equation by equation."""
-    env = dict(zip(jaxpr.constvars, consts)) | dict(zip(jaxpr.invars, args))
-    read = lambda v: v.val if isinstance(v, jex_core.Literal) else env[v]  # noqa: E731
-    for eqn in jaxpr.eqns:
-        env.update(zip(eqn.outvars, _bind(eqn, [read(v) for v in eqn.invars])))
-    return [read(v) for v in jaxpr.outvars]
 
 
 # -- 2. one flat list of equations -----------------------------------------------------------------
@@ -105,34 +107,42 @@ class _Node:
         self.eqn, self.ins, self.outs = eqn, ins, outs
 
 
-def _scalar_threefry_key(aval: Any) -> bool:
+def _one_threefry_draw(eqn: Any) -> bool:
+    """A draw from one scalar Threefry key (and, for ``fold_in``, one scalar datum)."""
+    if eqn.primitive.name not in _DRAWS:
+        return False
+    aval = eqn.invars[0].aval
     dtype = getattr(aval, "dtype", None)
     return (
         getattr(aval, "shape", None) == ()
         and dtype is not None
         and jnp.issubdtype(dtype, jax.dtypes.prng_key)
         and str(dtype) == f"key<{_IMPL.tag}>"
+        and all(getattr(v.aval, "shape", None) == () for v in eqn.invars[1:])
     )
 
 
 @functools.lru_cache(maxsize=256)
-def _draw_jaxpr(name: str, params: tuple, key_dtype: Any, data_aval: Any) -> Any:
-    """The key implementation's own computation of one draw, from the typed key."""
+def _draw_jaxpr(name: str, params: tuple, key_dtype: Any, data_aval: Any, layout: bool) -> Any:
+    """The key implementation's own computation of one draw, from the typed key, traced with
+    the Threefry layout (``jax.threefry_partitionable``) the draw was traced under."""
     p = dict(params)
     key = jax.ShapeDtypeStruct((), key_dtype)
     words = jax.random.key_data
-    if name == "random_bits":
-        return jax.make_jaxpr(lambda k: _IMPL.random_bits(words(k), p["bit_width"], p["shape"]))(
-            key
-        )
     wrap = functools.partial(jax.random.wrap_key_data, impl="threefry2x32")
-    if name == "random_split":
-        return jax.make_jaxpr(lambda k: wrap(_IMPL.split(words(k), p["shape"])))(key)
-    data = jax.ShapeDtypeStruct(data_aval.shape, data_aval.dtype)
-    return jax.make_jaxpr(lambda k, d: wrap(_IMPL.fold_in(words(k), d)))(key, data)
+    with jax.threefry_partitionable(layout):
+        if name == "random_bits":
+            bits = _IMPL.random_bits
+            return jax.make_jaxpr(lambda k: bits(words(k), p["bit_width"], p["shape"]))(key)
+        if name == "random_split":
+            return jax.make_jaxpr(lambda k: wrap(_IMPL.split(words(k), p["shape"])))(key)
+        data = jax.ShapeDtypeStruct(data_aval.shape, data_aval.dtype)
+        return jax.make_jaxpr(lambda k, d: wrap(_IMPL.fold_in(words(k), d)))(key, data)
 
 
-def _flatten(jaxpr: Any, consts: Sequence[Any], ins: Sequence[Any], nodes: list, values: dict):
+def _flatten(
+    jaxpr: Any, consts: Sequence[Any], ins: Sequence[Any], nodes: list, values: dict
+) -> list[Any]:
     """Append ``jaxpr``'s equations to ``nodes`` on references; return its outputs' references.
 
     ``ins``: references (or ``Literal``\\ s) for its inputs; ``values``: the constants' values.
@@ -145,16 +155,17 @@ def _flatten(jaxpr: Any, consts: Sequence[Any], ins: Sequence[Any], nodes: list,
     for eqn in jaxpr.eqns:
         args = [read(v) for v in eqn.invars]
         name = eqn.primitive.name
-        if name in _CALLS and "jaxpr" in eqn.params:
-            inner = eqn.params["jaxpr"]
+        inner = eqn.params.get(_CALLS[name]) if name in _CALLS else None
+        if inner is not None:
             if isinstance(inner, jex_core.ClosedJaxpr):
                 outs = _flatten(inner.jaxpr, inner.consts, args, nodes, values)
             else:
                 outs = _flatten(inner, (), args, nodes, values)
-        elif name in _DRAWS and _scalar_threefry_key(eqn.invars[0].aval):
+        elif _one_threefry_draw(eqn):
             data = eqn.invars[1].aval if name == "random_fold_in" else None
             params = tuple(sorted(eqn.params.items()))
-            closed = _draw_jaxpr(name, params, eqn.invars[0].aval.dtype, data)
+            layout = bool(eqn.ctx.threefry_partitionable)
+            closed = _draw_jaxpr(name, params, eqn.invars[0].aval.dtype, data, layout)
             outs = _flatten(closed.jaxpr, closed.consts, args, nodes, values)
         else:
             outs = [_Ref() for _ in eqn.outvars]

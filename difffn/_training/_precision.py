@@ -138,6 +138,6 @@ def restore_scaling(policy: Policy, saved: dict | None) -> Scaling:
     return Scaling(dynamic, _scalar(saved["skipped"], np.int32))
 
 
-def _scalar(value, dtype) -> jax.Array:
+def _scalar(value: float, dtype: type) -> jax.Array:
     """A scalar on the default device, made on the host (``jnp.int32(0)`` compiles a program)."""
     return jax.device_put(np.asarray(value, dtype))
