@@ -28,7 +28,8 @@ def to_device(value: Any, dtype: Any = None) -> Any:
     canonicalization, and compiles nothing. JAX arrays and tracers go through ``jnp.asarray``.
     """
     if isinstance(value, (np.ndarray, np.generic)):
-        return jax.device_put(value if dtype is None else np.asarray(value, dtype))
+        host = value if dtype is None else np.asarray(value, dtype)
+        return jax.device_put(host, may_alias=False)  # a copy: the caller may change value
     return jnp.asarray(value, dtype)
 
 

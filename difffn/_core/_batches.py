@@ -14,7 +14,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from ._arrays import check_numbers
+from ._arrays import check_numbers, to_device
 from ._errors import OptionsError
 from ._format import FormattedArray, dlarray
 
@@ -46,13 +46,11 @@ def count(x, axis: int) -> int:
 
 
 def as_device_array(x):
-    """A jax array (formats kept); numpy data is copied to the default device (by
-    ``jax.device_put``, which converts on the host: ``jnp.asarray`` compiles a program)."""
+    """A jax array (formats kept); numpy data is copied to the default device (``to_device``:
+    converted on the host, no program compiled)."""
     if isinstance(x, FormattedArray):
         return x
-    if isinstance(x, np.ndarray):
-        return jax.device_put(x, may_alias=False)  # a copy: the caller may change x later
-    return jnp.asarray(x)
+    return to_device(x)
 
 
 def take(x, index, axis: int):

@@ -18,7 +18,16 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from .._core import Error, FormattedArray, Layout, NetworkError, dims, dlarray, raised_at
+from .._core import (
+    Error,
+    FormattedArray,
+    Layout,
+    NetworkError,
+    dims,
+    dlarray,
+    raised_at,
+    to_device,
+)
 from .._layer import InputLayer, Layer, call_layer
 
 
@@ -111,7 +120,7 @@ class _Failed(Exception):
 def _placeholder_key() -> jax.Array:
     """``jax.random.key(0)``'s value, made on the host: a key for checking layouts, where no
     value is kept (``jax.random.key`` compiles two programs on its first call)."""
-    return jax.random.wrap_key_data(jax.device_put(np.zeros(2, np.uint32)), impl="threefry2x32")
+    return jax.random.wrap_key_data(to_device(np.zeros(2, np.uint32)), impl="threefry2x32")
 
 
 def propagate(net, input_layouts, key, *, abstract: bool, previous=None):

@@ -24,6 +24,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from .._core import to_device
+
 DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16, "float16": jnp.float16}
 
 
@@ -88,10 +90,10 @@ class Policy:
 
             # flax annotates fin_steps as an int; its own update makes it an array, as here
             dynamic = DynamicScale(
-                fin_steps=_scalar(0, np.int32),  # pyright: ignore[reportArgumentType]
-                scale=_scalar(2**16, np.float32),  # pyright: ignore[reportArgumentType]
+                fin_steps=to_device(np.int32(0)),
+                scale=to_device(np.float32(2**16)),
             )
-        return Scaling(dynamic, _scalar(0, np.int32))
+        return Scaling(dynamic, to_device(np.int32(0)))
 
     def value_and_grad(self, objective, learnables, scaling: Scaling):
         """``objective(learnables) -> (loss, aux)`` differentiated, with loss scaling for float16.
@@ -132,12 +134,7 @@ def restore_scaling(policy: Policy, saved: dict | None) -> Scaling:
     dynamic = scaling.dynamic
     if dynamic is not None and saved.get("scale") is not None:
         dynamic = dynamic.replace(
-            scale=_scalar(saved["scale"], np.float32),
-            fin_steps=_scalar(saved["fin_steps"], np.int32),
+            scale=to_device(np.float32(saved["scale"])),
+            fin_steps=to_device(np.int32(saved["fin_steps"])),
         )
-    return Scaling(dynamic, _scalar(saved["skipped"], np.int32))
-
-
-def _scalar(value: float, dtype: type) -> jax.Array:
-    """A scalar on the default device, made on the host (``jnp.int32(0)`` compiles a program)."""
-    return jax.device_put(np.asarray(value, dtype))
+    return Scaling(dynamic, to_device(np.int32(saved["skipped"])))
