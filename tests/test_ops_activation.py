@@ -69,6 +69,41 @@ def test_activation_gradients_float64(x64, op, kwargs, reference):
     np.testing.assert_allclose(jax.vmap(f)(x), f(x), rtol=1e-12)
 
 
+def test_exact_gelu_derivatives_match_jax_nn_gelu_to_second_order(x64):
+    """The erf form and its own tangent rule against autodiff of ``jax.nn.gelu`` (erfc)."""
+    x = jnp.concatenate([_randn((40,), seed=3, dtype=jnp.float64) * 3, jnp.array([0.0, -7, 7])])
+
+    def theirs(x):
+        return jax.nn.gelu(x, approximate=False)
+
+    for transform in (jax.grad, lambda f: jax.grad(jax.grad(f))):
+        np.testing.assert_allclose(
+            jax.vmap(transform(ops.gelu))(x), jax.vmap(transform(theirs))(x), rtol=1e-12, atol=1e-14
+        )
+    np.testing.assert_allclose(
+        jax.jacfwd(ops.gelu)(x), jax.jacfwd(theirs)(x), rtol=1e-12, atol=1e-14
+    )
+    np.testing.assert_allclose(
+        jax.hessian(lambda x: jnp.sum(ops.gelu(x)))(x[:5]),
+        jax.hessian(lambda x: jnp.sum(theirs(x)))(x[:5]),
+        rtol=1e-12,
+        atol=1e-14,
+    )
+    check_grads(ops.gelu, (x[:8],), order=2, modes=("fwd", "rev"))
+
+
+def test_exact_gelu_float32_and_edges():
+    x = jnp.asarray(np.linspace(-12, 12, 2001), jnp.float32)
+    np.testing.assert_allclose(ops.gelu(x), jax.nn.gelu(x, approximate=False), atol=2e-6)
+    edges = jnp.array([jnp.inf, -jnp.inf, jnp.nan, -30.0, 30.0], jnp.float32)
+    ours, theirs = ops.gelu(edges), jax.nn.gelu(edges, approximate=False)
+    np.testing.assert_array_equal(np.isnan(ours), np.isnan(theirs))
+    np.testing.assert_array_equal(ours[jnp.isfinite(theirs)], theirs[jnp.isfinite(theirs)])
+    grads = jax.vmap(jax.grad(ops.gelu))(edges)
+    np.testing.assert_array_equal(grads, jax.vmap(jax.grad(jax.nn.gelu))(edges))
+    assert ops.gelu(jnp.arange(3)).dtype == jax.nn.gelu(jnp.arange(3), approximate=False).dtype
+
+
 @pytest.mark.parametrize(("fmt", "shape"), [("BC", (2, 5)), ("CB", (5, 2)), ("BSSC", (2, 2, 3, 5))])
 def test_softmax_over_the_channel_axis(fmt, shape):
     x = 3 * _randn(shape, seed=3)

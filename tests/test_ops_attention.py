@@ -141,7 +141,7 @@ def test_unbatched_plain_keys_and_weights_without_batch():
     assert_tree_allclose((y.data, weights), (base[0], base_weights[0]), rtol=1e-5, atol=1e-6)
 
 
-def test_jit_vmap_and_the_two_paths_give_the_same_gradients():
+def test_jit_vmap_and_gradients_with_and_without_weights():
     q, k, v = _qkv()
     attend = lambda q, k, v: df.ops.attention(q, k, v, N, fmt="TC", attention_mask="causal")  # noqa: E731
     q, k, v = (a[:, :TQ] for a in (q, k, v))
@@ -155,9 +155,55 @@ def test_jit_vmap_and_the_two_paths_give_the_same_gradients():
         y = out[0] if weights else out
         return jnp.sum(jnp.sin(y))
 
-    fused = jax.jit(jax.grad(loss, argnums=(0, 1, 2)), static_argnums=3)(q, k, v, False)
-    written = jax.jit(jax.grad(loss, argnums=(0, 1, 2)), static_argnums=3)(q, k, v, True)
-    assert_tree_allclose(fused, written, rtol=1e-4, atol=1e-5)
+    without = jax.jit(jax.grad(loss, argnums=(0, 1, 2)), static_argnums=3)(q, k, v, False)
+    with_weights = jax.jit(jax.grad(loss, argnums=(0, 1, 2)), static_argnums=3)(q, k, v, True)
+    assert_tree_allclose(without, with_weights, rtol=1e-4, atol=1e-5)
+
+
+def _split(a):
+    return a.reshape(*a.shape[:2], N, -1)
+
+
+@pytest.mark.parametrize("masks", ["none", "causal", "padding"])
+def test_float32_values_and_gradients_match_jax_dot_product_attention(masks):
+    """The head-major float32 path (queries scaled, not scores) against JAX's own attention."""
+    q, k, v = _qkv(tk=TQ)
+    padding = (jnp.arange(TQ)[None, :] < jnp.asarray([TQ, 3])[:, None])[:, None, None, :]
+    mask = padding if masks == "padding" else None
+    causal = masks == "causal"
+
+    def ours(q, k, v):
+        kwargs = {"attention_mask": "causal"} if causal else {}
+        if mask is not None:
+            kwargs["padding_mask"] = (jnp.arange(TQ)[None, :] < jnp.asarray([TQ, 3])[:, None])[
+                :, :, None
+            ].astype(jnp.float32)
+        return df.ops.attention(q, k, v, N, fmt="BTC", **kwargs)
+
+    def theirs(q, k, v):
+        y = jax.nn.dot_product_attention(_split(q), _split(k), _split(v), mask=mask, is_causal=causal)
+        return y.reshape(*y.shape[:2], -1)
+
+    np.testing.assert_allclose(ours(q, k, v), theirs(q, k, v), rtol=1e-5, atol=1e-6)
+    cotangent = _randn(q.shape[:2] + (v.shape[2],), seed=9)
+    grads = [
+        jax.jit(jax.grad(lambda q, k, v, f=f: jnp.vdot(f(q, k, v), cotangent), argnums=(0, 1, 2)))(
+            q, k, v
+        )
+        for f in (ours, theirs)
+    ]
+    assert_tree_allclose(grads[0], grads[1], rtol=1e-4, atol=1e-5)
+
+
+def test_bfloat16_takes_jax_dot_product_attention():
+    """Below float32, without dropout or weights, the scores stay float32 inside JAX's op."""
+    q, k, v = _qkv(dtype=jnp.bfloat16, tk=TQ)
+    y = df.ops.attention(q, k, v, N, fmt="BTC", attention_mask="causal")
+    expected = jax.nn.dot_product_attention(_split(q), _split(k), _split(v), is_causal=True)
+    assert y.dtype == jnp.bfloat16
+    np.testing.assert_array_equal(
+        np.asarray(y, np.float32), np.asarray(expected.reshape(y.shape), np.float32)
+    )
 
 
 def test_gradients_float64_match_finite_differences(x64):
