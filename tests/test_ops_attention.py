@@ -181,7 +181,9 @@ def test_float32_values_and_gradients_match_jax_dot_product_attention(masks):
         return df.ops.attention(q, k, v, N, fmt="BTC", **kwargs)
 
     def theirs(q, k, v):
-        y = jax.nn.dot_product_attention(_split(q), _split(k), _split(v), mask=mask, is_causal=causal)
+        y = jax.nn.dot_product_attention(
+            _split(q), _split(k), _split(v), mask=mask, is_causal=causal
+        )
         return y.reshape(*y.shape[:2], -1)
 
     np.testing.assert_allclose(ours(q, k, v), theirs(q, k, v), rtol=1e-5, atol=1e-6)
