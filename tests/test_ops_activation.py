@@ -92,6 +92,22 @@ def test_exact_gelu_derivatives_match_jax_nn_gelu_to_second_order(x64):
     check_grads(ops.gelu, (x[:8],), order=2, modes=("fwd", "rev"))
 
 
+def test_softmax_tangent_rule_matches_autodiff_of_jax_nn_softmax(x64):
+    """df.ops.softmax takes JAX's custom_jvp rule; its derivatives equal autodiff's."""
+    x = _randn((3, 5), seed=4, dtype=jnp.float64)
+    w = _randn((3, 5), seed=5, dtype=jnp.float64)
+
+    def ours(x):
+        return jnp.vdot(jnp.sin(ops.softmax(x, fmt="BC")), w)
+
+    def theirs(x):
+        return jnp.vdot(jnp.sin(jax.nn.softmax(x, axis=1)), w)
+
+    np.testing.assert_allclose(jax.grad(ours)(x), jax.grad(theirs)(x), rtol=1e-12, atol=1e-15)
+    np.testing.assert_allclose(jax.hessian(ours)(x), jax.hessian(theirs)(x), rtol=1e-10, atol=1e-13)
+    assert "custom_jvp_call" in str(jax.make_jaxpr(ours)(x))
+
+
 def test_exact_gelu_float32_and_edges():
     x = jnp.asarray(np.linspace(-12, 12, 2001), jnp.float32)
     np.testing.assert_allclose(ops.gelu(x), jax.nn.gelu(x, approximate=False), atol=2e-6)

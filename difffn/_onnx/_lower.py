@@ -174,6 +174,9 @@ class Lowering:
         name = eqn.primitive.name
         sub = _sub_jaxpr(eqn)
         if name in _CALLS and sub is not None:
+            axis = _softmax_call(eqn)
+            if axis is not None and not isinstance(ins[0], Const):
+                return self.node("Softmax", [ins[0]], scope, axis=axis)
             named = self._named_call(eqn, ins, scope)
             if named is not None:
                 return named
@@ -603,6 +606,41 @@ def _softmax_at(eqns, i, uses):
     if any(uses.get(k, 0) != n for k, n in expected.items()):
         return None
     return x, int(axes[0]), div.outvars[0], len(_SOFTMAX)
+
+
+_SOFTMAX_RULE = ("reduce_max", "convert_element_type", "max", "broadcast_in_dim", "sub", "exp",
+                 "reduce_sum", "broadcast_in_dim", "div")  # fmt: skip
+
+
+def _softmax_call(eqn) -> int | None:
+    """The axis, where ``eqn`` is ``jax.nn.softmax`` with JAX's own tangent rule (the
+    ``custom_jvp_call`` that ``jax.softmax_custom_jvp`` makes, as ``df.ops`` uses it); else None."""
+    sub = _sub_jaxpr(eqn)
+    if eqn.primitive.name != "custom_jvp_call" or not isinstance(sub, ClosedJaxpr):
+        return None
+    inner = sub.jaxpr
+    if tuple(e.primitive.name for e in inner.eqns) != _SOFTMAX_RULE or len(inner.invars) != 2:
+        return None
+    top, cast, clamp, b1, sub_, exp, total, b2, div = inner.eqns
+    x, initial = inner.invars
+    axes = top.params["axes"]
+    steps = [
+        (top.invars[0], x), (cast.invars[0], initial), (clamp.invars[0], cast.outvars[0]),
+        (clamp.invars[1], top.outvars[0]), (b1.invars[0], clamp.outvars[0]),
+        (sub_.invars[0], x), (sub_.invars[1], b1.outvars[0]), (exp.invars[0], sub_.outvars[0]),
+        (total.invars[0], exp.outvars[0]), (b2.invars[0], total.outvars[0]),
+        (div.invars[0], exp.outvars[0]), (div.invars[1], b2.outvars[0]),
+    ]  # fmt: skip
+    if (
+        len(axes) != 1
+        or tuple(total.params["axes"]) != tuple(axes)
+        or any(a is not b for a, b in steps)
+        or list(inner.outvars) != [div.outvars[0]]
+        or not isinstance(eqn.invars[1], Literal)
+        or eqn.invars[1].val != -np.inf
+    ):
+        return None
+    return int(axes[0])
 
 
 def _where(eqn) -> str:

@@ -282,11 +282,11 @@ class Steps:
                 # padding: copies of the first observation, cut from the outputs in _core
                 rows = jnp.concatenate([index, jnp.broadcast_to(index[:1], (padded - batch_size,))])
                 xs = tuple(
-                    placement.constrain(_batches.take(x, rows, a), a)
+                    placement.constrain(_batches.take(x, rows, a, in_bounds=True), a)
                     for x, a in zip(X, in_axes, strict=True)
                 )
                 ts = tuple(
-                    placement.constrain(_batches.take(t, index, a), a)
+                    placement.constrain(_batches.take(t, index, a, in_bounds=True), a)
                     for t, a in zip(T, t_axes, strict=True)
                 )
                 return xs, ts

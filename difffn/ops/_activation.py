@@ -13,7 +13,7 @@ import jax.numpy as jnp
 from jax import lax
 
 from .._core import Data, OpError, Output
-from ._common import floating, pack, real, require_label, unpack, who
+from ._common import floating, pack, real, require_label, softmax_along, unpack, who
 
 
 def _elementwise(op, x, fmt, fn):
@@ -193,4 +193,4 @@ def softmax(x: Data, *, fmt: str | None = None) -> Output:
     """
     data, fmt, formatted = unpack("softmax", x, fmt)
     axis = require_label("softmax", fmt, "C", data.shape, why="works along the channel axis 'C'")
-    return pack(jax.nn.softmax(floating(data), axis=axis), fmt, formatted)
+    return pack(softmax_along(floating(data), axis), fmt, formatted)

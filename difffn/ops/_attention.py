@@ -20,6 +20,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from .._core import Data, OpError, Output
+from ._common import softmax_along
 from ._format_args import float_dtype, label, read, read_like, require
 
 _FORMAT = (
@@ -174,7 +175,7 @@ def _attend(q, k, v, mask, scale, p, key):
     if mask is not None:
         large = min(float(jnp.finfo(logits_dtype).max), float(jnp.finfo(jnp.float32).max))
         logits = jnp.where(mask, logits, jnp.asarray(-0.7 * large, logits_dtype))
-    weights = jax.nn.softmax(logits, axis=-1).astype(q.dtype)
+    weights = softmax_along(logits, -1).astype(q.dtype)
     if p > 0:
         keep = jax.random.bernoulli(key, 1.0 - p, weights.shape)
         weights = jnp.where(keep, weights / jnp.asarray(1.0 - p, weights.dtype), 0)

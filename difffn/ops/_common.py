@@ -198,3 +198,16 @@ def plain(op: str, name: str, value) -> jax.Array:
     if value is None or isinstance(value, (str, bytes)):
         raise OpError(f"{who(op)}: {name} must be an array; got {value!r}.")
     return jnp.asarray(value)
+
+
+def softmax_along(data: jax.Array, axis: int) -> jax.Array:
+    """``jax.nn.softmax`` with JAX's own tangent rule (``jax.softmax_custom_jvp``).
+
+    JAX still differentiates ``jax.nn.softmax`` through its equations by default; its
+    ``custom_jvp`` rule, ``y * (dx - sum(y * dx))``, is one pass over the input where autodiff
+    writes out three, and XLA:CPU no longer writes a broadcast of the denominator at full size
+    (issue 29: the benchmark transformer's attention forward and backward 1.5x faster). Values
+    are the same equations; ``df.export_onnx`` writes either as one ``Softmax``.
+    """
+    with jax.softmax_custom_jvp(True):
+        return jax.nn.softmax(data, axis=axis)
