@@ -284,8 +284,15 @@ class Lowering:
         return self.node("Where", [pred, if_true, if_false], scope)
 
     def _p_reshape(self, eqn, ins, scope):
-        return self.node("Reshape", [ins[0], self.shape_tensor(eqn.params["new_sizes"], scope)],
-                         scope)  # fmt: skip
+        sizes = list(eqn.params["new_sizes"])
+        computed = [
+            i for i, d in enumerate(sizes) if not isinstance(d, int) and str(d) not in self.symbols
+        ]
+        if len(computed) == 1:
+            # One size computed from the symbolic ones (e.g. 5*B, observations and steps
+            # flattened together): ONNX's Reshape infers a -1 from the element count.
+            sizes[computed[0]] = -1
+        return self.node("Reshape", [ins[0], self.shape_tensor(sizes, scope)], scope)
 
     def _p_squeeze(self, eqn, ins, scope):
         axes = self.const(np.array(eqn.params["dimensions"], np.int64), "axes")
