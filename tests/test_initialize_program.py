@@ -227,3 +227,44 @@ def test_an_initializer_error_still_names_the_layer():
     net = df.Network([Broken()])  # no input layer: nothing runs before initialize
     with pytest.raises(df.LayerError, match=r"Broken.initialize \(layer 'broken_1'\) raised Ty"):
         net.initialize(df.Layout((None, 4), "BC"), key=jax.random.key(0))
+
+
+class Counted(df.Layer):
+    """A user's layer that counts how often the network traces or runs its ``predict``."""
+
+    weights: jax.Array | None = df.learnable(default=None)
+    calls = [0]
+
+    def initialize(self, layout, *, key):
+        return self.replace(weights=jax.random.normal(key, (layout.size("C"), 2)))
+
+    def predict(self, x):
+        Counted.calls[0] += 1
+        return df.dlarray(jnp.tanh(df.stripdims(x) @ self.weights), "BC")
+
+
+def test_the_constructor_traces_the_network_once_and_initialize_reuses_its_sizes():
+    """One trace checks every layer's sizes; initialize takes the outputs' sizes from it."""
+    Counted.calls[0] = 0
+    layers = [L.FeatureInput(3, name="in"), Counted(name="a"), L.ReLU(name="r"), Counted(name="b")]
+    net = df.Network(layers)
+    assert Counted.calls[0] == 2  # each Counted once, in the constructor's one trace
+    net = net.initialize(key=jax.random.key(0))
+    assert Counted.calls[0] == 2  # initialize traced the initializers, not the calls again
+    x = np.random.default_rng(0).standard_normal((4, 3)).astype(np.float32)
+    a = net.layers[1].weights
+    expected = np.tanh(np.maximum(np.tanh(x @ a), 0) @ net.layers[3].weights)
+    np.testing.assert_allclose(net.predict(x).data, expected, rtol=1e-6, atol=1e-6)
+    assert a.shape == (3, 2) and net.layers[3].weights.shape == (2, 2)
+
+
+def test_initialize_with_another_layout_traces_the_layers_again():
+    """Sizes remembered for one input layout are not used for another."""
+    Counted.calls[0] = 0
+    net = df.Network([L.FeatureInput(3, name="in"), Counted(name="a")])
+    assert Counted.calls[0] == 1
+    fixed = net.initialize(df.Layout((4, 3), "BC"), key=jax.random.key(0))
+    assert Counted.calls[0] == 2  # a batch of 4, not the constructor's unknown batch
+    assert str(fixed.recorded_layouts[1][1][0]) != str(net.initialize(key=jax.random.key(0))
+                                                        .recorded_layouts[1][1][0])  # fmt: skip
+    assert Counted.calls[0] == 2  # the constructor's layout: remembered

@@ -110,7 +110,16 @@ class Network(NetworkBase):
         entries = [lyr for lyr in (flat[i] for i, _ in graph.inputs) if isinstance(lyr, InputLayer)]
         if not graph.dangling and len(entries) == len(graph.inputs):
             # Input layers fix every input layout: check that the sizes fit, abstractly.
-            propagate(self, [lyr.input_layout for lyr in entries], None, abstract=True)
+            # The output sizes it learns are kept for initialize (``memo``), which then traces
+            # each layer's initializer but not its call again.
+            self._shape_memo: dict | None = {}
+            propagate(
+                self,
+                [lyr.input_layout for lyr in entries],
+                None,
+                abstract=True,
+                memo=self._shape_memo,
+            )
 
     def _set(self, layers, graph, layouts) -> None:
         self._layers = layers
@@ -386,8 +395,10 @@ class Network(NetworkBase):
             # of compiling it.
             _compilation_cache.use("auto", "Network.initialize")
 
+            memo = getattr(self, "_shape_memo", None)
+
             def initializers(net: Network, key: jax.Array) -> Network:
-                return propagate(net, layouts, key, abstract=False)
+                return propagate(net, layouts, key, abstract=False, memo=memo)
 
             try:
                 traced = jax.jit(merged_draws(initializers)).trace(self, key)
