@@ -173,7 +173,7 @@ def test_conv1d_and_conv3d_import_back_as_themselves(layer, fmt, shape, tmp_path
 
 
 def test_other_cnn_layers_export_and_onnx_runtime_agrees(tmp_path):
-    # these export as elementwise math and reductions (GELU's erfc as 1 - Erf); their import
+    # these export as elementwise math and reductions (GELU as x * (1 + Erf) / 2); their import
     # is the same function, node by node
     net = df.Network([
         L.ImageInput((4, 4, 4), normalization="none", name="in"),

@@ -141,7 +141,11 @@ def _remembered(memo, key, layer) -> tuple | None:
     if not memo or key not in memo:
         return None
     signature = _signature(layer)
-    return memo[key][1:] if signature is not None and signature == memo[key][0] else None
+    try:
+        same = signature is not None and bool(signature == memo[key][0])
+    except Exception:  # a static field whose == is not a bool (an array): trace the layer again
+        same = False
+    return memo[key][1:] if same else None
 
 
 def propagate(net, input_layouts, key, *, abstract: bool, previous=None, memo=None):
@@ -151,7 +155,8 @@ def propagate(net, input_layouts, key, *, abstract: bool, previous=None, memo=No
     edit; ``abstract`` propagation then returns the network with the layouts recorded.
 
     ``memo``: a dict that an abstract propagation fills with each layer's output sizes, keyed by
-    the layer's place, input layouts and stand-in sizes, next to the shapes of its initialized
+    the layer's place, input layouts, stand-in sizes and the network's unknown size labels (its
+    output layouts leave those unknown), next to the shapes of its initialized
     parameters. A later propagation given the same dict (``Network.initialize`` after the
     constructor's check) takes a layer's output sizes from it when its initialized parameters
     have those shapes, instead of tracing the layer again (``jax.eval_shape``: the benchmark
@@ -258,6 +263,7 @@ def _propagate_at(net, input_layouts, key, abstract, previous, length, memo=None
                 else out_sizes[(s.index, s.port)]
                 for s in g.sources[i]
             )
+            memo_key = (i, ins, sizes, frozenset(unknown))
             before = previous.get(layer.name) if previous else None
             if before is not None and before[0] is layer and before[1][0] == ins:
                 recorded[i] = before[1]
@@ -286,7 +292,7 @@ def _propagate_at(net, input_layouts, key, abstract, previous, length, memo=None
                     )
                 if isinstance(layer, InputLayer):
                     outs, out_shapes = (ins[0],), (sizes[0],)
-                elif (known := _remembered(memo, (i, ins, sizes), layer)) is not None:
+                elif (known := _remembered(memo, memo_key, layer)) is not None:
                     outs, out_shapes = known
                 elif not layer.acceleratable:
                     # It cannot be traced: run it on placeholder data to learn its output sizes.
@@ -341,7 +347,7 @@ def _propagate_at(net, input_layouts, key, abstract, previous, length, memo=None
             if memo is not None and abstract and layer.acceleratable:
                 signature = _signature(layer)
                 if signature is not None:
-                    memo[(i, ins, sizes)] = (signature, outs, out_shapes)
+                    memo[memo_key] = (signature, outs, out_shapes)
             for o, lo in enumerate(outs):
                 out_layouts[(i, o)] = lo
                 out_sizes[(i, o)] = out_shapes[o]

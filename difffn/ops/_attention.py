@@ -1,13 +1,13 @@
 r"""``df.ops.attention``: MATLAB's ``attention`` function (multi-head scaled dot-product).
 
-The computation goes to ``jax.nn.dot_product_attention`` when it fits: no dropout, no attention
-weights asked for, queries and values with the same channels per head, and a dtype of at most
-single precision. Otherwise it runs the same computation written out here (``einsum``, mask,
-softmax, ``einsum``), because ``jax.nn.dot_product_attention`` cannot drop attention weights or
-return them, needs values as wide as keys, and computes the softmax in float32 even for float64
-inputs (which would spoil float64 gradient checks). Masked logits take JAX's value
-(``-0.7`` times the largest float32), so both paths agree, also for a query whose keys are all
-masked (it attends uniformly).
+Float32 and float64 attention runs the computation written out here, heads-major (``einsum``,
+mask, softmax, ``einsum``): on XLA:CPU it is faster than ``jax.nn.dot_product_attention``
+(issue 29), it can drop and return attention weights and take values wider than keys, and it
+keeps float64 in float64 (JAX's op computes the softmax in float32, which would spoil float64
+gradient checks). Below single precision, without dropout or weights and with values as wide as
+keys, it goes to ``jax.nn.dot_product_attention``, which keeps the scores in float32. Masked
+logits take JAX's value (``-0.7`` times the largest float32), so both paths agree, also for a
+query whose keys are all masked (it attends uniformly).
 """
 
 from __future__ import annotations
@@ -137,8 +137,9 @@ def multi_head(q, k, v, *, mask, causal, scale, probability, key, return_weights
     ``(B, N, Lq, Lk)``, or ``None``. Returns ``(y, weights)``, ``weights`` ``None`` when not
     asked for and the fused path ran.
 
-    Float32 attention is written out head-major (below); other precisions without dropout or
-    weights take ``jax.nn.dot_product_attention``, which keeps their scores in float32.
+    Float32 and float64 attention is written out head-major (below); bfloat16 and float16
+    without dropout or weights take ``jax.nn.dot_product_attention``, which keeps their scores
+    in float32.
     """
     n_q, n_k = q.shape[1], k.shape[1]
     fused = (
