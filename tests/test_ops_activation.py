@@ -108,6 +108,19 @@ def test_softmax_tangent_rule_matches_autodiff_of_jax_nn_softmax(x64):
     assert "custom_jvp_call" in str(jax.make_jaxpr(ours)(x))
 
 
+def test_exact_gelu_backward_keeps_only_its_input(capsys):
+    """JAX's own residual report: reverse mode saves x alone (the derivative is recomputed in
+    the backward pass), where autodiff of jax.nn.gelu saves three arrays."""
+    from jax.ad_checkpoint import print_saved_residuals
+
+    x = jnp.linspace(-3.0, 3.0, 7)
+    print_saved_residuals(lambda x: jnp.sum(ops.gelu(x)), x)
+    saved = [line for line in capsys.readouterr().out.splitlines() if line.strip()]
+    assert saved == ["f32[7] from the argument x"]
+    print_saved_residuals(lambda x: jnp.sum(jax.nn.gelu(x, approximate=False)), x)
+    assert len([ln for ln in capsys.readouterr().out.splitlines() if "f32[7]" in ln]) == 3
+
+
 def test_exact_gelu_float32_and_edges():
     x = jnp.asarray(np.linspace(-12, 12, 2001), jnp.float32)
     np.testing.assert_allclose(ops.gelu(x), jax.nn.gelu(x, approximate=False), atol=2e-6)
