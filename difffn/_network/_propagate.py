@@ -294,18 +294,9 @@ def _propagate_at(net, input_layouts, key, abstract, previous, length, memo=None
                     outs, out_shapes = (ins[0],), (sizes[0],)
                 elif (known := _remembered(memo, memo_key, layer)) is not None:
                     outs, out_shapes = known
-                elif not layer.acceleratable:
-                    # It cannot be traced: run it on placeholder data to learn its output sizes.
-                    xs = tuple(
-                        dlarray(jnp.zeros(n, dtype), lo.format)
-                        if lo.format
-                        else jnp.zeros(n, dtype)
-                        for lo, n in zip(ins, sizes)
-                    )
-                    values = call_layer(layer, xs)[0]
-                    outs = tuple(_output_layout(v, unknown) for v in values)
-                    out_shapes = tuple(tuple(int(n) for n in v.shape) for v in values)
-                elif inline:  # inside the one trace of the whole network: call it on tracers
+                elif inline or not layer.acceleratable:
+                    # Inside the one trace of the whole network, a call on tracers; a layer
+                    # that cannot be traced runs on placeholder data to give its output sizes.
                     xs = tuple(
                         dlarray(jnp.zeros(n, dtype), lo.format)
                         if lo.format

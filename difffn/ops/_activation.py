@@ -108,14 +108,14 @@ def _exact_gelu(v: jax.Array) -> jax.Array:
         return jax.nn.gelu(v, approximate=False)
     if jnp.finfo(v.dtype).bits < 32:
         # 1 + erf cancels where erf is near -1: bfloat16 would round Phi(-2) by 4 %, so half
-        # precisions compute in float32 and round once, as PyTorch's GELU does.
+        # precisions compute in float32 and round once.
         return _gelu_erf(v.astype(jnp.float32)).astype(v.dtype)
     return _gelu_erf(v)
 
 
 @jax.custom_jvp
 def _gelu_erf(x: jax.Array) -> jax.Array:
-    r"""$x \Phi(x)$ with ``erf``, as MATLAB and PyTorch write it, and its derivative in one rule.
+    r"""$x \Phi(x)$ with ``erf`` (as ONNX's ``Gelu`` operator specifies it), its own tangent rule.
 
     ``jax.nn.gelu(approximate=False)`` writes $\Phi$ with ``erfc``, which XLA:CPU expands into
     two polynomials and a select, and its autodiff derivative into three more passes; here the
