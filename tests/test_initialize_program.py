@@ -201,6 +201,40 @@ def test_independent_draws_become_one_threefry_call_per_depth():
         np.testing.assert_array_equal(np.asarray(got), np.asarray(want))  # the bits, exactly
 
 
+def test_draws_nobody_reads_are_dropped_before_merging():
+    # merging would otherwise keep them alive: their bits come out of the one call
+    def draws(key):
+        keys = [jax.random.fold_in(key, i) for i in range(4)]
+        unused = [jax.random.bits(k, (50,)) for k in keys[1:]]  # noqa: F841 - read by nobody
+        return jax.random.bits(keys[0], (2, 3))
+
+    key = jax.random.key(0)
+    merged = jax.make_jaxpr(merged_draws(draws))(key)
+    calls = [e for e in merged.jaxpr.eqns if e.primitive.name == "threefry2x32"]
+    assert [c.outvars[0].aval.shape for c in calls] == [(1,), (2, 3)]  # one fold_in, one draw
+    np.testing.assert_array_equal(
+        np.asarray(jax.jit(merged_draws(draws))(key)), np.asarray(draws(key))
+    )
+
+
+def test_the_network_derives_its_layer_keys_with_one_vectorized_fold_in():
+    # fold_in(key, i) for layer i, as before, in one equation whatever the number of layers
+    L = df.layers
+    net = df.Network(
+        [L.FeatureInput(3), L.FullyConnected(4), L.ReLU(), L.FullyConnected(2), L.Softmax()]
+    )
+    key = jax.random.key(5)
+    program = jax.make_jaxpr(lambda k: net.initialize(key=k))(key)
+    folds = [e for e in program.jaxpr.eqns if e.primitive.name == "random_fold_in"]
+    assert [f.outvars[0].aval.shape for f in folds] == [(5,)]
+    initialized = net.initialize(key=key)
+    for i in (1, 3):
+        alone = net.layers[i].initialize(
+            initialized.recorded_layouts[i][0][0], key=jax.random.fold_in(key, i)
+        )
+        _same(initialized.layers[i].weights, alone.weights, f"layer {i}")
+
+
 def test_merged_draws_compose_with_jit_vmap_and_grad():
     def init(key, scale):
         k1, k2 = jax.random.split(key)

@@ -43,6 +43,7 @@ from typing import Any
 
 import jax
 import jax.numpy as jnp
+from jax import lax
 from jax.extend import core as jex_core
 from jax.extend import random as jex_random
 
@@ -185,6 +186,7 @@ def _run_flat(closed: Any, args: Sequence[Any]) -> list[Any]:
     inputs = [_Ref() for _ in args]
     values.update(zip(inputs, args))
     outputs = _flatten(closed.jaxpr, closed.consts, inputs, nodes, values)
+    nodes = _needed(nodes, outputs)
     depth: dict[Any, int] = {}
     draws: list[list[_Node]] = [[]]
     others: list[list[_Node]] = [[]]
@@ -207,20 +209,46 @@ def _run_flat(closed: Any, args: Sequence[Any]) -> list[Any]:
     return [read(r) for r in outputs]
 
 
+def _needed(nodes: list[_Node], outputs: Sequence[Any]) -> list[_Node]:
+    """The nodes that the outputs depend on, in order. Merging would keep every draw alive
+    (its bits are sliced out of one call), so the draws nobody reads (the key of a layer
+    without parameters) are dropped first, as JAX's dead-code elimination would have."""
+    wanted = {id(r) for r in outputs if isinstance(r, _Ref)}
+    kept: list[_Node] = []
+    for node in reversed(nodes):
+        if any(id(r) in wanted for r in node.outs):
+            kept.append(node)
+            wanted.update(id(r) for r in node.ins if isinstance(r, _Ref))
+    kept.reverse()
+    return kept
+
+
 def _threefry_at_once(nodes: list[_Node], read: Callable[[Any], Any]) -> dict:
-    """Several ``threefry2x32`` equations as one call on their operands, concatenated."""
+    """Several ``threefry2x32`` equations as one call on their operands, concatenated.
+
+    Written with ``lax`` so that each operand takes one equation (a scalar key word one
+    broadcast, a counter array one reshape) and each result one slice (and a reshape when it
+    is not a vector): the equations of this program are most of its tracing and lowering."""
     shapes = [tuple(node.eqn.outvars[0].aval.shape) for node in nodes]
+
+    def flat(value: Any, shape: tuple[int, ...]) -> Any:
+        value = jnp.asarray(value)
+        size = math.prod(shape)
+        if value.ndim == 0:
+            return lax.broadcast_in_dim(value, (size,), ())
+        value = jnp.broadcast_to(value, shape)
+        return value if value.ndim == 1 else lax.reshape(value, (size,))
+
     operands = [
-        jnp.concatenate(
-            [jnp.ravel(jnp.broadcast_to(read(node.ins[i]), s)) for node, s in zip(nodes, shapes)]
-        )
+        lax.concatenate([flat(read(node.ins[i]), s) for node, s in zip(nodes, shapes)], 0)
         for i in range(4)
     ]
     first, second = _THREEFRY.bind(*operands)
     results, start = {}, 0
     for node, shape in zip(nodes, shapes):
         stop = start + math.prod(shape)
-        results[node.outs[0]] = first[start:stop].reshape(shape)
-        results[node.outs[1]] = second[start:stop].reshape(shape)
+        for out, bits in zip(node.outs, (first, second)):
+            part = lax.slice(bits, (start,), (stop,))
+            results[out] = part if len(shape) == 1 else lax.reshape(part, shape)
         start = stop
     return results

@@ -251,6 +251,12 @@ def _propagate_at(net, input_layouts, key, abstract, previous, length, memo=None
     inline = abstract and all(layer.acceleratable for layer in layers)
 
     def walk() -> None:
+        # Layer i draws from fold_in(key, i). One vectorized fold_in gives the same keys (the
+        # key implementation's fold_in is elementwise) in one equation, where one per layer
+        # became a dozen each in the initializers' program once _merged_draws spells them out.
+        layer_keys = None
+        if key is not None:
+            layer_keys = jax.vmap(jax.random.fold_in, (None, 0))(key, jnp.arange(len(layers)))
         for i in g.order:
             layer = layers[i]
             ins = tuple(
@@ -271,7 +277,7 @@ def _propagate_at(net, input_layouts, key, abstract, previous, length, memo=None
                     out_layouts[(i, o)] = lo
                     out_sizes[(i, o)] = _concrete(lo, length)
                 continue
-            layer_key = jax.random.fold_in(key, i) if key is not None else _placeholder_key()
+            layer_key = layer_keys[i] if layer_keys is not None else _placeholder_key()
             try:
                 if abstract and layer.acceleratable and not inline:
                     layer = jax.eval_shape(

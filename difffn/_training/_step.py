@@ -96,8 +96,19 @@ def cached_steps(
 
 
 def _keep_if(frozen, old, new):
-    """``old`` where ``frozen`` (a traced bool), else ``new``, leaf by leaf."""
-    return jax.tree.map(lambda o, n: jnp.where(frozen, o, n), old, new)
+    """``old`` where ``frozen`` (a traced bool), else ``new``, leaf by leaf.
+
+    Leaves of one shape and dtype (all of them, in practice) take one ``lax.select_n`` on the
+    scalar flag: ``jnp.where`` would stage a nested ``jit`` per leaf (two per parameter, in
+    the trace of every step)."""
+
+    def pick(o, n):
+        o, n = jnp.asarray(o), jnp.asarray(n)
+        if o.shape == n.shape and o.dtype == n.dtype:
+            return jax.lax.select_n(frozen, n, o)
+        return jnp.where(frozen, o, n)
+
+    return jax.tree.map(pick, old, new)
 
 
 def loss_value(loss, name, outputs, targets, **mask):
