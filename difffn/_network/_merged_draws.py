@@ -19,7 +19,9 @@ initializers that way:
    implementation's own ``random_bits`` / ``split`` / ``fold_in`` (``jax.extend.random.
    threefry_prng_impl``, traced once per kind and shape), so every ``threefry2x32`` equation
    sits in the list;
-3. the list is evaluated in the caller's trace depth by depth (a draw's depth: how many draws
+3. the equations that no output depends on are dropped (merging would otherwise keep every
+   draw alive: its bits are sliced out of the one call);
+4. the list is evaluated in the caller's trace depth by depth (a draw's depth: how many draws
    lie on its longest chain of inputs), each depth's ``threefry2x32`` equations as one.
 
 The values are bit-identical to the unmerged program's (``tests/test_initialize_program.py``
