@@ -22,6 +22,7 @@ BENCHMARKS = [
     "models",
     "cpu_flags",
     "onnx_export",
+    "matmul_precision",
 ]
 
 
