@@ -11,7 +11,8 @@ as the baseline:
 1. products at the benchmark transformer's sizes and one large one: float32; bfloat16 operands
    with float32 sums ("bf16 x1": the operands rounded, about 3 significant digits); the
    three-product split ("bf16 x3": each operand as a bfloat16 high and low part, the three
-   largest cross products summed in float32, close to float32's accuracy); each with its
+   largest cross products summed in float32, close to float32's accuracy); bfloat16 operands
+   and result ("bf16 out"); each with its
    largest error against NumPy's float64 product, relative to the largest entry;
 2. the transformer's dense, GELU, dense block, forward and backward: in float32, in bfloat16
    as XLA compiles it (bfloat16 products), and in bfloat16 with float32-summing products (a
@@ -65,6 +66,7 @@ def bf16_x3(a: jax.Array, b: jax.Array) -> jax.Array:
 PRODUCTS: dict[str, Callable[[jax.Array, jax.Array], jax.Array]] = {
     "float32": lambda a, b: a @ b,
     "bf16 x1": bf16_x1,
+    "bf16 out": lambda a, b: a.astype(BF16) @ b.astype(BF16),  # bfloat16 result: no AMX
     "bf16 x3": bf16_x3,
 }
 
