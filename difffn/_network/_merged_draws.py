@@ -215,12 +215,12 @@ def _needed(nodes: list[_Node], outputs: Sequence[Any]) -> list[_Node]:
     """The nodes that the outputs depend on, in order. Merging would keep every draw alive
     (its bits are sliced out of one call), so the draws nobody reads (the key of a layer
     without parameters) are dropped first, as JAX's dead-code elimination would have."""
-    wanted = {id(r) for r in outputs if isinstance(r, _Ref)}
+    wanted = {r for r in outputs if isinstance(r, _Ref)}  # references hash by identity
     kept: list[_Node] = []
     for node in reversed(nodes):
-        if any(id(r) in wanted for r in node.outs):
+        if any(r in wanted for r in node.outs):
             kept.append(node)
-            wanted.update(id(r) for r in node.ins if isinstance(r, _Ref))
+            wanted.update(r for r in node.ins if isinstance(r, _Ref))
     kept.reverse()
     return kept
 
