@@ -20,7 +20,8 @@ as the baseline:
 3. ``trainnet``'s transformer step with ``precision="float32"`` and ``"bfloat16"`` (the
    learnables stay float32, the network computes in bfloat16).
 
-Timings are medians of interleaved rounds; nothing here changes difffn.
+Timings are medians of interleaved rounds (``_timing.compare``, shuffled within each round;
+``trainnet``'s two precisions alternate); nothing here changes difffn.
 ``python -m benchmarks matmul_precision [--quick]``.
 """
 
@@ -36,11 +37,12 @@ import jax.numpy as jnp
 import numpy as np
 
 from . import bench_models
+from ._timing import compare
 
 F32, BF16 = jnp.float32, jnp.bfloat16
 SIZES = {False: [(4096, 128, 128), (4096, 128, 512), (4096, 512, 128), (4096, 512, 512)]}
 SIZES[True] = [(64, 16, 32), (64, 32, 16)]
-ROUNDS = {False: 5, True: 2}
+ROUNDS = {False: 9, True: 3}  # compare needs three rounds for its quartiles
 
 
 def _product(a: jax.Array, b: jax.Array) -> jax.Array:
@@ -92,7 +94,9 @@ def _summing_bwd(res: tuple[jax.Array, jax.Array], g: jax.Array) -> tuple[jax.Ar
 summing_in_float32.defvjp(_summing_fwd, _summing_bwd)
 
 
-def dense_block(dtype: Any, product: Callable[[jax.Array, jax.Array], jax.Array]):
+def dense_block(
+    dtype: Any, product: Callable[[jax.Array, jax.Array], jax.Array]
+) -> Callable[..., tuple[jax.Array, jax.Array, jax.Array]]:
     """The gradient of the transformer's dense, GELU, dense block, computed in ``dtype``."""
 
     def loss(x: jax.Array, w1: jax.Array, w2: jax.Array) -> jax.Array:
@@ -100,22 +104,6 @@ def dense_block(dtype: Any, product: Callable[[jax.Array, jax.Array], jax.Array]
         return jnp.sum(product(h, w2.astype(dtype)).astype(F32) ** 2)
 
     return jax.jit(jax.grad(loss, argnums=(0, 1, 2)))
-
-
-def _median_ms(fn: Callable[[], Any], calls: int) -> float:
-    jax.block_until_ready(fn())
-    start = time.perf_counter()
-    for _ in range(calls):
-        jax.block_until_ready(fn())
-    return (time.perf_counter() - start) / calls * 1e3
-
-
-def _interleaved(runs: dict[str, Callable[[], Any]], rounds: int, calls: int) -> dict[str, float]:
-    times: dict[str, list[float]] = {name: [] for name in runs}
-    for _ in range(rounds):
-        for name, fn in runs.items():
-            times[name].append(_median_ms(fn, calls))
-    return {name: statistics.median(t) for name, t in times.items()}
 
 
 def products(quick: bool) -> list[dict[str, Any]]:
@@ -131,12 +119,12 @@ def products(quick: bool) -> list[dict[str, Any]]:
             / float(np.max(np.abs(exact)))
             for name, fn in jitted.items()
         }
-        times = _interleaved(
+        times = compare(
             {name: (lambda fn=fn, a=a, b=b: fn(a, b)) for name, fn in jitted.items()},
-            ROUNDS[quick],
-            20,
+            rounds=ROUNDS[quick],
         )
-        rows.append({"size": (m, k, n), "ms": times, "error": errors})
+        ms = {name: t.median_s * 1e3 for name, t in times.items()}
+        rows.append({"size": (m, k, n), "ms": ms, "error": errors})
     return rows
 
 
@@ -152,13 +140,16 @@ def block(quick: bool) -> dict[str, float]:
         "bfloat16 (XLA's products)": dense_block(BF16, lambda p, q: p @ q),
         "bfloat16, products summing in float32": dense_block(BF16, summing_in_float32),
     }
-    return _interleaved(
-        {name: (lambda g=g: g(x, w1, w2)) for name, g in runs.items()}, ROUNDS[quick], 10
+    times = compare(
+        {name: (lambda g=g: g(x, w1, w2)) for name, g in runs.items()}, rounds=ROUNDS[quick]
     )
+    return {name: t.median_s * 1e3 for name, t in times.items()}
 
 
 def trainnet_step(quick: bool) -> dict[str, float]:
-    """``trainnet``'s transformer step (ms) in the two precisions: (long - short) / steps."""
+    """``trainnet``'s transformer step (ms) in the two precisions: the median over rounds of a
+    three-epoch run less a one-epoch run, over the steps between them; the two precisions
+    alternate within each round."""
     import difffn as df
 
     model = bench_models.MODELS["transformer"]
@@ -166,21 +157,26 @@ def trainnet_step(quick: bool) -> dict[str, float]:
     batches = 3
     X, T = model.data(sizes, batches)
     net = model.difffn_network(sizes)
-    result = {}
-    for precision in ("float32", "bfloat16"):
-        options = bench_models.difffn_options(sizes, "off").replace(precision=precision)
+    options = {
+        p: bench_models.difffn_options(sizes, None).replace(precision=p)
+        for p in ("float32", "bfloat16")
+    }
 
-        def run(epochs: int, options: df.TrainingOptions = options) -> float:
-            start = time.perf_counter()
-            trained, _ = df.trainnet(X, T, net, "crossentropy", options.replace(max_epochs=epochs))
-            jax.block_until_ready(jax.tree.leaves(trained))
-            return time.perf_counter() - start
+    def run(precision: str, epochs: int) -> float:
+        start = time.perf_counter()
+        chosen = options[precision].replace(max_epochs=epochs)
+        trained, _ = df.trainnet(X, T, net, "crossentropy", chosen)
+        jax.block_until_ready(jax.tree.leaves(trained))
+        return time.perf_counter() - start
 
-        run(1)
-        short = min(run(1) for _ in range(ROUNDS[quick]))
-        long = min(run(3) for _ in range(ROUNDS[quick]))
-        result[precision] = (long - short) / (2 * batches) * 1e3
-    return result
+    steps: dict[str, list[float]] = {p: [] for p in options}
+    for p in options:
+        run(p, 1)  # compile
+    for _ in range(ROUNDS[quick]):
+        for p in options:
+            short, long = run(p, 1), run(p, 3)
+            steps[p].append((long - short) / (2 * batches) * 1e3)
+    return {p: statistics.median(v) for p, v in steps.items()}
 
 
 def run(*, quick: bool = False) -> None:

@@ -8,6 +8,7 @@ import json
 import os
 
 import jax
+import numpy as np
 import pytest
 from helpers import run_python, unwritable_folder
 
@@ -92,6 +93,20 @@ def test_the_option_is_validated(tmp_path):
         df.TrainingOptions(compilation_cache=3)
     assert df.TrainingOptions().compilation_cache == "auto"
     assert df.TrainingOptions(compilation_cache=False).compilation_cache is None
+
+
+def test_off_turns_the_cache_off_as_the_environment_variable_does(tmp_path, monkeypatch):
+    # not a folder named "off" in the working directory (a benchmark once wrote one)
+    monkeypatch.chdir(tmp_path)
+    for off in ("off", "OFF", "none", "0"):
+        assert df.TrainingOptions(compilation_cache=off).compilation_cache is None
+    X, T = np.zeros((4, 3), np.float32), np.array([0, 1, 0, 1])
+    net = df.Network([df.layers.FeatureInput(3), df.layers.FullyConnected(2), df.layers.Softmax()])
+    options = df.TrainingOptions(
+        max_epochs=1, mini_batch_size=4, verbose=False, compilation_cache="off"
+    )
+    df.trainnet(X, T, net.initialize(key=jax.random.key(0)), "crossentropy", options)
+    assert list(tmp_path.iterdir()) == []
     options = df.TrainingOptions(compilation_cache=tmp_path / "new")
     assert options.compilation_cache == str(tmp_path / "new")
     assert not (tmp_path / "new").exists()  # made when training starts, not by the options

@@ -173,7 +173,24 @@ def _flatten(
     return [read(v) for v in jaxpr.outvars]
 
 
-# -- 3. depth by depth -------------------------------------------------------------------------
+# -- 3. what the outputs need ------------------------------------------------------------------
+
+
+def _needed(nodes: list[_Node], outputs: Sequence[Any]) -> list[_Node]:
+    """The nodes that the outputs depend on, in order. Merging would keep every draw alive
+    (its bits are sliced out of one call), so the draws nobody reads (the key of a layer
+    without parameters) are dropped first, as JAX's dead-code elimination would have."""
+    wanted = {r for r in outputs if isinstance(r, _Ref)}  # references hash by identity
+    kept: list[_Node] = []
+    for node in reversed(nodes):
+        if any(r in wanted for r in node.outs):
+            kept.append(node)
+            wanted.update(r for r in node.ins if isinstance(r, _Ref))
+    kept.reverse()
+    return kept
+
+
+# -- 4. depth by depth -------------------------------------------------------------------------
 
 
 def _run_flat(closed: Any, args: Sequence[Any]) -> list[Any]:
@@ -209,20 +226,6 @@ def _run_flat(closed: Any, args: Sequence[Any]) -> list[Any]:
         for node in level_others:
             values.update(zip(node.outs, _bind(node.eqn, [read(r) for r in node.ins])))
     return [read(r) for r in outputs]
-
-
-def _needed(nodes: list[_Node], outputs: Sequence[Any]) -> list[_Node]:
-    """The nodes that the outputs depend on, in order. Merging would keep every draw alive
-    (its bits are sliced out of one call), so the draws nobody reads (the key of a layer
-    without parameters) are dropped first, as JAX's dead-code elimination would have."""
-    wanted = {r for r in outputs if isinstance(r, _Ref)}  # references hash by identity
-    kept: list[_Node] = []
-    for node in reversed(nodes):
-        if any(r in wanted for r in node.outs):
-            kept.append(node)
-            wanted.update(r for r in node.ins if isinstance(r, _Ref))
-    kept.reverse()
-    return kept
 
 
 def _threefry_at_once(nodes: list[_Node], read: Callable[[Any], Any]) -> dict:

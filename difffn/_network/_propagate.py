@@ -12,6 +12,7 @@ layouts without being traced again.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 import jax
@@ -115,6 +116,25 @@ class _Failed(Exception):
     def __init__(self, index: int, error: BaseException):
         super().__init__(index)
         self.index, self.error = index, error
+
+
+# Key implementations whose fold_in is elementwise in the data, so that a vectorized fold_in
+# gives each element's own key (unsafe_rbg's rng_bit_generator batches as one stream: not it).
+_ELEMENTWISE_FOLD_IN = frozenset({"threefry2x32", "rbg"})
+
+
+def _layer_keys(key: jax.Array | None, count: int) -> Callable[[int], jax.Array] | None:
+    """Layer i's key, ``fold_in(key, i)``; None without a key.
+
+    For Threefry (and rbg) keys, one vectorized ``fold_in`` makes them all in one equation:
+    one per layer became a dozen each in the initializers' program once ``_merged_draws``
+    spells them out (issue 29). Other implementations fold in layer by layer."""
+    if key is None:
+        return None
+    if str(jax.random.key_impl(key)) in _ELEMENTWISE_FOLD_IN:
+        keys = jax.vmap(jax.random.fold_in, (None, 0))(key, jnp.arange(count))
+        return lambda i: keys[i]
+    return lambda i: jax.random.fold_in(key, i)
 
 
 def _placeholder_key() -> jax.Array:
@@ -251,12 +271,7 @@ def _propagate_at(net, input_layouts, key, abstract, previous, length, memo=None
     inline = abstract and all(layer.acceleratable for layer in layers)
 
     def walk() -> None:
-        # Layer i draws from fold_in(key, i). One vectorized fold_in gives the same keys (the
-        # key implementation's fold_in is elementwise) in one equation, where one per layer
-        # became a dozen each in the initializers' program once _merged_draws spells them out.
-        layer_keys = None
-        if key is not None:
-            layer_keys = jax.vmap(jax.random.fold_in, (None, 0))(key, jnp.arange(len(layers)))
+        layer_key_at = _layer_keys(key, len(layers))
         for i in g.order:
             layer = layers[i]
             ins = tuple(
@@ -277,7 +292,7 @@ def _propagate_at(net, input_layouts, key, abstract, previous, length, memo=None
                     out_layouts[(i, o)] = lo
                     out_sizes[(i, o)] = _concrete(lo, length)
                 continue
-            layer_key = layer_keys[i] if layer_keys is not None else _placeholder_key()
+            layer_key = layer_key_at(i) if layer_key_at is not None else _placeholder_key()
             try:
                 if abstract and layer.acceleratable and not inline:
                     layer = jax.eval_shape(

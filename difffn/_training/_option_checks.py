@@ -19,6 +19,7 @@ import optax
 
 from .._core import OptionsError, files
 from .._devices import MESH_ENVIRONMENTS
+from .._network import compilation_cache as compilation_cache_module
 from .._scoring import Metric, get_metric
 from . import _schedules
 from ._tensorboard import summary_writer_class
@@ -314,11 +315,13 @@ def log_dir(name, value, checked):
 
 
 def compilation_cache(name, value, checked):
-    """``"auto"`` (the user's cache folder, see ``_compilation_cache``), None or False (off), or
-    a folder JAX may write compiled programs to: existing, or creatable (it is made when
-    training starts)."""
+    """``"auto"`` (the user's cache folder, see ``_compilation_cache``), None, False or
+    ``"off"`` (off: the words ``DIFFFN_COMPILATION_CACHE`` takes for off), or a folder JAX may
+    write compiled programs to: existing, or creatable (it is made when training starts)."""
     if value is None or value is False:
         return None
+    if isinstance(value, str) and value.lower() in compilation_cache_module.OFF_WORDS:
+        return None  # as the environment variable reads it, not a folder named "off"
     if isinstance(value, str) and value == "auto":
         return value
     if not isinstance(value, (str, os.PathLike)):

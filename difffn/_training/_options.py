@@ -405,8 +405,8 @@ class TrainingOptions:
       compilation_cache: JAX's persistent compilation cache: ``"auto"`` (default: the folder
         of the ``DIFFFN_COMPILATION_CACHE`` environment variable, ``off`` to turn it off, else
         ``$XDG_CACHE_HOME/difffn/xla`` or ``~/.cache/difffn/xla``; a folder already given to
-        JAX is kept), a folder, or None (off; also turns off the default folder an earlier
-        ``Network.initialize`` turned on). Training reads compiled programs from it and
+        JAX is kept), a folder, or None or ``"off"`` (off; also turns off the default folder
+        an earlier ``Network.initialize`` turned on). Training reads compiled programs from it and
         writes new ones there, so a later process that trains the same network skips
         compiling (see ``docs/performance.md``); ``Network.initialize`` uses the default too.
         The folder is created if missing and kept under 2 GiB (JAX evicts the least recently
