@@ -14,6 +14,12 @@ e.g. ``--xla_cpu_experimental_ynn_fusion_type=LIBRARY_FUSION_TYPE_INDIVIDUAL_CON
    (the transformer's ``[32x4x128x128]`` dot fusions, 10.5 % of its step in the quiet profile
    of 2026-11-27, at about a fifth of the dense layer's arithmetic rate).
 
+4. The same filter gradient in the body of a ``lax.fori_loop`` (4 iterations, each feeding the
+   next): XLA:CPU's ``ConvCanonicalization`` rewrites only top-level convolutions into its
+   kernels' layout, so in a loop the gradient (``dim_labels=f01b_i01o->01bf``) is compiled as a
+   naive loop nest (an ``..._elemental_kernel_module``). Printed: its time per iteration against
+   item 1's, and the layouts of the loop's convolutions.
+
 On the quiet 2-core machine (2026-11-27 16:37 UTC, jax 0.10.2, torch 2.14.1) the first ran at
 23.6 GFLOP/s in XLA against 235.3 in PyTorch (10.0x slower), the second at 170.7 against
 222.7, the third at 52.0 against 128.9; ``docs/performance.md`` has the table.
@@ -23,6 +29,7 @@ from __future__ import annotations
 
 import importlib.util
 import os
+import re
 import statistics
 import sys
 import time
@@ -131,6 +138,27 @@ def _torch_times(conv_arrays, dense_arrays, attention_arrays):
     return out
 
 
+def conv_filter_gradient_in_a_loop(x, w, dy, iterations=4):
+    """XLA's time per iteration of item 1's filter gradient inside a ``lax.fori_loop``, and the
+    ``dim_labels`` of the convolutions in the compiled program."""
+
+    @jax.jit
+    def loop(x, w, dy):
+        def body(_, w):
+            def conv(w):
+                return jax.lax.conv_general_dilated(
+                    x, w, (1, 1), "SAME", dimension_numbers=("NHWC", "HWIO", "NHWC")
+                )
+
+            return w - 1e-6 * jax.vjp(conv, w)[1](dy)[0]
+
+        return jax.lax.fori_loop(0, iterations, body, w)
+
+    text = loop.lower(x, w, dy).compile().as_text()
+    labels = sorted(set(re.findall(r"convolution\(.*dim_labels=([\w>-]+)", text)))
+    return _time(loop, x, w, dy) / iterations, labels
+
+
 def main() -> int:
     conv_s, conv_flops, conv_arrays = conv_filter_gradient()
     dense_s, dense_flops, dense_arrays = dense_step()
@@ -150,6 +178,11 @@ def main() -> int:
         if other is not None:
             line += f"   torch {other * 1e3:8.2f} ms ({flops / other / 1e9:6.1f} GFLOP/s)"
         print(line)
+    looped_s, labels = conv_filter_gradient_in_a_loop(*conv_arrays)
+    print(
+        f"{'the same, in a fori_loop':26s} XLA {looped_s * 1e3:8.2f} ms per iteration "
+        f"({looped_s / conv_s:.1f}x item 1; its convolutions' layouts: {', '.join(labels)})"
+    )
     return 0
 
 

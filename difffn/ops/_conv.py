@@ -16,6 +16,7 @@ import jax
 import jax.numpy as jnp
 
 from .._core import Data, OpError, Output
+from . import _conv_layouts
 from ._common import (
     ints,
     pack,
@@ -182,6 +183,11 @@ def conv(
             )
 
     def run(lhs, spec):
+        if _conv_layouts.fits(groups, pads):  # XLA:CPU: canonical gradients, in loops too
+            pads_ = tuple((int(lo), int(hi)) for lo, hi in pads)
+            return _conv_layouts.conv(
+                lhs, w.astype(dtype), tuple(strides), pads_, tuple(dilation), spec
+            )
         return jax.lax.conv_general_dilated(
             lhs,
             w.astype(dtype),
