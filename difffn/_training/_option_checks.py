@@ -78,6 +78,19 @@ def positive_int(*, allow_inf: bool = False, allow_none: bool = False) -> Check:
     return check
 
 
+def steps_per_execution(name, value, checked):
+    """``"auto"`` or a positive int (the most training iterations one compiled call runs)."""
+    if value == "auto":
+        return value
+    if not isinstance(value, str) and is_int(value) and value > 0:
+        return int(value)
+    raise OptionsError(
+        f"TrainingOptions: {name} must be 'auto' or a positive int; got {value!r}. Fix: "
+        f"{name}='auto' (several iterations per call on one CPU device), 1 (one per call) "
+        f"or a number such as {name}=16."
+    )
+
+
 def real(*, low=None, high=None, low_open=False, high_open=False, inf=False) -> Check:
     def check(name, value, checked):
         ok = is_real(value) and not math.isnan(value)

@@ -64,6 +64,7 @@ class CommonOptions(TypedDict, total=False):
     mesh_shape: Mapping[str, int] | None
     precision: Literal["float32", "bfloat16", "float16"]
     compilation_cache: Literal["auto"] | PathLike | bool | None
+    steps_per_execution: Literal["auto"] | int
     process_timeout: float
     log_dir: PathLike | None
     checkpoint_path: PathLike | None

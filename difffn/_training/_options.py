@@ -228,6 +228,7 @@ OPTIONS: tuple[Option, ...] = (
     Option("mesh_shape", None, check.mesh_shape),
     Option("precision", "float32", check.choice(PRECISIONS), numbers=True, step=True),
     Option("compilation_cache", "auto", check.compilation_cache),
+    Option("steps_per_execution", "auto", check.steps_per_execution),
     Option("checkpoint_path", None, check.folder),
     Option("checkpoint_frequency", 1, check.positive_int()),
     Option("checkpoint_frequency_unit", "epoch", check.choice(CHECKPOINT_UNITS)),
@@ -411,6 +412,16 @@ class TrainingOptions:
         compiling (see ``docs/performance.md``); ``Network.initialize`` uses the default too.
         The folder is created if missing and kept under 2 GiB (JAX evicts the least recently
         used programs). The setting is JAX's, process-wide.
+      steps_per_execution: the most iterations one compiled call runs (Keras' name):
+        ``"auto"`` (default: 16 on one CPU device, else 1), or a number. Iterations between
+        the points where trainnet acts on the state (the first iteration, every
+        ``verbose_frequency``, validation and checkpoint iterations, the end of an epoch) run
+        as one loop inside one program, which on XLA:CPU allocates its temporary memory once
+        per call instead of once per iteration (``docs/performance.md``). The same steps and
+        losses; rows of one call share its ``time_elapsed``. In-memory data only (an iterable of
+        batches runs one call per iteration); one device; without ``output_fcn``, which sees
+        every iteration; a step with a convolution that XLA:CPU cannot run fast inside a loop (a
+        grouped one, or a user's own ``lax`` convolution) runs one iteration per call.
       checkpoint_path: an existing folder for checkpoints (None: no checkpoints). Each is a
         ``net_checkpoint__<iteration>__<date>`` folder (orbax, with a manifest of checksums over
         its files) with everything needed to resume (``df.trainnet(..., resume_from=folder)``),
@@ -484,6 +495,7 @@ class TrainingOptions:
     mesh_shape: Mapping[str, int] | None
     precision: Literal["float32", "bfloat16", "float16"]
     compilation_cache: str | None
+    steps_per_execution: Literal["auto"] | int
     process_timeout: float
     log_dir: str | None
     checkpoint_path: str | os.PathLike[str] | None

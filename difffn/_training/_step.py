@@ -38,7 +38,7 @@ from .._core import OptionsError, kernel_options, run_once, stripdims
 from .._core import batches as _batches
 from .._core import user_code as _user_code
 from .._devices import optimizer_shardings
-from . import _options
+from . import _chunk, _options
 from ._precision import Policy
 from ._state import combine, split
 
@@ -282,6 +282,31 @@ class Steps:
         learn_rate) -> (carry, loss, metric values)``; the carry is ``(learnables, others,
         opt_state, nan_at, scaling)`` (``nan_at``: the iteration of the first NaN loss, 0
         before; ``scaling``: the ``_precision.Scaling`` state)."""
+        if spec[0] == "sequences":
+            return self._sequence_step(spec)
+        step = self._step_fn(spec)
+        if not self.accelerate:
+            return step
+        return self._jit("step", step, donate=(0,), statics=spec)
+
+    def chunk(self, spec, length: int, args):
+        """``length`` steps of a ``"gather"`` spec in one compiled call (``_chunk``), or None
+        when they must run one call each (see ``_chunk.loop_safe``); ``args`` are the first
+        step's arguments, to check the step's program."""
+        key = ("chunk", spec, length)
+        if key not in self._jitted:
+            single = jax.jit(self._step_fn(spec))  # one trace: the check's, reused in the loop
+            program = None
+            if _chunk.loop_safe(single.trace(*args).jaxpr):
+                program = jax.jit(
+                    _chunk.steps(single, length), donate_argnums=(0,),
+                    compiler_options=kernel_options(),
+                )  # fmt: skip
+            self._jitted[key] = program
+        return self._jitted[key]
+
+    def _step_fn(self, spec):
+        """The un-jitted step of a ``"gather"`` or ``"direct"`` spec."""
         placement = self.placement
         if spec[0] == "gather":
             _, batch_size, in_axes, t_axes, padded = spec
@@ -302,8 +327,6 @@ class Steps:
                 )
                 return xs, ts
 
-        elif spec[0] == "sequences":
-            return self._sequence_step(spec)
         else:
             _, in_axes, t_axes, keep = spec
 
@@ -321,9 +344,7 @@ class Steps:
             xs, ts = batch(data)
             return self._core(carry, xs, ts, key, iteration, learn_rate, keep=keep)
 
-        if not self.accelerate:
-            return step
-        return self._jit("step", step, donate=(0,), statics=spec)
+        return step
 
     def _sequence_step(self, spec):
         """The step of padded sequences: data ``(xs, ts, masks, carried state or None)``."""

@@ -1,17 +1,18 @@
-"""``trainnet``: MATLAB's training loop, one compiled step per iteration.
+"""``trainnet``: MATLAB's training loop, one compiled step per iteration (or several per call).
 
 ``trainnet`` checks its arguments and hands a `_Run` the data source (``_sources``), the
 network, the loss and the options. The run sets up (input statistics, initialization, the resume
 checks of ``_checkpoint``, the compiled steps of ``_step``, a fresh ``TrainingState`` of
 ``_state``) and then loops: epochs of mini-batches, each one step whose results stay on the
-device; the host waits for the device only to log (verbose rows, validation, ``output_fcn``,
-checkpoints) and at the end.
+device, or up to ``steps_per_execution`` of them in one compiled call between the iterations
+where the host acts (``_chunk``); the host waits for the device only to log (verbose rows,
+validation, ``output_fcn``, checkpoints) and at the end.
 
 Randomness comes only from the ``key`` argument: the shuffles, the per-iteration keys
 (``fold_in(key, iteration)``, e.g. for dropout) and the initialization of an uninitialized
 network.
 
-Why one module of about 740 lines: trainnet's argument handling and one class, `_Run`, whose
+Why one module of about 800 lines: trainnet's argument handling and one class, `_Run`, whose
 setup phases and loop share the run's state (placement, steps, writer, watch) attribute by
 attribute; split apart, each half would have to be read with the other open. The natural cut,
 if it grows, is the setup phases into a module of their own.
@@ -47,6 +48,7 @@ from .._scoring import Metric, get_loss, loss_name
 from . import (
     _checkpoint,
     _checkpoint_fields,
+    _chunk,
     _fingerprint,
     _options,
     _progress,
@@ -60,6 +62,8 @@ from ._state import History, TrainingInfo, TrainingState, split
 from ._step import cached_steps
 from ._train_args import form_of, layer_arrays_as_networks
 from ._watch import STOPPED_BY_USER, Watch
+
+_SLOT = "_slot"  # a training-history row of a chunk: its index in the chunk's arrays
 
 Data = jax.typing.ArrayLike | tuple[Any, ...] | list[Any]
 """Inputs or targets: an array, a tuple of them (one per network input or loss target), or a
@@ -261,6 +265,10 @@ class _Run:
         net, fingerprint = self._resume_network(net, loss, key, checkpoint)
         self._setup_writer(fingerprint, key, checkpoint)
         self._compile_steps(net, loss_fn, loss)
+        self.chunk_length = _chunk.limit(
+            who, options.steps_per_execution, self.placement, options.output_fcn,
+            accelerate=self.steps.accelerate,
+        )  # fmt: skip
         self._initial_state(net, shuffle_key, step_key, checkpoint)
         self._setup_validation(net)
 
@@ -519,62 +527,103 @@ class _Run:
         return self._finish()
 
     def _run_epoch(self):
-        options, state = self.options, self.state
+        state = self.state
         fresh = state.batch == 0
         spec = step = None
-        feeds = self.source.epoch_feeds(state.order, state.batch, self.placement, self.batch_size)
+        feeds = iter(
+            self.source.epoch_feeds(state.order, state.batch, self.placement, self.batch_size)
+        )
         for feed, data in feeds:
             if feed != spec:
                 spec, step = feed, self.steps.step(feed)
-            iteration = state.iteration + 1
-            lr = self.schedule(iteration, state.epoch)
+            first = state.iteration + 1
+            lr = self.schedule(first, state.epoch)
             carry = (state.learnables, state.others, state.opt_state, state.nan_at, state.scaling)
             assert step is not None  # made for the first feed
-            carry, loss, values, *carried = step(
-                carry, data, state.key, np.int32(iteration), np.float32(lr)
-            )
-            if carried:  # split sequences: the next chunk starts from this recurrent state
-                self.source.carried = carried[0]
+            args = (carry, data, state.key, np.int32(first), np.float32(lr))
+            chunk, n = self._chunk(feed, first, args)
+            if chunk is not None:  # n steps in one call: their mini-batches gathered inside
+                for _ in range(n - 1):
+                    next(feeds)
+                rates = [lr] + [self.schedule(first + j, state.epoch) for j in range(1, n)]
+                padded = np.zeros(self.chunk_length, np.float32)
+                padded[:n] = rates
+                carry, loss, values = chunk(*args[:4], padded, np.int32(n))
+                done = [(first + j, rates[j], loss, values, j) for j in range(n)]
+            else:
+                carry, loss, values, *carried = step(*args)
+                if carried:  # split sequences: the next chunk starts from this recurrent state
+                    self.source.carried = carried[0]
+                done = [(first, lr, loss, values, None)]
             state.learnables, state.others, state.opt_state, state.nan_at, state.scaling = carry
-            state.iteration = iteration
-            state.batch += 1
-            row = {
-                "iteration": iteration,
-                "epoch": state.epoch,
-                "time_elapsed": time.perf_counter() - self.start,
-                "learn_rate": lr,
-                "loss": loss,
-            }
-            row.update({m.name: v for m, v in zip(self.metrics, values, strict=True)})
-            state.training_rows.append(row)
-            assert self.reporter is not None  # made by train()
-            self.reporter.tick(iteration, state.epoch, lr)
-            final = iteration == self.final_iteration
-            validate = self.validation is not None and (
-                iteration % options.validation_frequency == 0 or final
-            )
-            if validate or iteration == 1 or iteration % options.verbose_frequency == 0 or final:
-                self._flush()  # the host waits here anyway: a NaN loss is found here too
-                if validate and state.stop_reason is None:
-                    self._validate()
-                self._log(state.iteration, training=state.training_rows[-1])
-                self.watch.update(state, self._flushed, elapsed=time.perf_counter() - self.start)
-            if state.stop_reason is None and self._call_output_fcn("iteration", row):
-                state.stop_reason = "Stopped by output_fcn"
-            elif state.stop_reason is None and self._stop_file():
-                state.stop_reason = STOPPED_BY_USER
-            elif state.stop_reason is None and (
-                state.bad_validations >= options.validation_patience
-            ):
-                state.stop_reason = "Stopped by validation patience"
-            self._save_checkpoint("iteration")
-            if state.stop_reason is not None:
-                return
+            elapsed = time.perf_counter() - self.start  # the call's: its rows share it
+            for record in done:
+                if self._after_step(*record, elapsed):
+                    return
         if fresh and state.batch == 0 and not self.source.exhausted:
             raise OptionsError(
                 f"{self.who}: the training data yielded no batch in epoch {state.epoch}. Fix: "
                 "pass an iterable with at least one batch."
             )
+
+    def _chunk(self, feed, first, args):
+        """The program that runs the next steps in one call and how many, or ``(None, 1)``."""
+        if self.chunk_length == 1 or feed[0] != "gather":
+            return None, 1
+        options = self.options
+        every = [options.verbose_frequency]
+        if self.validation is not None:
+            every.append(options.validation_frequency)
+        if options.checkpoint_path is not None and options.checkpoint_frequency_unit == "iteration":
+            every.append(options.checkpoint_frequency)
+        n = _chunk.count(
+            first,
+            limit=self.chunk_length,
+            left=self.iterations_per_epoch - self.state.batch,
+            final=self.final_iteration,
+            every=tuple(every),
+        )
+        # one program for every call, the first iteration's call of one step too
+        program = self.steps.chunk(feed, self.chunk_length, args)
+        return (program, n) if program is not None else (None, 1)
+
+    def _after_step(self, iteration, lr, loss, values, slot, elapsed) -> bool:
+        """Record one iteration (``slot``: its index in a chunk's arrays; ``elapsed``: the time
+        its call was dispatched) and act on it; returns whether training stops here."""
+        options, state = self.options, self.state
+        state.iteration = iteration
+        state.batch += 1
+        row = {
+            "iteration": iteration,
+            "epoch": state.epoch,
+            "time_elapsed": elapsed,
+            "learn_rate": lr,
+            "loss": loss,
+        }
+        row.update({m.name: v for m, v in zip(self.metrics, values, strict=True)})
+        if slot is not None:
+            row[_SLOT] = slot
+        state.training_rows.append(row)
+        assert self.reporter is not None  # made by train()
+        self.reporter.tick(iteration, state.epoch, lr)
+        final = iteration == self.final_iteration
+        validate = self.validation is not None and (
+            iteration % options.validation_frequency == 0 or final
+        )
+        if validate or iteration == 1 or iteration % options.verbose_frequency == 0 or final:
+            self._flush()  # the host waits here anyway: a NaN loss is found here too
+            if validate and state.stop_reason is None:
+                self._validate()
+            self._log(state.iteration, training=state.training_rows[-1])
+            self.watch.update(state, self._flushed, elapsed=time.perf_counter() - self.start)
+        if state.stop_reason is None and self._call_output_fcn("iteration", row):
+            state.stop_reason = "Stopped by output_fcn"
+        elif state.stop_reason is None and self._stop_file():
+            state.stop_reason = STOPPED_BY_USER
+        elif state.stop_reason is None and (state.bad_validations >= options.validation_patience):
+            state.stop_reason = "Stopped by validation patience"
+        self._save_checkpoint("iteration")
+        return state.stop_reason is not None
 
     # -- validation, logging ---------------------------------------------------------------------
 
@@ -632,8 +681,9 @@ class _Run:
         keys = ["loss"] + [m.name for m in self.metrics]
         values, nan_at = jax.device_get(([[r[k] for k in keys] for r in pending], state.nan_at))
         for row, vals in zip(pending, values, strict=True):
+            slot = row.pop(_SLOT, None)  # a row of a chunk: its entry of the chunk's arrays
             for k, v in zip(keys, vals, strict=True):
-                row[k] = float(v)
+                row[k] = float(v if slot is None else v[slot])
         nan_at = int(nan_at)
         if nan_at and state.stop_reason is None:
             rows = [r for r in state.training_rows if r["iteration"] <= nan_at]

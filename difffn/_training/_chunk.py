@@ -1,0 +1,137 @@
+"""Several training steps in one compiled call (``TrainingOptions(steps_per_execution=...)``).
+
+A compiled program allocates its temporary buffers each time it runs. On XLA:CPU those are
+fresh pages from the kernel every step (hundreds of MiB for the benchmark transformer, about
+90,000 page faults and their zero-filling per step; ``docs/performance.md``, "Fresh pages on
+every step"). Running ``n`` steps in one call, a ``lax.fori_loop`` over the mini-batches inside
+the program, allocates them once per call: the benchmark transformer's and ResNet's steps run
+1.2x faster, with the same losses (issue 29). Keras calls this ``steps_per_execution``; JAX
+users write the same loop by hand.
+
+``steps(single, length)`` is the program: it runs ``count <= length`` steps (``count`` is an
+argument, so one program serves every chunk length, the first iteration's chunk of one too) and
+returns the losses and metric values of each in arrays of ``length``. ``single`` is the jitted
+one-step function; its trace is shared by the check below and the loop body (JAX caches a
+``jax.jit`` function's trace on its argument types).
+
+``loop_safe(jaxpr)`` says whether a step may run in a loop at all. XLA:CPU gives a convolution
+its fast kernels only in the canonical layout, and rewrites others into it only at the top level
+of a program, not in a loop's body, where they run 30-50x slower (``ops/_conv_layouts.py``).
+``df.ops.conv`` writes its gradients canonically; a step with any other convolution (a user's own
+``lax.conv``, a grouped convolution) runs one step per call.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import jax
+import jax.extend.core as jex
+import jax.numpy as jnp
+
+from .._core import OptionsError
+
+AUTO = 16  # steps_per_execution="auto" on one CPU device (docs/performance.md)
+
+
+def _canonical(spec: tuple[int, ...], rank: int, kernel: bool = False) -> bool:
+    """``(batch or out, feature or in, spatial...)`` in XLA:CPU's kernel layout: data
+    ``(N, spatial..., C)``, kernel ``(spatial..., I, O)``."""
+    if kernel:
+        return tuple(spec) == (rank - 1, rank - 2, *range(rank - 2))
+    return tuple(spec) == (0, rank - 1, *range(1, rank - 1))
+
+
+def _conv_fits(params: dict[str, Any], rank: int) -> bool:
+    lhs, rhs, out = params["dimension_numbers"]
+    return (
+        params.get("feature_group_count", 1) == 1
+        and params.get("batch_group_count", 1) == 1
+        and _canonical(lhs, rank)
+        and _canonical(rhs, rank, kernel=True)
+        and _canonical(out, rank)
+    )
+
+
+def loop_safe(jaxpr: Any) -> bool:
+    """Whether every convolution of ``jaxpr`` (and of the jaxprs inside it) is in the layout
+    XLA:CPU's fast kernels take (see the module docstring)."""
+    jaxpr = getattr(jaxpr, "jaxpr", jaxpr)  # a ClosedJaxpr
+    for eqn in jaxpr.eqns:
+        if eqn.primitive.name == "conv_general_dilated":
+            if not _conv_fits(eqn.params, len(eqn.invars[0].aval.shape)):
+                return False
+        for sub in jex.jaxprs_in_params(eqn.params):
+            if not loop_safe(sub):
+                return False
+    return True
+
+
+def steps(single: Callable[..., Any], length: int) -> Callable[..., Any]:
+    """``run(carry, data, key, iteration, learn_rates, count) -> (carry, losses, values)``:
+    ``count`` steps of ``single(carry, data_b, key, iteration, learn_rate)`` from mini-batch
+    ``b`` and ``iteration`` on (``data = (X, T, order, b)``, a ``"gather"`` feed), the i-th with
+    ``learn_rates[i]``; ``losses`` and each of ``values`` hold ``length`` entries, the first
+    ``count`` of them set."""
+
+    def run(carry, data, key, iteration, learn_rates, count):
+        X, T, order, b = data
+        _, loss, values = jax.eval_shape(single, carry, data, key, iteration, learn_rates[0])
+        out = (
+            jnp.zeros((length, *loss.shape), loss.dtype),
+            tuple(jnp.zeros((length, *v.shape), v.dtype) for v in values),
+        )
+
+        def body(i, state):
+            carry, (losses, metric_values) = state
+            carry, loss, values = single(
+                carry, (X, T, order, b + i), key, iteration + i, learn_rates[i]
+            )
+            metric_values = tuple(
+                m.at[i].set(v) for m, v in zip(metric_values, values, strict=True)
+            )
+            return carry, (losses.at[i].set(loss), metric_values)
+
+        carry, (losses, values) = jax.lax.fori_loop(0, count, body, (carry, out))
+        return carry, losses, values
+
+    return run
+
+
+def limit(who: str, wanted: Any, placement: Any, output_fcn: Any, *, accelerate: bool) -> int:
+    """The most steps one call runs: ``steps_per_execution`` (``wanted``) where the run allows
+    it; an explicit number where it does not is a named error."""
+    if wanted == 1 or not accelerate:  # a network that runs eagerly has no compiled step
+        return 1
+    conflict = None
+    if placement.mesh is not None or placement.multi_host:
+        conflict = "this run splits its batches over a device mesh"
+    elif output_fcn:
+        conflict = "output_fcn sees the network after every iteration"
+    if conflict is not None and wanted != "auto":
+        raise OptionsError(
+            f"{who}: TrainingOptions(steps_per_execution={wanted}) runs several iterations in "
+            f"one compiled call on one device, but {conflict}, which needs one call per "
+            "iteration. Fix: steps_per_execution='auto' (or 1)."
+        )
+    if conflict is not None:
+        return 1
+    if wanted == "auto":
+        return AUTO if jax.default_backend() == "cpu" else 1
+    return int(wanted)
+
+
+def count(first: int, *, limit: int, left: int, final: int | None, every: tuple[int, ...]) -> int:
+    """How many steps to run in one call from iteration ``first``: at most ``limit`` and the
+    ``left`` mini-batches of the epoch, ending at the first iteration where the host acts on the
+    state (logs, validates, checkpoints, looks for the stop file): the first iteration, a
+    multiple of one of the frequencies ``every``, or the ``final`` one."""
+    if first == 1:
+        return 1
+    n = min(limit, left)
+    if final is not None:
+        n = min(n, final - first + 1)
+    for frequency in every:
+        n = min(n, (-first) % frequency + 1)  # up to the next multiple of it
+    return max(n, 1)

@@ -1,0 +1,228 @@
+"""``TrainingOptions(steps_per_execution=...)``: several iterations per compiled call.
+
+The same run with one iteration per call is the reference: the losses, metrics and trained
+learnables agree; the calls end where trainnet acts on the state (rows of one call share its
+``time_elapsed``); a step whose convolutions XLA:CPU would compile slowly in a loop runs one
+iteration per call; and the option's errors.
+"""
+
+from __future__ import annotations
+
+import itertools
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from helpers import assert_tree_allclose
+
+import difffn as df
+from difffn._training import _chunk
+
+L = df.layers
+
+
+def _digits(n=480):
+    X, T, _, _ = df.data.digits()
+    return X[:n], T[:n]
+
+
+def _cnn(normalization="zerocenter") -> df.Network:
+    return df.Network(
+        [
+            L.ImageInput((8, 8, 1), normalization=normalization, name="input"),
+            L.Conv2D(3, 8, padding="same", name="conv1"),
+            L.BatchNorm(name="bn"),
+            L.ReLU(name="relu"),
+            L.Conv2D(3, 8, stride=2, padding="same", name="conv2"),
+            L.ReLU(name="relu2"),
+            L.FullyConnected(10, name="fc"),
+            L.Softmax(name="softmax"),
+        ]
+    )
+
+
+def _options(**more):
+    base = dict(
+        max_epochs=2, mini_batch_size=32, verbose=False, shuffle="every-epoch", metrics="accuracy"
+    )
+    return df.TrainingOptions(**{**base, **more})
+
+
+def _train(net, X, T, **more):
+    return df.trainnet(X, T, net, "crossentropy", _options(**more), key=jax.random.key(3))
+
+
+def _calls(info) -> list[list[int]]:
+    """The iterations of each call: consecutive rows that share their time_elapsed."""
+    rows = info.training_history
+    groups = itertools.groupby(zip(rows["time_elapsed"], rows["iteration"]), key=lambda r: r[0])
+    return [[int(i) for _, i in group] for _, group in groups]
+
+
+def test_the_same_run_as_one_iteration_per_call():
+    X, T = _digits()
+    net = _cnn()
+    one, info_one = _train(net, X, T, steps_per_execution=1)
+    many, info_many = _train(net, X, T, steps_per_execution=4, validation_data=(X[:64], T[:64]),
+                             validation_frequency=6)  # fmt: skip
+    _, info_valid = _train(net, X, T, steps_per_execution=1, validation_data=(X[:64], T[:64]),
+                           validation_frequency=6)  # fmt: skip
+    for name in ("loss", "accuracy", "learn_rate", "iteration", "epoch"):
+        np.testing.assert_allclose(
+            info_many.training_history[name], info_one.training_history[name], rtol=1e-5,
+            atol=1e-6, err_msg=name,
+        )  # fmt: skip
+    assert_tree_allclose(many.learnables, one.learnables, rtol=1e-5, atol=1e-6)
+    assert_tree_allclose(many.state, one.state, rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(
+        info_many.validation_history["loss"], info_valid.validation_history["loss"], rtol=1e-5
+    )
+    # 15 iterations per epoch: the first alone, then calls of 4 cut at the validation every 6
+    # iterations and at the end of each epoch
+    assert _calls(info_many) == [
+        [1], [2, 3, 4, 5], [6], [7, 8, 9, 10], [11, 12], [13, 14, 15],
+        [16, 17, 18], [19, 20, 21, 22], [23, 24], [25, 26, 27, 28], [29, 30],
+    ]  # fmt: skip
+    assert len(_calls(info_one)) == 30
+
+
+def test_auto_runs_several_iterations_per_call_on_one_cpu_device():
+    X, T = _digits(32 * 40)
+    _, info = _train(_cnn(), X, T, max_epochs=1, verbose_frequency=25)
+    expected = [[1], list(range(2, 18)), list(range(18, 26)), list(range(26, 41))]
+    assert _calls(info) == (expected if jax.default_backend() == "cpu" else [[i] for i in
+                                                                            range(1, 41)])  # fmt: skip
+
+
+class LaxConv(df.Layer):
+    """A user's own convolution, written with ``jax.lax``: its gradients are not in the layout
+    XLA:CPU's kernels take, so a loop would run them slowly."""
+
+    weights: jax.Array | None = df.learnable(default=None)
+
+    def initialize(self, layout, *, key):
+        return self.replace(weights=0.1 * jax.random.normal(key, (3, 3, layout.size("C"), 4)))
+
+    def predict(self, x):
+        fmt = getattr(x, "format", None)
+        assert fmt in (None, "BSSC"), fmt
+        y = jax.lax.conv_general_dilated(
+            df.stripdims(x),
+            self.weights,
+            (1, 1),
+            "SAME",
+            dimension_numbers=("NHWC", "HWIO", "NHWC"),
+        )
+        return y if fmt is None else df.dlarray(y, fmt)
+
+
+def test_a_step_with_a_slow_convolution_in_loops_runs_one_iteration_per_call():
+    X, T = _digits(32 * 6)
+    net = df.Network(
+        [
+            L.ImageInput((8, 8, 1), name="input"),
+            LaxConv(name="conv"),
+            L.ReLU(name="relu"),
+            L.FullyConnected(10, name="fc"),
+            L.Softmax(name="softmax"),
+        ]
+    )
+    one, info_one = _train(net, X, T, steps_per_execution=1, max_epochs=1)
+    many, info_many = _train(net, X, T, steps_per_execution=4, max_epochs=1)
+    assert _calls(info_many) == [[i] for i in range(1, 7)]
+    np.testing.assert_allclose(
+        info_many.training_history["loss"], info_one.training_history["loss"], rtol=1e-6
+    )
+
+
+def _jaxpr(conv):
+    x = jnp.ones((2, 6, 6, 3))
+    w = jnp.ones((3, 3, 3, 4))
+    return jax.make_jaxpr(jax.grad(lambda x, w: jnp.sum(conv(x, w) ** 2), (0, 1)))(x, w)
+
+
+def test_loop_safe_reads_the_layouts_of_every_convolution_in_the_step():
+    def lax_conv(x, w):
+        return jax.lax.conv_general_dilated(
+            x, w, (1, 1), "SAME", dimension_numbers=("NHWC", "HWIO", "NHWC")
+        )
+
+    def ops_conv(x, w):
+        return df.ops.conv(df.dlarray(x, "BSSC"), w, padding="same").data
+
+    def grouped(x, w):
+        return df.ops.conv(df.dlarray(jnp.tile(x, 2), "BSSC"), w, padding="same").data
+
+    assert not _chunk.loop_safe(_jaxpr(lax_conv))  # JAX's transposes: f01b_i01o->01bf, 01oi
+    assert _chunk.loop_safe(jax.make_jaxpr(lax_conv)(jnp.ones((2, 6, 6, 3)),
+                                                     jnp.ones((3, 3, 3, 4))))  # fmt: skip
+    if jax.default_backend() == "cpu":
+        assert _chunk.loop_safe(_jaxpr(ops_conv))
+    assert not _chunk.loop_safe(_jaxpr(grouped))  # two groups of 3 channels
+    # nested: inside a jit and a scan
+    nested = jax.make_jaxpr(
+        lambda x, w: jax.lax.scan(
+            lambda c, _: (jax.jit(lax_conv)(c, w)[..., :3], None), x, None, length=2
+        )[0]  # fmt: skip
+    )
+    assert _chunk.loop_safe(nested(jnp.ones((2, 6, 6, 3)), jnp.ones((3, 3, 3, 4))))
+    looped_grad = jax.make_jaxpr(
+        jax.grad(
+            lambda x, w: jnp.sum(
+                jax.lax.scan(lambda c, _: (lax_conv(c, w)[..., :3], None), x, None, length=2)[0]
+            )
+        )
+    )
+    assert not _chunk.loop_safe(looped_grad(jnp.ones((2, 6, 6, 3)), jnp.ones((3, 3, 3, 4))))
+
+
+def test_count_ends_where_the_host_acts():
+    kw = dict(limit=16, left=100, final=None, every=(50,))
+    assert _chunk.count(1, **kw) == 1
+    assert _chunk.count(2, **kw) == 16
+    assert _chunk.count(40, **kw) == 11  # 40..50
+    assert _chunk.count(50, **kw) == 1
+    assert _chunk.count(51, **{**kw, "left": 3}) == 3  # the epoch's end
+    assert _chunk.count(51, **{**kw, "final": 52}) == 2
+    assert _chunk.count(2, **{**kw, "every": (50, 6)}) == 5  # 2..6
+
+
+def test_a_nan_loss_inside_a_call_stops_training_at_its_iteration():
+    X, T = _digits(32 * 10)
+    X = np.array(X)
+    X[32 * 6 + 3] = np.nan  # the 7th mini-batch of the epoch (no shuffle)
+    kw = dict(shuffle="never", max_epochs=1)
+    net, info = _train(_cnn("none"), X, T, steps_per_execution=8, **kw)
+    net_one, info_one = _train(_cnn("none"), X, T, steps_per_execution=1, **kw)
+    assert info.stop_reason == info_one.stop_reason == "Training loss is NaN"
+    assert len(info.training_history) == len(info_one.training_history) == 7
+    assert info.output_network_iteration == 7
+    # the steps after the NaN one, in the same call, changed nothing
+    for name, value in net.learnables.items():
+        np.testing.assert_allclose(value, net_one.learnables[name], rtol=1e-6, err_msg=name)
+
+
+@pytest.mark.parametrize(
+    ("value", "message"),
+    [
+        (0, "steps_per_execution must be 'auto' or a positive int; got 0"),
+        ("fast", "steps_per_execution must be 'auto' or a positive int; got 'fast'"),
+        (2.5, "Fix: steps_per_execution='auto'"),
+    ],
+)
+def test_bad_values_are_named(value, message):
+    with pytest.raises(df.OptionsError, match=message.replace("(", r"\(").replace(")", r"\)")):
+        df.TrainingOptions(steps_per_execution=value)
+
+
+def test_an_output_fcn_needs_one_call_per_iteration():
+    X, T = _digits(64)
+    with pytest.raises(df.OptionsError) as error:
+        _train(_cnn(), X, T, steps_per_execution=4, output_fcn=lambda info: False)
+    text = str(error.value)
+    assert "steps_per_execution=4" in text and "output_fcn sees the network after every" in text
+    assert "Fix: steps_per_execution='auto' (or 1)" in text
+    # "auto" runs it one call per iteration, without complaint
+    _, info = _train(_cnn(), X, T, output_fcn=lambda info: False, max_epochs=1)
+    assert _calls(info) == [[1], [2]]
