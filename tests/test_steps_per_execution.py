@@ -9,6 +9,7 @@ iteration per call; and the option's errors.
 from __future__ import annotations
 
 import itertools
+import math
 
 import jax
 import jax.numpy as jnp
@@ -63,11 +64,15 @@ def _calls(info) -> list[list[int]]:
 def test_the_same_run_as_one_iteration_per_call():
     X, T = _digits()
     net = _cnn()
-    one, info_one = _train(net, X, T, steps_per_execution=1)
+    # "warmup" changes the learn rate every iteration for 8 iterations, inside the calls too
+    warm = dict(learn_rate_schedule="warmup", learn_rate_schedule_settings={"num_steps": 8})
+    one, info_one = _train(net, X, T, steps_per_execution=1, **warm)
     many, info_many = _train(net, X, T, steps_per_execution=4, validation_data=(X[:64], T[:64]),
-                             validation_frequency=6)  # fmt: skip
+                             validation_frequency=6, **warm)  # fmt: skip
     _, info_valid = _train(net, X, T, steps_per_execution=1, validation_data=(X[:64], T[:64]),
-                           validation_frequency=6)  # fmt: skip
+                           validation_frequency=6, **warm)  # fmt: skip
+    rates = np.asarray(info_many.training_history["learn_rate"])
+    assert len(set(rates[1:5].tolist())) == 4  # four learn rates inside the call [2, 3, 4, 5]
     for name in ("loss", "accuracy", "learn_rate", "iteration", "epoch"):
         np.testing.assert_allclose(
             info_many.training_history[name], info_one.training_history[name], rtol=1e-5,
@@ -129,11 +134,70 @@ def test_a_step_with_a_slow_convolution_in_loops_runs_one_iteration_per_call():
         ]
     )
     one, info_one = _train(net, X, T, steps_per_execution=1, max_epochs=1)
-    many, info_many = _train(net, X, T, steps_per_execution=4, max_epochs=1)
-    assert _calls(info_many) == [[i] for i in range(1, 7)]
+    _, info_auto = _train(net, X, T, max_epochs=1)  # "auto": silently one per call
+    with pytest.warns(RuntimeWarning) as said:
+        many, info_many = _train(net, X, T, steps_per_execution=4, max_epochs=1)
+    assert len(said) == 1
+    assert str(said[0].message) == (
+        "trainnet: TrainingOptions(steps_per_execution=4) runs one iteration per call in this "
+        "run: its step has a convolution XLA:CPU runs slowly inside a loop. Leave "
+        "steps_per_execution='auto' to run as many per call as a run allows without this warning."
+    )
+    assert _calls(info_many) == _calls(info_auto) == [[i] for i in range(1, 7)]
     np.testing.assert_allclose(
         info_many.training_history["loss"], info_one.training_history["loss"], rtol=1e-6
     )
+
+
+def test_an_iterable_of_batches_runs_one_iteration_per_call_and_says_so():
+    X, T = _digits(32 * 4)
+    batches = [(X[i : i + 32], T[i : i + 32]) for i in range(0, len(X), 32)]
+    opts = _options(max_epochs=1, steps_per_execution=4)
+    with pytest.warns(RuntimeWarning, match=r"its data is fed batch by batch \(an iterable"):
+        _, info = df.trainnet(batches, _cnn(), "crossentropy", opts, key=jax.random.key(3))
+    assert _calls(info) == [[1], [2], [3], [4]]
+
+
+def test_the_stop_file_stops_at_the_end_of_a_call(tmp_path, monkeypatch):
+    """The stop file is looked for after each call: training stops where the state is."""
+    from difffn._training import _watch
+
+    looked = []
+
+    def stop_on_the_second_look(self):
+        looked.append(1)
+        return len(looked) == 2
+
+    monkeypatch.setattr(_watch.Watch, "stop_requested", stop_on_the_second_look)
+    X, T = _digits()
+    plot = dict(plots="training-progress", plots_path=tmp_path / "progress.png")
+    net, info = _train(_cnn(), X, T, steps_per_execution=4, max_epochs=1, **plot)
+    assert info.stop_reason == "Stopped by user" and _calls(info) == [[1], [2, 3, 4, 5]]
+    assert info.output_network_iteration == 5 == len(info.training_history)
+    looked.clear()
+    monkeypatch.setattr(_watch.Watch, "stop_requested", lambda self: looked.append(1) or
+                        len(looked) == 5)  # fmt: skip
+    one, info_one = _train(_cnn(), X, T, steps_per_execution=1, max_epochs=1, **plot)
+    assert info_one.output_network_iteration == 5
+    assert_tree_allclose(net.learnables, one.learnables, rtol=1e-5, atol=1e-6)
+
+
+def test_resuming_a_checkpoint_of_a_chunked_run_equals_the_uninterrupted_run(tmp_path):
+    X, T = _digits()
+    kw = dict(steps_per_execution=4, checkpoint_path=tmp_path, checkpoint_frequency=5,
+              checkpoint_frequency_unit="iteration", checkpoint_keep=math.inf)  # fmt: skip
+    net, info = _train(_cnn(), X, T, **kw)
+    assert _calls(info)[:4] == [[1], [2, 3, 4, 5], [6, 7, 8, 9], [10]]  # cut at checkpoints
+    folder = next(p for p in tmp_path.iterdir() if p.name.startswith("net_checkpoint__20__"))
+    resumed, info_resumed = df.trainnet(
+        X, T, _cnn(), "crossentropy", _options(**{**kw, "checkpoint_path": None}),
+        key=jax.random.key(3), resume_from=folder,
+    )  # fmt: skip
+    assert info_resumed.output_network_iteration == 30
+    np.testing.assert_allclose(
+        info_resumed.training_history["loss"], info.training_history["loss"], rtol=1e-5
+    )
+    assert_tree_allclose(resumed.learnables, net.learnables, rtol=1e-5, atol=1e-6)
 
 
 def _jaxpr(conv):

@@ -23,6 +23,7 @@ of a program, not in a loop's body, where they run 30-50x slower (``ops/_conv_la
 
 from __future__ import annotations
 
+import warnings
 from collections.abc import Callable
 from typing import Any
 
@@ -101,8 +102,20 @@ def steps(single: Callable[..., Any], length: int) -> Callable[..., Any]:
 
 def limit(who: str, wanted: Any, placement: Any, output_fcn: Any, *, accelerate: bool) -> int:
     """The most steps one call runs: ``steps_per_execution`` (``wanted``) where the run allows
-    it; an explicit number where it does not is a named error."""
-    if wanted == 1 or not accelerate:  # a network that runs eagerly has no compiled step
+    it; an explicit number where it does not is a named error. ``"auto"`` is ``AUTO`` on a CPU
+    device (the platform the run is placed on), else 1."""
+    if wanted == 1:
+        return 1
+    if not accelerate:  # a network that runs eagerly has no compiled step to loop
+        if wanted != "auto":
+            warnings.warn(
+                f"{who}: TrainingOptions(steps_per_execution={wanted}) runs one iteration per "
+                "call in this run: the network has layers that run eagerly (acceleratable = "
+                "False). Leave steps_per_execution='auto' to run as many per call as a run "
+                "allows without this warning.",
+                RuntimeWarning,
+                stacklevel=4,
+            )
         return 1
     conflict = None
     if placement.mesh is not None or placement.multi_host:
@@ -118,7 +131,7 @@ def limit(who: str, wanted: Any, placement: Any, output_fcn: Any, *, accelerate:
     if conflict is not None:
         return 1
     if wanted == "auto":
-        return AUTO if jax.default_backend() == "cpu" else 1
+        return AUTO if placement.devices[0].platform == "cpu" else 1
     return int(wanted)
 
 

@@ -421,7 +421,8 @@ class TrainingOptions:
         losses; rows of one call share its ``time_elapsed``. In-memory data only (an iterable of
         batches runs one call per iteration); one device; without ``output_fcn``, which sees
         every iteration; a step with a convolution that XLA:CPU cannot run fast inside a loop (a
-        grouped one, or a user's own ``lax`` convolution) runs one iteration per call.
+        grouped or transposed one, or a user's own ``lax`` convolution) runs one iteration per
+        call. An explicit number that a run cannot use warns once, saying why.
       checkpoint_path: an existing folder for checkpoints (None: no checkpoints). Each is a
         ``net_checkpoint__<iteration>__<date>`` folder (orbax, with a manifest of checksums over
         its files) with everything needed to resume (``df.trainnet(..., resume_from=folder)``),

@@ -297,7 +297,8 @@ class Steps:
         if key not in self._jitted:
             single = jax.jit(self._step_fn(spec))  # one trace: the check's, reused in the loop
             program = None
-            if _chunk.loop_safe(single.trace(*args).jaxpr):
+            cpu = self.placement.devices[0].platform == "cpu"  # loop_safe is XLA:CPU's rule
+            if not cpu or _chunk.loop_safe(single.trace(*args).jaxpr):
                 program = jax.jit(
                     _chunk.steps(single, length), donate_argnums=(0,),
                     compiler_options=kernel_options(),

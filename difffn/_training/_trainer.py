@@ -543,8 +543,9 @@ class _Run:
             args = (carry, data, state.key, np.int32(first), np.float32(lr))
             chunk, n = self._chunk(feed, first, args)
             if chunk is not None:  # n steps in one call: their mini-batches gathered inside
-                for _ in range(n - 1):
-                    next(feeds)
+                for j in range(1, n):  # the source's next feeds: the same spec, b + j
+                    skipped, (*_, b) = next(feeds)
+                    assert skipped == feed and b == data[3] + j, (skipped, b, data[3], j)
                 rates = [lr] + [self.schedule(first + j, state.epoch) for j in range(1, n)]
                 padded = np.zeros(self.chunk_length, np.float32)
                 padded[:n] = rates
@@ -558,7 +559,7 @@ class _Run:
             state.learnables, state.others, state.opt_state, state.nan_at, state.scaling = carry
             elapsed = time.perf_counter() - self.start  # the call's: its rows share it
             for record in done:
-                if self._after_step(*record, elapsed):
+                if self._after_step(*record, elapsed, last=record is done[-1]):
                     return
         if fresh and state.batch == 0 and not self.source.exhausted:
             raise OptionsError(
@@ -568,7 +569,10 @@ class _Run:
 
     def _chunk(self, feed, first, args):
         """The program that runs the next steps in one call and how many, or ``(None, 1)``."""
-        if self.chunk_length == 1 or feed[0] != "gather":
+        if self.chunk_length == 1:
+            return None, 1
+        if feed[0] != "gather":
+            self._one_per_call("its data is fed batch by batch (an iterable or sequences)")
             return None, 1
         options = self.options
         every = [options.verbose_frequency]
@@ -585,11 +589,30 @@ class _Run:
         )
         # one program for every call, the first iteration's call of one step too
         program = self.steps.chunk(feed, self.chunk_length, args)
-        return (program, n) if program is not None else (None, 1)
+        if program is None:
+            self._one_per_call("its step has a convolution XLA:CPU runs slowly inside a loop")
+            return None, 1
+        return program, n
 
-    def _after_step(self, iteration, lr, loss, values, slot, elapsed) -> bool:
+    def _one_per_call(self, why: str) -> None:
+        """Say once why an explicit ``steps_per_execution`` runs one iteration per call."""
+        wanted = self.options.steps_per_execution
+        if wanted == "auto" or getattr(self, "_said_one_per_call", False):
+            return
+        self._said_one_per_call = True
+        warnings.warn(
+            f"{self.who}: TrainingOptions(steps_per_execution={wanted}) runs one iteration per "
+            f"call in this run: {why}. Leave steps_per_execution='auto' to run as many per call "
+            "as a run allows without this warning.",
+            RuntimeWarning,
+            stacklevel=5,
+        )
+
+    def _after_step(self, iteration, lr, loss, values, slot, elapsed, *, last) -> bool:
         """Record one iteration (``slot``: its index in a chunk's arrays; ``elapsed``: the time
-        its call was dispatched) and act on it; returns whether training stops here."""
+        its call was dispatched; ``last``: the call's last) and act on it; returns whether
+        training stops here. Only the last iteration of a call may stop training: the state
+        holds all of the call's steps."""
         options, state = self.options, self.state
         state.iteration = iteration
         state.batch += 1
@@ -616,6 +639,8 @@ class _Run:
                 self._validate()
             self._log(state.iteration, training=state.training_rows[-1])
             self.watch.update(state, self._flushed, elapsed=time.perf_counter() - self.start)
+        if not last:  # within a call (no output_fcn, no validation or log here)
+            return False
         if state.stop_reason is None and self._call_output_fcn("iteration", row):
             state.stop_reason = "Stopped by output_fcn"
         elif state.stop_reason is None and self._stop_file():
