@@ -149,6 +149,41 @@ def test_a_step_with_a_slow_convolution_in_loops_runs_one_iteration_per_call():
     )
 
 
+def test_a_convolution_xla_moves_out_of_the_fast_layout_runs_one_iteration_per_call():
+    """A 3x3 convolution on 4x4 maps: df.ops.conv writes its gradients in the fast layout, but
+    XLA's simplifier swaps the filter gradient's operands (the cotangent is the larger), which
+    only the top level of a program undoes. The compiled loop is read, and not used."""
+    X, T = _digits(32 * 4)
+    net = df.Network(
+        [
+            L.ImageInput((8, 8, 1), name="input"),
+            L.Conv2D(3, 4, stride=2, padding="same", name="conv1"),  # 8x8 -> 4x4
+            L.ReLU(name="relu"),
+            L.Conv2D(3, 4, name="conv2"),  # 4x4 -> 2x2, no padding
+            L.FullyConnected(10, name="fc"),
+            L.Softmax(name="softmax"),
+        ]
+    )
+    texts = []
+    real = _chunk.compiled_safe
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(_chunk, "compiled_safe", lambda hlo, n: texts.append(hlo) or real(hlo, n))
+        _, info = _train(net, X, T, max_epochs=1)
+    assert _calls(info) == [[1], [2], [3], [4]]
+    # the loop program was compiled once, read (what XLA wrote), and dropped
+    assert len(texts) == 1 and "dim_labels=01fb_o01i->f01b" in texts[0]
+
+
+def test_compiled_safe_reads_the_layouts():
+    ok = "%c = f32[4,8,8,2]{3,2,1,0} convolution(%a, %b), window={size=3x3}, dim_labels=b01f_01io->b01f"
+    one_d = "%c = f32[4,8,2]{2,1,0} convolution(%a, %b), window={size=3}, dim_labels=b0f_0io->b0f"
+    swapped = ok.replace("b01f_01io->b01f", "01fb_o01i->f01b")
+    assert _chunk.compiled_safe(ok + "\n" + one_d, 2)
+    assert not _chunk.compiled_safe(ok + "\n" + swapped, 2)
+    assert not _chunk.compiled_safe("%c = f32[2] custom-call(%a)", 1)  # none found: unsafe
+    assert _chunk.compiled_safe("%c = f32[2] add(%a, %b)", 0)
+
+
 def test_an_iterable_of_batches_runs_one_iteration_per_call_and_says_so():
     X, T = _digits(32 * 4)
     batches = [(X[i : i + 32], T[i : i + 32]) for i in range(0, len(X), 32)]

@@ -18,11 +18,14 @@ one-step function; its trace is shared by the check below and the loop body (JAX
 its fast kernels only in the canonical layout, and rewrites others into it only at the top level
 of a program, not in a loop's body, where they run 30-50x slower (``ops/_conv_layouts.py``).
 ``df.ops.conv`` writes its gradients canonically; a step with any other convolution (a user's own
-``lax.conv``, a grouped convolution) runs one step per call.
+``lax.conv``, a grouped or transposed convolution) runs one step per call. XLA itself may still
+move a canonical convolution out of that layout (``compiled_safe``), so a step with convolutions
+has its loop program compiled and read before it is used.
 """
 
 from __future__ import annotations
 
+import re
 import warnings
 from collections.abc import Callable
 from typing import Any
@@ -53,6 +56,36 @@ def _conv_fits(params: dict[str, Any], rank: int) -> bool:
         and _canonical(rhs, rank, kernel=True)
         and _canonical(out, rank)
     )
+
+
+def convolutions(jaxpr: Any) -> int:
+    """The number of convolutions in ``jaxpr`` and the jaxprs inside it."""
+    jaxpr = getattr(jaxpr, "jaxpr", jaxpr)
+    count = 0
+    for eqn in jaxpr.eqns:
+        count += eqn.primitive.name == "conv_general_dilated"
+        count += sum(convolutions(sub) for sub in jex.jaxprs_in_params(eqn.params))
+    return count
+
+
+_LABELS = re.compile(r"convolution\(.*?dim_labels=(\w+)_(\w+)->(\w+)")
+
+
+def compiled_safe(hlo: str, expected: int) -> bool:
+    """Whether every convolution of the compiled program's text ``hlo`` is in XLA:CPU's kernel
+    layout (``b01f_01io->b01f`` for 2-D). XLA may rewrite a canonical convolution into another
+    layout: its algebraic simplifier swaps the operands of a filter gradient whose cotangent is
+    larger than the data (small feature maps: a 3x3 gradient on 4x4 data), which at the top level
+    ``ConvCanonicalization`` would undo. A program whose text shows none of the ``expected``
+    convolutions (a format this does not read) counts as unsafe."""
+    found = _LABELS.findall(hlo)
+    if expected and not found:
+        return False
+    for lhs, rhs, out in found:
+        digits = "".join(str(i) for i in range(len(lhs) - 2))
+        if (lhs, rhs, out) != (f"b{digits}f", f"{digits}io", f"b{digits}f"):
+            return False
+    return True
 
 
 def loop_safe(jaxpr: Any) -> bool:

@@ -296,13 +296,21 @@ class Steps:
         key = ("chunk", spec, length)
         if key not in self._jitted:
             single = jax.jit(self._step_fn(spec))  # one trace: the check's, reused in the loop
-            program = None
-            cpu = self.placement.devices[0].platform == "cpu"  # loop_safe is XLA:CPU's rule
-            if not cpu or _chunk.loop_safe(single.trace(*args).jaxpr):
-                program = jax.jit(
-                    _chunk.steps(single, length), donate_argnums=(0,),
-                    compiler_options=kernel_options(),
-                )  # fmt: skip
+            program = jax.jit(
+                _chunk.steps(single, length), donate_argnums=(0,),
+                compiler_options=kernel_options(),
+            )  # fmt: skip
+            if self.placement.devices[0].platform == "cpu":  # XLA:CPU's rule
+                jaxpr = single.trace(*args).jaxpr
+                convolutions = _chunk.convolutions(jaxpr)
+                if convolutions and not _chunk.loop_safe(jaxpr):
+                    program = None
+                elif convolutions:  # and as XLA compiled them (jit reuses this compilation)
+                    rest = (jax.ShapeDtypeStruct((length,), jnp.float32),
+                            jax.ShapeDtypeStruct((), jnp.int32))  # fmt: skip
+                    hlo = program.lower(*args[:4], *rest).compile().as_text()
+                    if not _chunk.compiled_safe(hlo, convolutions):
+                        program = None
             self._jitted[key] = program
         return self._jitted[key]
 
