@@ -5,8 +5,8 @@ fresh pages from the kernel every step (hundreds of MiB for the benchmark transf
 90,000 page faults and their zero-filling per step; ``docs/performance.md``, "Fresh pages on
 every step"). Running ``n`` steps in one call, a ``lax.fori_loop`` over the mini-batches inside
 the program, allocates them once per call: the benchmark transformer's and ResNet's steps run
-1.2x faster, with the same losses (issue 29). Keras calls this ``steps_per_execution``; JAX
-users write the same loop by hand.
+1.14-1.21x faster, with the same losses to float32 rounding (issue 29). Keras calls this
+``steps_per_execution``; JAX users write the same loop by hand.
 
 ``steps(single, length)`` is the program: it runs ``count <= length`` steps (``count`` is an
 argument, so one program serves every chunk length, the first iteration's chunk of one too) and
@@ -16,7 +16,7 @@ one-step function; its trace is shared by the check below and the loop body (JAX
 
 ``loop_safe(jaxpr)`` says whether a step may run in a loop at all. XLA:CPU gives a convolution
 its fast kernels only in the canonical layout, and rewrites others into it only at the top level
-of a program, not in a loop's body, where they run 30-50x slower (``ops/_conv_layouts.py``).
+of a program, not in a loop's body, where they ran 6-50x slower (``ops/_conv_layouts.py``).
 ``df.ops.conv`` writes its gradients canonically; a step with any other convolution (a user's own
 ``lax.conv``, a grouped or transposed convolution) runs one step per call. XLA itself may still
 move a canonical convolution out of that layout (``compiled_safe``), so a step with convolutions

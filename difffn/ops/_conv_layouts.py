@@ -8,8 +8,8 @@ convolution inside a loop body (``lax.scan``, ``fori_loop``, ``while_loop``) kee
 and is compiled as a naive loop nest. JAX's transposes of a convolution are never canonical (the
 filter gradient swaps the data's batch and channel roles, ``f01b_i01o->01bf``; the input
 gradient takes the kernel's out and in swapped, ``01oi``), so a training step run in a loop
-(``trainnet``'s ``steps_per_execution``, a user's ``lax.scan`` over steps) spends 30-50 times
-longer in them (``benchmarks/repro_cpu_kernels.py``, "filter gradient in a loop").
+(``trainnet``'s ``steps_per_execution``, a user's ``lax.scan`` over steps) spent 6-50 times
+longer in them in our runs (``benchmarks/repro_cpu_kernels.py``: "the same, in a fori_loop").
 
 ``conv`` computes the same convolution under a ``jax.custom_jvp`` whose tangent is written on
 operands transposed so that JAX's transpose of each term is canonical: the filter gradient
