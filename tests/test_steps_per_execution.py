@@ -92,9 +92,13 @@ def test_the_same_run_as_one_iteration_per_call():
     assert len(_calls(info_one)) == 30
 
 
-def test_auto_runs_several_iterations_per_call_on_one_cpu_device():
+def test_auto_runs_several_iterations_per_call_on_one_cpu_device(caplog):
     X, T = _digits(32 * 40)
-    _, info = _train(_cnn(), X, T, max_epochs=1, verbose_frequency=25)
+    with jax.log_compiles(), caplog.at_level("WARNING"):
+        _, info = _train(_cnn(), X, T, max_epochs=1, verbose_frequency=25)
+    compiled = [r for r in caplog.records if "XLA compilation of jit(run)" in r.getMessage()]
+    if jax.default_backend() == "cpu":  # compiled once to read its layouts; jit reuses it
+        assert len(compiled) == 1, [r.getMessage() for r in compiled]
     expected = [[1], list(range(2, 18)), list(range(18, 26)), list(range(26, 41))]
     assert _calls(info) == (expected if jax.default_backend() == "cpu" else [[i] for i in
                                                                             range(1, 41)])  # fmt: skip
@@ -122,6 +126,10 @@ class LaxConv(df.Layer):
         return y if fmt is None else df.dlarray(y, fmt)
 
 
+CPU_ONLY = pytest.mark.skipif(jax.default_backend() != "cpu", reason="XLA:CPU's layouts")
+
+
+@CPU_ONLY
 def test_a_step_with_a_slow_convolution_in_loops_runs_one_iteration_per_call():
     X, T = _digits(32 * 6)
     net = df.Network(
@@ -137,11 +145,12 @@ def test_a_step_with_a_slow_convolution_in_loops_runs_one_iteration_per_call():
     _, info_auto = _train(net, X, T, max_epochs=1)  # "auto": silently one per call
     with pytest.warns(RuntimeWarning) as said:
         many, info_many = _train(net, X, T, steps_per_execution=4, max_epochs=1)
-    assert len(said) == 1
+    assert len(said) == 1 and said[0].filename == __file__  # points at the trainnet call
     assert str(said[0].message) == (
         "trainnet: TrainingOptions(steps_per_execution=4) runs one iteration per call in this "
-        "run: its step has a convolution XLA:CPU runs slowly inside a loop. Leave "
-        "steps_per_execution='auto' to run as many per call as a run allows without this warning."
+        "run: its step has a convolution XLA:CPU runs slowly inside a loop. Fix: leave "
+        "steps_per_execution='auto' to run as many per call as a run allows, without this "
+        "warning."
     )
     assert _calls(info_many) == _calls(info_auto) == [[i] for i in range(1, 7)]
     np.testing.assert_allclose(
@@ -149,6 +158,7 @@ def test_a_step_with_a_slow_convolution_in_loops_runs_one_iteration_per_call():
     )
 
 
+@CPU_ONLY
 def test_a_convolution_xla_moves_out_of_the_fast_layout_runs_one_iteration_per_call():
     """A 3x3 convolution on 4x4 maps: df.ops.conv writes its gradients in the fast layout, but
     XLA's simplifier swaps the filter gradient's operands (the cotangent is the larger), which
@@ -180,6 +190,9 @@ def test_compiled_safe_reads_the_layouts():
     swapped = ok.replace("b01f_01io->b01f", "01fb_o01i->f01b")
     assert _chunk.compiled_safe(ok + "\n" + one_d, 2)
     assert not _chunk.compiled_safe(ok + "\n" + swapped, 2)
+    three_d = ok.replace("b01f_01io->b01f", "b012f_012io->b012f")
+    assert _chunk.compiled_safe(three_d, 1)
+    assert not _chunk.compiled_safe(three_d.replace("b012f_012io", "b021f_012io"), 1)
     assert not _chunk.compiled_safe("%c = f32[2] custom-call(%a)", 1)  # none found: unsafe
     assert _chunk.compiled_safe("%c = f32[2] add(%a, %b)", 0)
 
@@ -188,9 +201,31 @@ def test_an_iterable_of_batches_runs_one_iteration_per_call_and_says_so():
     X, T = _digits(32 * 4)
     batches = [(X[i : i + 32], T[i : i + 32]) for i in range(0, len(X), 32)]
     opts = _options(max_epochs=1, steps_per_execution=4)
-    with pytest.warns(RuntimeWarning, match=r"its data is fed batch by batch \(an iterable"):
+    with pytest.warns(
+        RuntimeWarning, match=r"its data is fed batch by batch \(an iterable"
+    ) as said:
         _, info = df.trainnet(batches, _cnn(), "crossentropy", opts, key=jax.random.key(3))
+    assert said[0].filename == __file__
     assert _calls(info) == [[1], [2], [3], [4]]
+
+
+def test_a_network_run_eagerly_runs_one_iteration_per_call_and_says_so():
+    from layers_for_checks import EagerTanh
+
+    X, T = _digits(32 * 3)
+    net = df.Network(
+        [
+            L.ImageInput((8, 8, 1), normalization="none", name="input"),
+            L.FullyConnected(10, name="fc"),
+            EagerTanh(name="eager"),
+            L.Softmax(name="softmax"),
+        ]
+    )
+    with pytest.warns(RuntimeWarning, match=r"the network has layers that run eagerly") as said:
+        _, info = _train(net, X, T, steps_per_execution=4, max_epochs=1)
+    assert said[0].filename == __file__
+    assert "Fix: leave steps_per_execution='auto'" in str(said[0].message)
+    assert _calls(info) == [[1], [2], [3]]
 
 
 def test_the_stop_file_stops_at_the_end_of_a_call(tmp_path, monkeypatch):

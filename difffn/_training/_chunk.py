@@ -144,10 +144,10 @@ def limit(who: str, wanted: Any, placement: Any, output_fcn: Any, *, accelerate:
             warnings.warn(
                 f"{who}: TrainingOptions(steps_per_execution={wanted}) runs one iteration per "
                 "call in this run: the network has layers that run eagerly (acceleratable = "
-                "False). Leave steps_per_execution='auto' to run as many per call as a run "
-                "allows without this warning.",
+                "False). Fix: leave steps_per_execution='auto' to run as many per call as a run "
+                "allows, without this warning.",
                 RuntimeWarning,
-                stacklevel=4,
+                stacklevel=5,  # _Run.__init__, _train, trainnet: the user's call
             )
         return 1
     conflict = None

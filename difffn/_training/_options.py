@@ -422,7 +422,9 @@ class TrainingOptions:
         batches runs one call per iteration); one device; without ``output_fcn``, which sees
         every iteration; a step with a convolution that XLA:CPU cannot run fast inside a loop (a
         grouped or transposed one, or a user's own ``lax`` convolution) runs one iteration per
-        call. An explicit number that a run cannot use warns once, saying why.
+        call. An explicit number is an ``OptionsError`` with ``output_fcn`` or a mesh, and
+        warns once, saying why, where the data, eager layers or convolutions keep it from
+        running.
       checkpoint_path: an existing folder for checkpoints (None: no checkpoints). Each is a
         ``net_checkpoint__<iteration>__<date>`` folder (orbax, with a manifest of checksums over
         its files) with everything needed to resume (``df.trainnet(..., resume_from=folder)``),

@@ -293,7 +293,9 @@ class Steps:
         """``length`` steps of a ``"gather"`` spec in one compiled call (``_chunk``), or None
         when they must run one call each (see ``_chunk.loop_safe``); ``args`` are the first
         step's arguments, to check the step's program."""
-        key = ("chunk", spec, length)
+        # the data's shapes too: jit compiles anew for them, and so the check reads them anew
+        shapes = tuple((x.shape, x.dtype) for x in jax.tree.leaves(args[1][:2]))
+        key = ("chunk", spec, length, shapes)
         if key not in self._jitted:
             single = jax.jit(self._step_fn(spec))  # one trace: the check's, reused in the loop
             program = jax.jit(

@@ -558,8 +558,8 @@ class _Run:
                 done = [(first, lr, loss, values, None)]
             state.learnables, state.others, state.opt_state, state.nan_at, state.scaling = carry
             elapsed = time.perf_counter() - self.start  # the call's: its rows share it
-            for record in done:
-                if self._after_step(*record, elapsed, last=record is done[-1]):
+            for i, record in enumerate(done):
+                if self._after_step(*record, elapsed, last=i == len(done) - 1):
                     return
         if fresh and state.batch == 0 and not self.source.exhausted:
             raise OptionsError(
@@ -602,10 +602,10 @@ class _Run:
         self._said_one_per_call = True
         warnings.warn(
             f"{self.who}: TrainingOptions(steps_per_execution={wanted}) runs one iteration per "
-            f"call in this run: {why}. Leave steps_per_execution='auto' to run as many per call "
-            "as a run allows without this warning.",
+            f"call in this run: {why}. Fix: leave steps_per_execution='auto' to run as many per "
+            "call as a run allows, without this warning.",
             RuntimeWarning,
-            stacklevel=5,
+            stacklevel=7,  # _chunk, _run_epoch, train, _train, trainnet: the user's call
         )
 
     def _after_step(self, iteration, lr, loss, values, slot, elapsed, *, last) -> bool:
@@ -639,7 +639,9 @@ class _Run:
                 self._validate()
             self._log(state.iteration, training=state.training_rows[-1])
             self.watch.update(state, self._flushed, elapsed=time.perf_counter() - self.start)
-        if not last:  # within a call (no output_fcn, no validation or log here)
+        if not last:  # within a call: _chunk.count ended calls where the host acts
+            assert not (validate or iteration == 1 or iteration % options.verbose_frequency == 0
+                        or final or _checkpoint.due(options, "iteration", iteration))  # fmt: skip
             return False
         if state.stop_reason is None and self._call_output_fcn("iteration", row):
             state.stop_reason = "Stopped by output_fcn"

@@ -2,8 +2,8 @@
 
 The trainer calls `update` where the host already waits for the device (the
 iterations that log a table row or validate, and the end), with the training rows that are host
-numbers by then; `stop_requested` after every iteration (a file's existence: the
-live plot's stop flag); `close` at the end. Only the primary process watches.
+numbers by then; `stop_requested` after every compiled call, an iteration or several (a
+file's existence: the live plot's stop flag); `close` at the end. Only the primary process watches.
 """
 
 from __future__ import annotations
