@@ -310,7 +310,7 @@ class Steps:
                 elif convolutions:  # and as XLA compiled them (jit reuses this compilation)
                     rest = (jax.ShapeDtypeStruct((length,), jnp.float32),
                             jax.ShapeDtypeStruct((), jnp.int32))  # fmt: skip
-                    hlo = program.lower(*args[:4], *rest).compile().as_text()
+                    hlo = program.lower(*args[:4], *rest).compile().as_text() or ""
                     if not _chunk.compiled_safe(hlo, convolutions):
                         program = None
             self._jitted[key] = program
