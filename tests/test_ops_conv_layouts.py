@@ -10,12 +10,12 @@ from __future__ import annotations
 import re
 
 import jax
-import jax.extend
 import jax.numpy as jnp
 import numpy as np
 import pytest
 
 import difffn as df
+from difffn._training import _chunk
 from difffn.ops import _conv_layouts
 
 CASES = [
@@ -104,24 +104,15 @@ def test_vmap_matches_lax():
     )
 
 
-def _convolutions(jaxpr) -> int:
-    count = 0
-    for eqn in jaxpr.eqns:
-        count += eqn.primitive.name == "conv_general_dilated"
-        for sub in jax.extend.core.jaxprs_in_params(eqn.params):
-            count += _convolutions(sub)
-    return count
-
-
 def test_a_term_nobody_differentiates_is_not_computed():
     """The data of a first layer has no gradient: forward and filter gradient only."""
     case = CASES[0]
     spec, _, _, strides, pads, dilation = case
     x, w = _operands(case, jnp.float32)
     loss = lambda w: jnp.sum(_ours(x, w, strides, pads, dilation, spec) ** 2)  # noqa: E731
-    assert _convolutions(jax.make_jaxpr(jax.grad(loss))(w).jaxpr) == 2
+    assert _chunk.convolutions(jax.make_jaxpr(jax.grad(loss))(w).jaxpr) == 2
     both = lambda x, w: jnp.sum(_ours(x, w, strides, pads, dilation, spec) ** 2)  # noqa: E731
-    assert _convolutions(jax.make_jaxpr(jax.grad(both, (0, 1)))(x, w).jaxpr) == 3
+    assert _chunk.convolutions(jax.make_jaxpr(jax.grad(both, (0, 1)))(x, w).jaxpr) == 3
 
 
 _LABELS = re.compile(r"convolution\(.*dim_labels=([\w>-]+)")

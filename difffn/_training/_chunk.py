@@ -27,7 +27,7 @@ from __future__ import annotations
 
 import re
 import warnings
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import jax
@@ -58,14 +58,19 @@ def _conv_fits(params: dict[str, Any], rank: int) -> bool:
     )
 
 
+def _convolution_equations(jaxpr: Any) -> Iterator[Any]:
+    """The convolutions of ``jaxpr`` (a ``ClosedJaxpr`` or ``Jaxpr``) and of the jaxprs inside
+    it."""
+    for eqn in getattr(jaxpr, "jaxpr", jaxpr).eqns:
+        if eqn.primitive.name == "conv_general_dilated":
+            yield eqn
+        for sub in jex.jaxprs_in_params(eqn.params):
+            yield from _convolution_equations(sub)
+
+
 def convolutions(jaxpr: Any) -> int:
     """The number of convolutions in ``jaxpr`` and the jaxprs inside it."""
-    jaxpr = getattr(jaxpr, "jaxpr", jaxpr)
-    count = 0
-    for eqn in jaxpr.eqns:
-        count += eqn.primitive.name == "conv_general_dilated"
-        count += sum(convolutions(sub) for sub in jex.jaxprs_in_params(eqn.params))
-    return count
+    return sum(1 for _ in _convolution_equations(jaxpr))
 
 
 _LABELS = re.compile(r"convolution\(.*?dim_labels=(\w+)_(\w+)->(\w+)")
@@ -91,15 +96,10 @@ def compiled_safe(hlo: str, expected: int) -> bool:
 def loop_safe(jaxpr: Any) -> bool:
     """Whether every convolution of ``jaxpr`` (and of the jaxprs inside it) is in the layout
     XLA:CPU's fast kernels take (see the module docstring)."""
-    jaxpr = getattr(jaxpr, "jaxpr", jaxpr)  # a ClosedJaxpr
-    for eqn in jaxpr.eqns:
-        if eqn.primitive.name == "conv_general_dilated":
-            if not _conv_fits(eqn.params, len(eqn.invars[0].aval.shape)):
-                return False
-        for sub in jex.jaxprs_in_params(eqn.params):
-            if not loop_safe(sub):
-                return False
-    return True
+    return all(
+        _conv_fits(eqn.params, len(eqn.invars[0].aval.shape))
+        for eqn in _convolution_equations(jaxpr)
+    )
 
 
 def steps(single: Callable[..., Any], length: int) -> Callable[..., Any]:

@@ -12,7 +12,7 @@ Randomness comes only from the ``key`` argument: the shuffles, the per-iteration
 (``fold_in(key, iteration)``, e.g. for dropout) and the initialization of an uninitialized
 network.
 
-Why one module of about 800 lines: trainnet's argument handling and one class, `_Run`, whose
+Why one module of about 820 lines: trainnet's argument handling and one class, `_Run`, whose
 setup phases and loop share the run's state (placement, steps, writer, watch) attribute by
 attribute; split apart, each half would have to be read with the other open. The natural cut,
 if it grows, is the setup phases into a module of their own.

@@ -183,7 +183,7 @@ def conv(
             )
 
     def run(lhs, spec):
-        if _conv_layouts.fits(groups, pads):  # XLA:CPU: canonical gradients, in loops too
+        if _conv_layouts.fits(groups):  # XLA:CPU: canonical gradients, in loops too
             pads_ = tuple((int(lo), int(hi)) for lo, hi in pads)
             return _conv_layouts.conv(
                 lhs, w.astype(dtype), tuple(strides), pads_, tuple(dilation), spec
