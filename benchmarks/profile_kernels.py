@@ -3,12 +3,15 @@
 Issue 29 asks where the training gap to PyTorch on CPU lies. This profiles the models of
 ``bench_models`` (``--model resnet`` or ``transformer``), each side in its own process:
 
-- difffn: ``df.trainnet`` runs once to compile, then ``STEPS`` steps under ``jax.profiler.trace``.
-  XLA:CPU records one trace event per executed thunk (its ``hlo_op``, in module ``jit_step``);
-  their durations are summed per HLO instruction and classified from the optimized HLO that
-  ``--xla_dump_to`` writes for the step (a fusion by the heaviest operation inside it:
-  convolution, dot, reduce-window, reduce, transpose, else elementwise; a convolution whose
-  output is a filter, ``dim_labels=...->01..``, is a filter gradient).
+- difffn: ``df.trainnet`` runs once to compile, then ``STEPS`` steps under ``jax.profiler.trace``,
+  as a user's run has them: several steps per compiled call (``steps_per_execution="auto"``,
+  module ``jit_train_steps``, a loop whose body's thunks each record an event per iteration),
+  or one per call (module ``jit_step``). XLA:CPU records one trace event per executed thunk (its
+  ``hlo_op``); their durations are summed per HLO instruction of each module, divided by the
+  steps trained, and classified from the optimized HLO that ``--xla_dump_to`` writes for it
+  (a fusion by the heaviest operation inside it: convolution, dot, reduce-window, reduce,
+  transpose, else elementwise; a convolution whose output is a filter,
+  ``dim_labels=...->01..``, is a filter gradient).
 - PyTorch eager: the same model, parameters and data (``benchmarks/_torch.py``), ``STEPS``
   steps under ``torch.profiler``; each ATen operator's self CPU time.
 
@@ -130,9 +133,13 @@ def classify(name: str, instructions: dict[str, str], computations: dict[str, st
     return "elementwise" if kind in ("fusion", "?") else kind
 
 
-def _step_hlo(dump: str) -> str:
-    files = sorted(glob.glob(os.path.join(dump, "*jit_step*after_optimizations.txt")))
-    files = [f for f in files if "buffer-assignment" not in f and "memory-usage" not in f]
+MODULES = ("jit_step", "jit_train_steps")  # trainnet's step: one per call, several per call
+
+
+def _step_hlo(dump: str, module: str) -> str:
+    """The optimized HLO text of ``module`` in the dump folder (the largest, if several)."""
+    # module_0004.jit_train_steps.cpu_after_optimizations.txt, not its -live-range.txt etc.
+    files = sorted(glob.glob(os.path.join(dump, f"*.{module}.*_after_optimizations.txt")))
     if not files:
         return ""
     with open(max(files, key=os.path.getsize)) as f:
@@ -156,31 +163,36 @@ def jax_worker(model_name: str, steps: int, quick: bool) -> None:
     trace = tempfile.mkdtemp(prefix="difffn-trace-")
     start = time.perf_counter()
     with jax.profiler.trace(trace):
-        trained, _ = df.trainnet(X, T, net, "crossentropy", options)
+        trained, info = df.trainnet(X, T, net, "crossentropy", options)
         jax.block_until_ready(jax.tree.leaves(trained))
     wall = time.perf_counter() - start
     data = jax.profiler.ProfileData.from_file(
         glob.glob(os.path.join(trace, "**", "*.xplane.pb"), recursive=True)[0]
     )
-    per_op: dict[str, float] = collections.defaultdict(float)
-    runs = set()
+    per_op: dict[tuple[str, str], float] = collections.defaultdict(float)
+    calls: dict[str, set] = collections.defaultdict(set)
     for plane in data.planes:
         for line in plane.lines:
             for event in line.events:
                 stats = dict(event.stats)
-                if stats.get("hlo_module") != "jit_step" or event.name.startswith("end: "):
+                module = stats.get("hlo_module")
+                if module not in MODULES or event.name.startswith("end: "):
                     continue
-                per_op[stats.get("hlo_op", event.name)] += event.duration_ns * 1e-9
-                runs.add(stats.get("run_id"))
-    hlo = _step_hlo(os.environ["PROFILE_KERNELS_DUMP"])
-    instructions, computations = _entry_instructions(hlo), _computations(hlo)
-    executed = max(len(runs), 1)
+                per_op[module, stats.get("hlo_op", event.name)] += event.duration_ns * 1e-9
+                calls[module].add(stats.get("run_id"))
+    trained = len(info.training_history)  # iterations, however many calls held them
     rows = []
-    for name, seconds in per_op.items():
-        kind = classify(name, instructions, computations)
-        group = kind.split(" -> ")[0]
-        rows.append({"kernel": name, "kind": kind, "group": group, "s": seconds / executed})
-    print(json.dumps({"steps": executed, "wall_per_step_s": wall / steps, "rows": rows}))
+    for module in calls:
+        hlo = _step_hlo(os.environ["PROFILE_KERNELS_DUMP"], module)
+        instructions, computations = _entry_instructions(hlo), _computations(hlo)
+        for (m, name), seconds in per_op.items():
+            if m == module:
+                kind = classify(name, instructions, computations)
+                group = kind.split(" -> ")[0]
+                rows.append({"kernel": name, "kind": kind, "group": group, "s": seconds / trained})
+    counts = {m: len(c) for m, c in calls.items()}
+    result = {"steps": trained, "calls": counts, "wall_per_step_s": wall / steps, "rows": rows}
+    print(json.dumps(result))
 
 
 # -- PyTorch eager ---------------------------------------------------------------------------------
@@ -298,7 +310,8 @@ def main(argv=None) -> int:
                 [torch_python, *me[1:], "--torch-worker", _torch_data(args, folder)]
             )
     print(
-        f"{args.model}: difffn trainnet (XLA:CPU), {jax_result['steps']} steps traced, "
+        f"{args.model}: difffn trainnet (XLA:CPU), {jax_result['steps']} steps traced in "
+        f"{', '.join(f'{n} call(s) of {m}' for m, n in jax_result['calls'].items())}, "
         f"{jax_result['wall_per_step_s'] * 1e3:.1f} ms per step under the profiler"
     )
     by_group = summary(jax_result, "group")

@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import os
 import re
+import subprocess
+import sys
 
 import jax
 import jax.numpy as jnp
@@ -72,3 +75,32 @@ def test_the_kernel_reproducer_times_the_kernels_it_names(monkeypatch, capsys):
     out = capsys.readouterr().out
     for row in ("conv 3x3 filter gradient", "dense fwd+bwd", "attention scores fwd+bwd"):
         assert re.search(rf"{re.escape(row)}\s+XLA\s+[\d.]+ ms \(\s*[\d.]+ GFLOP/s\)", out), out
+
+
+_TRAIN_BOTH_WAYS = """
+import jax, numpy as np, difffn as df
+net = df.Network([df.layers.FeatureInput(4), df.layers.FullyConnected(2), df.layers.Softmax()])
+net = net.initialize(key=jax.random.key(0))
+x, t = np.zeros((32, 4), np.float32), np.zeros(32, np.int32)
+for spe in (1, "auto"):
+    options = df.TrainingOptions("sgdm", max_epochs=1, mini_batch_size=4, verbose=False,
+                                 steps_per_execution=spe)
+    df.trainnet(x, t, net, "crossentropy", options)
+"""
+
+
+def test_the_step_modules_hlo_is_read_from_xla_dump(tmp_path):
+    """trainnet's step compiles as ``jit_step`` (one per call) or ``jit_train_steps`` (several
+    per call): each module's optimized HLO is found among the files ``--xla_dump_to`` writes,
+    not another module's and not the reports beside it."""
+    dump = tmp_path / "dump"
+    env = os.environ | {"XLA_FLAGS": f"--xla_dump_to={dump}", "DIFFFN_COMPILATION_CACHE": "off"}
+    done = subprocess.run(
+        [sys.executable, "-c", _TRAIN_BOTH_WAYS], env=env, capture_output=True, text=True,
+        check=False, timeout=300,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr[-2000:]
+    for module in profile_kernels.MODULES:
+        hlo = profile_kernels._step_hlo(str(dump), module)
+        assert hlo.startswith(f"HloModule {module},"), (module, hlo[:80])
+    assert profile_kernels._step_hlo(str(dump), "jit_no_such_module") == ""

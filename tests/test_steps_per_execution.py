@@ -96,7 +96,9 @@ def test_auto_runs_several_iterations_per_call_on_one_cpu_device(caplog):
     X, T = _digits(32 * 40)
     with jax.log_compiles(), caplog.at_level("WARNING"):
         _, info = _train(_cnn(), X, T, max_epochs=1, verbose_frequency=25)
-    compiled = [r for r in caplog.records if "XLA compilation of jit(run)" in r.getMessage()]
+    compiled = [
+        r for r in caplog.records if "XLA compilation of jit(train_steps)" in r.getMessage()
+    ]
     if jax.default_backend() == "cpu":  # compiled once to read its layouts; jit reuses it
         assert len(compiled) == 1, [r.getMessage() for r in compiled]
     expected = [[1], list(range(2, 18)), list(range(18, 26)), list(range(26, 41))]
@@ -197,16 +199,111 @@ def test_compiled_safe_reads_the_layouts():
     assert _chunk.compiled_safe("%c = f32[2] add(%a, %b)", 0)
 
 
-def test_an_iterable_of_batches_runs_one_iteration_per_call_and_says_so():
-    X, T = _digits(32 * 4)
-    batches = [(X[i : i + 32], T[i : i + 32]) for i in range(0, len(X), 32)]
+def _batches(X, T, size=32):
+    return [(X[i : i + size], T[i : i + size]) for i in range(0, len(X), size)]
+
+
+class _NoLength:
+    """A re-iterable without ``len()``: trainnet learns an epoch's end when it ends."""
+
+    def __init__(self, items):
+        self.items = items
+
+    def __iter__(self):
+        return iter(self.items)
+
+
+def test_an_iterable_of_batches_runs_several_iterations_per_call():
+    """An iterable's batches are read ahead and stacked into one call: the same run as one
+    iteration per call, with the convolution layout check on the stacked program too."""
+    X, T = _digits(32 * 7 + 20)  # seven full batches and a smaller last one (dropped)
+    batches = _batches(X, T)
+    opts = _options(max_epochs=2, steps_per_execution=4, learn_rate_schedule="warmup",
+                    learn_rate_schedule_settings={"num_steps": 6})  # fmt: skip
+    one_opts = opts.replace(steps_per_execution=1)
+    for data in (batches, _NoLength(batches)):
+        many, info = df.trainnet(data, _cnn(), "crossentropy", opts, key=jax.random.key(3))
+        one, info_one = df.trainnet(data, _cnn(), "crossentropy", one_opts, key=jax.random.key(3))
+        # each epoch: the first iteration alone (epoch 1), then up to four, cut at its end
+        assert _calls(info) == [[1], [2, 3, 4, 5], [6, 7], [8, 9, 10, 11], [12, 13, 14]]
+        assert len(_calls(info_one)) == 14
+        for name in ("loss", "accuracy", "learn_rate", "iteration", "epoch"):
+            np.testing.assert_allclose(
+                info.training_history[name], info_one.training_history[name], rtol=1e-5,
+                atol=1e-6, err_msg=name,
+            )  # fmt: skip
+        assert_tree_allclose(many.learnables, one.learnables, rtol=1e-5, atol=1e-6)
+        assert_tree_allclose(many.state, one.state, rtol=1e-5, atol=1e-6)
+
+
+def test_batches_of_other_shapes_start_a_new_call(tmp_path, monkeypatch):
+    """Sequences padded per batch: a batch whose length differs from the call's first cannot
+    be stacked with it; it starts the next call, and the run is the same as one per call. A
+    call cut short so is no call's end: the stop file is looked for once that batch is in."""
+    from difffn._training import _watch
+
+    rng = np.random.default_rng(0)
+    lengths = [5, 5, 7, 7, 7, 7, 5]
+    batches = [
+        (rng.standard_normal((8, t, 3)).astype(np.float32), rng.integers(0, 4, 8)) for t in lengths
+    ]
+    net = df.Network([L.SequenceInput(3, name="in"), L.LSTM(6, output_mode="last", name="lstm"),
+                      L.FullyConnected(4, name="fc"), L.Softmax(name="sm")])  # fmt: skip
+    opts = df.TrainingOptions("sgdm", max_epochs=1, verbose=False, steps_per_execution=4)
+    many, info = df.trainnet(batches, net, "crossentropy", opts, key=jax.random.key(1))
+    one, info_one = df.trainnet(
+        batches, net, "crossentropy", opts.replace(steps_per_execution=1), key=jax.random.key(1)
+    )
+    assert _calls(info) == [[1], [2], [3, 4, 5, 6], [7]]
+    np.testing.assert_allclose(
+        info.training_history["loss"], info_one.training_history["loss"], rtol=1e-5
+    )
+    assert_tree_allclose(many.learnables, one.learnables, rtol=1e-5, atol=1e-6)
+    looked = []
+    monkeypatch.setattr(_watch.Watch, "stop_requested", lambda self: looked.append(1) or
+                        len(looked) == 2)  # fmt: skip
+    plot = dict(plots="training-progress", plots_path=tmp_path / "progress.png")
+    _, info = df.trainnet(batches, net, "crossentropy", opts.replace(**plot),
+                          key=jax.random.key(1))  # fmt: skip
+    assert info.stop_reason == "Stopped by user" and info.output_network_iteration == 6
+
+
+def test_a_call_holds_at_most_stack_bytes_of_an_iterables_batches(monkeypatch):
+    X, T = _digits(32 * 6)
+    batches = _batches(X, T)
+    size = _chunk.batch_bytes((batches[0][0], batches[0][1].astype(np.int32)))
+    monkeypatch.setattr(_chunk, "STACK_BYTES", 2 * size)  # two batches per call
     opts = _options(max_epochs=1, steps_per_execution=4)
-    with pytest.warns(
-        RuntimeWarning, match=r"its data is fed batch by batch \(an iterable"
-    ) as said:
+    _, info = df.trainnet(batches, _cnn(), "crossentropy", opts, key=jax.random.key(3))
+    assert _calls(info) == [[1], [2, 3], [4, 5], [6]]
+    monkeypatch.setattr(_chunk, "STACK_BYTES", size // 2)  # not even one
+    with pytest.warns(RuntimeWarning, match=r"a call holds its batches at once") as said:
         _, info = df.trainnet(batches, _cnn(), "crossentropy", opts, key=jax.random.key(3))
     assert said[0].filename == __file__
-    assert _calls(info) == [[1], [2], [3], [4]]
+    assert "Fix: leave steps_per_execution='auto'" in str(said[0].message)
+    assert _calls(info) == [[1], [2], [3], [4], [5], [6]]
+
+
+def test_resuming_a_chunked_run_on_an_iterable_equals_the_uninterrupted_run(tmp_path):
+    """A stream read ahead into calls: the checkpoints' data position is the calls' end."""
+    X, T = _digits()
+    batches = _batches(X, T)
+    kw = dict(steps_per_execution=4, steps_per_epoch=6, checkpoint_path=tmp_path,
+              checkpoint_frequency=5, checkpoint_frequency_unit="iteration",
+              checkpoint_keep=math.inf, max_epochs=3)  # fmt: skip
+    net, info = df.trainnet(batches, _cnn(), "crossentropy", _options(**kw),
+                            key=jax.random.key(3))  # fmt: skip
+    assert _calls(info)[:4] == [[1], [2, 3, 4, 5], [6], [7, 8, 9, 10]]
+    folder = next(p for p in tmp_path.iterdir() if p.name.startswith("net_checkpoint__10__"))
+    resumed, info_resumed = df.trainnet(
+        batches, _cnn(), "crossentropy", _options(**{**kw, "checkpoint_path": None}),
+        key=jax.random.key(3), resume_from=folder,
+    )  # fmt: skip
+    assert info_resumed.output_network_iteration == 18
+    np.testing.assert_allclose(
+        info_resumed.training_history["loss"], info.training_history["loss"], rtol=1e-5
+    )
+    assert_tree_allclose(resumed.learnables, net.learnables, rtol=1e-5, atol=1e-6)
 
 
 def test_a_network_run_eagerly_runs_one_iteration_per_call_and_says_so():

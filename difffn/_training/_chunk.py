@@ -6,11 +6,14 @@ fresh pages from the kernel every step (hundreds of MiB for the benchmark transf
 every step"). Running ``n`` steps in one call, a ``lax.fori_loop`` over the mini-batches inside
 the program, allocates them once per call: the benchmark transformer's and ResNet's steps run
 1.14-1.21x faster, with the same losses to float32 rounding (issue 29). Keras calls this
-``steps_per_execution``; JAX users write the same loop by hand.
+``steps_per_execution``; JAX users write the same loop by hand. In-memory data is gathered
+inside the loop; an iterable's batches are read ahead, stacked on the device (``stack``, at most
+``STACK_BYTES`` of them) and indexed inside it.
 
-``steps(single, length)`` is the program: it runs ``count <= length`` steps (``count`` is an
-argument, so one program serves every chunk length, the first iteration's chunk of one too) and
-returns the losses and metric values of each in arrays of ``length``. ``single`` is the jitted
+``steps(single, length)`` is the program (its compiled module is ``jit_train_steps``, which
+``benchmarks/profile_kernels.py`` reads): it runs ``count <= length`` steps (``count`` is an
+argument, so one program serves every chunk length, the first iteration's chunk of one too)
+and returns the losses and metric values of each in arrays of ``length``. ``single`` is the jitted
 one-step function; its trace is shared by the check below and the loop body (JAX caches a
 ``jax.jit`` function's trace on its argument types).
 
@@ -102,16 +105,29 @@ def loop_safe(jaxpr: Any) -> bool:
     )
 
 
-def steps(single: Callable[..., Any], length: int) -> Callable[..., Any]:
-    """``run(carry, data, key, iteration, learn_rates, count) -> (carry, losses, values)``:
-    ``count`` steps of ``single(carry, data_b, key, iteration, learn_rate)`` from mini-batch
-    ``b`` and ``iteration`` on (``data = (X, T, order, b)``, a ``"gather"`` feed), the i-th with
-    ``learn_rates[i]``; ``losses`` and each of ``values`` hold ``length`` entries, the first
-    ``count`` of them set."""
+def steps(
+    single: Callable[..., Any], length: int, feed: str = "gather", treedef: Any = None
+) -> Callable[..., Any]:
+    """``train_steps(carry, data, key, iteration, learn_rates, count) -> (carry, losses,
+    values)``: ``count`` steps of ``single(carry, data_i, key, iteration, learn_rate)`` from
+    ``iteration`` on, the i-th with ``learn_rates[i]``; ``losses`` and each of ``values`` hold
+    ``length`` entries, the first ``count`` of them set. ``data_i``: for a ``"gather"`` feed,
+    ``data = (X, T, order, b)`` with mini-batch ``b + i``; for a ``"direct"`` feed (batches an
+    iterable yielded), ``data`` holds the leaves of ``length`` batches stacked (``stack``) and
+    ``data_i`` is the i-th, in the batches' tree structure ``treedef``."""
 
-    def run(carry, data, key, iteration, learn_rates, count):
-        X, T, order, b = data
-        _, loss, values = jax.eval_shape(single, carry, data, key, iteration, learn_rates[0])
+    def pick(data, i):
+        if feed == "gather":
+            X, T, order, b = data
+            return X, T, order, b + i
+        return jax.tree.unflatten(
+            treedef, [jax.lax.dynamic_index_in_dim(a, i, keepdims=False) for a in data]
+        )
+
+    def train_steps(carry, data, key, iteration, learn_rates, count):
+        _, loss, values = jax.eval_shape(
+            single, carry, pick(data, 0), key, iteration, learn_rates[0]
+        )
         out = (
             jnp.zeros((length, *loss.shape), loss.dtype),
             tuple(jnp.zeros((length, *v.shape), v.dtype) for v in values),
@@ -119,9 +135,7 @@ def steps(single: Callable[..., Any], length: int) -> Callable[..., Any]:
 
         def body(i, state):
             carry, (losses, metric_values) = state
-            carry, loss, values = single(
-                carry, (X, T, order, b + i), key, iteration + i, learn_rates[i]
-            )
+            carry, loss, values = single(carry, pick(data, i), key, iteration + i, learn_rates[i])
             metric_values = tuple(
                 m.at[i].set(v) for m, v in zip(metric_values, values, strict=True)
             )
@@ -130,7 +144,54 @@ def steps(single: Callable[..., Any], length: int) -> Callable[..., Any]:
         carry, (losses, values) = jax.lax.fori_loop(0, count, body, (carry, out))
         return carry, losses, values
 
-    return run
+    return train_steps
+
+
+STACK_BYTES = 64 << 20  # at most this much of an iterable's batches stacked for one call
+
+
+def batch_bytes(batch: Any) -> int:
+    """The bytes of one feed's data (an iterable's batch: inputs and targets)."""
+    return sum(a.size * a.dtype.itemsize for a in jax.tree.leaves(batch))
+
+
+def stacked_length(limit: int, batch: Any) -> int:
+    """How many batches like ``batch`` one call takes: at most ``limit``, and at most
+    ``STACK_BYTES`` of them (a call holds its batches at once)."""
+    return max(1, min(limit, STACK_BYTES // max(batch_bytes(batch), 1)))
+
+
+def signature(batch: Any) -> tuple:
+    """What batches must share to be stacked: tree structure, shapes and dtypes."""
+    leaves, treedef = jax.tree.flatten(batch)
+    return treedef, tuple((a.shape, a.dtype) for a in leaves)
+
+
+def read_ahead(feeds: Iterator[Any], feed: tuple, data: Any, n: int) -> tuple[list[Any], Any]:
+    """Up to ``n`` batches of an iterable for one call, ``data`` (of spec ``feed``) first: the
+    next ones of ``feeds`` while they share its spec, shapes and dtypes. Returns them and the
+    feed read that could not join (None when none was), which the next call starts with."""
+    group, same = [data], signature(data)
+    while len(group) < n:
+        got = next(feeds, None)
+        if got is None:
+            return group, None
+        if got[0] != feed or signature(got[1]) != same:
+            return group, got
+        group.append(got[1])
+    return group, None
+
+
+@jax.jit
+def _stack(group: list[Any]) -> list[Any]:
+    return [jnp.stack(column) for column in zip(*(jax.tree.leaves(b) for b in group), strict=True)]
+
+
+def stack(group: list[Any], length: int) -> list[Any]:
+    """The leaves of ``group``'s batches (one signature), each stacked on a new leading axis of
+    ``length`` (the first batch repeated after the last: those entries are not trained on), on
+    the batches' device: one compiled program per signature and length."""
+    return _stack(group + [group[0]] * (length - len(group)))
 
 
 def limit(who: str, wanted: Any, placement: Any, output_fcn: Any, *, accelerate: bool) -> int:

@@ -418,13 +418,14 @@ class TrainingOptions:
         ``verbose_frequency``, validation and checkpoint iterations, the end of an epoch) run
         as one loop inside one program, which on XLA:CPU allocates its temporary memory once
         per call instead of once per iteration (``docs/performance.md``). The same steps and
-        losses; rows of one call share its ``time_elapsed``. In-memory data only (an iterable of
-        batches runs one call per iteration); one device; without ``output_fcn``, which sees
-        every iteration; a step with a convolution that XLA:CPU cannot run fast inside a loop (a
-        grouped or transposed one, or a user's own ``lax`` convolution) runs one iteration per
-        call. An explicit number is an ``OptionsError`` with ``output_fcn`` or a mesh, and
-        warns once, saying why, where the data, eager layers or convolutions keep it from
-        running.
+        losses; rows of one call share its ``time_elapsed``. In-memory data, or an iterable's
+        batches read ahead and stacked (at most 64 MiB of them per call; a batch of other
+        shapes starts the next call); in-memory padded sequences run one call per iteration;
+        one device; without ``output_fcn``, which sees every iteration; a step with a
+        convolution that XLA:CPU cannot run fast inside a loop (a grouped or transposed one,
+        or a user's own ``lax`` convolution) runs one iteration per call. An explicit number
+        is an ``OptionsError`` with ``output_fcn`` or a mesh, and warns once, saying why, where
+        the data, eager layers or convolutions keep it from running.
       checkpoint_path: an existing folder for checkpoints (None: no checkpoints). Each is a
         ``net_checkpoint__<iteration>__<date>`` folder (orbax, with a manifest of checksums over
         its files) with everything needed to resume (``df.trainnet(..., resume_from=folder)``),

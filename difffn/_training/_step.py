@@ -290,16 +290,17 @@ class Steps:
         return self._jit("step", step, donate=(0,), statics=spec)
 
     def chunk(self, spec, length: int, args):
-        """``length`` steps of a ``"gather"`` spec in one compiled call (``_chunk``), or None
-        when they must run one call each (see ``_chunk.loop_safe``); ``args`` are the first
-        step's arguments, to check the step's program."""
+        """``length`` steps of a ``"gather"`` or ``"direct"`` spec in one compiled call
+        (``_chunk``), or None when they must run one call each (see ``_chunk.loop_safe``);
+        ``args`` are the first step's arguments, to check the step's program."""
         # the data's shapes too: jit compiles anew for them, and so the check reads them anew
-        shapes = tuple((x.shape, x.dtype) for x in jax.tree.leaves(args[1][:2]))
-        key = ("chunk", spec, length, shapes)
+        batch = args[1][:2]
+        key = ("chunk", spec, length, _chunk.signature(batch))
         if key not in self._jitted:
             single = jax.jit(self._step_fn(spec))  # one trace: the check's, reused in the loop
+            treedef = jax.tree.structure(args[1])
             program = jax.jit(
-                _chunk.steps(single, length), donate_argnums=(0,),
+                _chunk.steps(single, length, spec[0], treedef), donate_argnums=(0,),
                 compiler_options=kernel_options(),
             )  # fmt: skip
             if self.placement.devices[0].platform == "cpu":  # XLA:CPU's rule
@@ -308,10 +309,14 @@ class Steps:
                 if convolutions and not _chunk.loop_safe(jaxpr):
                     program = None
                 elif convolutions:  # and as XLA compiled them (jit reuses this compilation)
+                    data = args[1] if spec[0] == "gather" else [
+                        jax.ShapeDtypeStruct((length, *a.shape), a.dtype)
+                        for a in jax.tree.leaves(args[1])
+                    ]  # fmt: skip
                     rest = (jax.ShapeDtypeStruct((length,), jnp.float32),
                             jax.ShapeDtypeStruct((), jnp.int32))  # fmt: skip
-                    hlo = program.lower(*args[:4], *rest).compile().as_text() or ""
-                    if not _chunk.compiled_safe(hlo, convolutions):
+                    hlo = program.lower(args[0], data, *args[2:4], *rest).compile().as_text()
+                    if not _chunk.compiled_safe(hlo or "", convolutions):
                         program = None
             self._jitted[key] = program
         return self._jitted[key]

@@ -5,14 +5,14 @@ network, the loss and the options. The run sets up (input statistics, initializa
 checks of ``_checkpoint``, the compiled steps of ``_step``, a fresh ``TrainingState`` of
 ``_state``) and then loops: epochs of mini-batches, each one step whose results stay on the
 device, or up to ``steps_per_execution`` of them in one compiled call between the iterations
-where the host acts (``_chunk``); the host waits for the device only to log (verbose rows,
-validation, ``output_fcn``, checkpoints) and at the end.
+where the host acts (``_chunk``; an iterable's batches read ahead for it); the host waits for
+the device only to log (verbose rows, validation, ``output_fcn``, checkpoints) and at the end.
 
 Randomness comes only from the ``key`` argument: the shuffles, the per-iteration keys
 (``fold_in(key, iteration)``, e.g. for dropout) and the initialization of an uninitialized
 network.
 
-Why one module of about 820 lines: trainnet's argument handling and one class, `_Run`, whose
+Why one module of about 850 lines: trainnet's argument handling and one class, `_Run`, whose
 setup phases and loop share the run's state (placement, steps, writer, watch) attribute by
 attribute; split apart, each half would have to be read with the other open. The natural cut,
 if it grows, is the setup phases into a module of their own.
@@ -533,7 +533,15 @@ class _Run:
         feeds = iter(
             self.source.epoch_feeds(state.order, state.batch, self.placement, self.batch_size)
         )
-        for feed, data in feeds:
+        pending = None  # a feed read ahead for a call that it could not join
+        while True:
+            if pending is not None:
+                (feed, data), pending = pending, None
+            else:
+                got = next(feeds, None)
+                if got is None:
+                    break
+                feed, data = got
             if feed != spec:
                 spec, step = feed, self.steps.step(feed)
             first = state.iteration + 1
@@ -541,15 +549,20 @@ class _Run:
             carry = (state.learnables, state.others, state.opt_state, state.nan_at, state.scaling)
             assert step is not None  # made for the first feed
             args = (carry, data, state.key, np.int32(first), np.float32(lr))
-            chunk, n = self._chunk(feed, first, args)
-            if chunk is not None:  # n steps in one call: their mini-batches gathered inside
-                for j in range(1, n):  # the source's next feeds: the same spec, b + j
-                    skipped, (*_, b) = next(feeds)
-                    assert skipped == feed and b == data[3] + j, (skipped, b, data[3], j)
+            chunk, n, length = self._chunk(feed, first, args)
+            if chunk is not None:  # n steps in one call
+                if feed[0] == "gather":  # their mini-batches gathered inside
+                    for j in range(1, n):  # the source's next feeds: the same spec, b + j
+                        skipped, (*_, b) = next(feeds)
+                        assert skipped == feed and b == data[3] + j, (skipped, b, data[3], j)
+                    batches = data
+                else:  # an iterable's next batches, stacked
+                    group, pending = _chunk.read_ahead(feeds, feed, data, n)
+                    n, batches = len(group), _chunk.stack(group, length)
                 rates = [lr] + [self.schedule(first + j, state.epoch) for j in range(1, n)]
-                padded = np.zeros(self.chunk_length, np.float32)
+                padded = np.zeros(length, np.float32)
                 padded[:n] = rates
-                carry, loss, values = chunk(*args[:4], padded, np.int32(n))
+                carry, loss, values = chunk(carry, batches, *args[2:4], padded, np.int32(n))
                 done = [(first + j, rates[j], loss, values, j) for j in range(n)]
             else:
                 carry, loss, values, *carried = step(*args)
@@ -559,7 +572,10 @@ class _Run:
             state.learnables, state.others, state.opt_state, state.nan_at, state.scaling = carry
             elapsed = time.perf_counter() - self.start  # the call's: its rows share it
             for i, record in enumerate(done):
-                if self._after_step(*record, elapsed, last=i == len(done) - 1):
+                # a call cut short by a batch read ahead is no call's end: the host acts (and
+                # may stop or checkpoint, saving the data's position) only once that batch is in
+                last = i == len(done) - 1 and pending is None
+                if self._after_step(*record, elapsed, last=last):
                     return
         if fresh and state.batch == 0 and not self.source.exhausted:
             raise OptionsError(
@@ -568,31 +584,43 @@ class _Run:
             )
 
     def _chunk(self, feed, first, args):
-        """The program that runs the next steps in one call and how many, or ``(None, 1)``."""
+        """The program that runs the next steps in one call, how many, and the length it was
+        compiled for; ``(None, 1, 1)`` when they run one per call."""
         if self.chunk_length == 1:
-            return None, 1
-        if feed[0] != "gather":
-            self._one_per_call("its data is fed batch by batch (an iterable or sequences)")
-            return None, 1
+            return None, 1, 1
+        if feed[0] not in ("gather", "direct"):
+            self._one_per_call("its sequences run as padded mini-batches with their masks")
+            return None, 1, 1
+        length = self.chunk_length
+        if feed[0] == "direct":
+            length = _chunk.stacked_length(length, args[1])
+            if length == 1:
+                self._one_per_call(
+                    f"one batch of its data takes {_chunk.batch_bytes(args[1]) / 2**20:.3g} MiB, "
+                    "and a call holds its batches at once, at most "
+                    f"{_chunk.STACK_BYTES / 2**20:.3g} MiB of them"
+                )
+                return None, 1, 1
         options = self.options
         every = [options.verbose_frequency]
         if self.validation is not None:
             every.append(options.validation_frequency)
         if options.checkpoint_path is not None and options.checkpoint_frequency_unit == "iteration":
             every.append(options.checkpoint_frequency)
+        per_epoch = self.iterations_per_epoch
         n = _chunk.count(
             first,
-            limit=self.chunk_length,
-            left=self.iterations_per_epoch - self.state.batch,
+            limit=length,
+            left=length if per_epoch is None else per_epoch - self.state.batch,
             final=self.final_iteration,
             every=tuple(every),
         )
         # one program for every call, the first iteration's call of one step too
-        program = self.steps.chunk(feed, self.chunk_length, args)
+        program = self.steps.chunk(feed, length, args)
         if program is None:
             self._one_per_call("its step has a convolution XLA:CPU runs slowly inside a loop")
-            return None, 1
-        return program, n
+            return None, 1, 1
+        return program, n, length
 
     def _one_per_call(self, why: str) -> None:
         """Say once why an explicit ``steps_per_execution`` runs one iteration per call."""
