@@ -20,6 +20,7 @@ BENCHMARKS = [
     "scale",
     "memory",
     "models",
+    "steps_per_call",
     "cpu_flags",
     "onnx_export",
     "matmul_precision",

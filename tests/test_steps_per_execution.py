@@ -213,16 +213,24 @@ class _NoLength:
         return iter(self.items)
 
 
-def test_an_iterable_of_batches_runs_several_iterations_per_call():
+def test_an_iterable_of_batches_runs_several_iterations_per_call(caplog):
     """An iterable's batches are read ahead and stacked into one call: the same run as one
-    iteration per call, with the convolution layout check on the stacked program too."""
+    iteration per call, with the convolution layout check on the stacked program too (whose
+    compilation the calls reuse)."""
     X, T = _digits(32 * 7 + 20)  # seven full batches and a smaller last one (dropped)
     batches = _batches(X, T)
     opts = _options(max_epochs=2, steps_per_execution=4, learn_rate_schedule="warmup",
                     learn_rate_schedule_settings={"num_steps": 6})  # fmt: skip
     one_opts = opts.replace(steps_per_execution=1)
     for data in (batches, _NoLength(batches)):
-        many, info = df.trainnet(data, _cnn(), "crossentropy", opts, key=jax.random.key(3))
+        caplog.clear()
+        with jax.log_compiles(), caplog.at_level("WARNING"):
+            many, info = df.trainnet(data, _cnn(), "crossentropy", opts, key=jax.random.key(3))
+        compiled = [m for m in caplog.messages if "XLA compilation of jit(train_steps)" in m]
+        if jax.default_backend() == "cpu":  # compiled once, to read its layouts: calls reuse
+            # it; the second run reuses the first's (trainnet's steps are shared by runs with
+            # the same network, loss and options)
+            assert len(compiled) == (1 if data is batches else 0), compiled
         one, info_one = df.trainnet(data, _cnn(), "crossentropy", one_opts, key=jax.random.key(3))
         # each epoch: the first iteration alone (epoch 1), then up to four, cut at its end
         assert _calls(info) == [[1], [2, 3, 4, 5], [6, 7], [8, 9, 10, 11], [12, 13, 14]]
@@ -234,6 +242,54 @@ def test_an_iterable_of_batches_runs_several_iterations_per_call():
             )  # fmt: skip
         assert_tree_allclose(many.learnables, one.learnables, rtol=1e-5, atol=1e-6)
         assert_tree_allclose(many.state, one.state, rtol=1e-5, atol=1e-6)
+
+
+def test_the_stacker_writes_each_call_into_one_buffer():
+    """A call's batches go into one device buffer in place: a call of one batch copies one
+    batch, and no call allocates; a new signature replaces the buffer."""
+    batches = [(jnp.full((4, 3), float(i)), jnp.arange(4) + i) for i in range(5)]
+    stacker = _chunk.Stacker()
+    buffer = stacker.fill(batches[:3], 4)
+    assert [b.shape for b in buffer] == [(4, 4, 3), (4, 4)]
+    np.testing.assert_array_equal(buffer[0][:3, 0, 0], [0, 1, 2])
+    if jax.default_backend() == "cpu":
+        where = [b.unsafe_buffer_pointer() for b in buffer]
+    buffer = stacker.fill(batches[4:5], 4)  # one batch: the first entry, the rest as they were
+    np.testing.assert_array_equal(buffer[0][:3, 0, 0], [4, 1, 2])
+    np.testing.assert_array_equal(buffer[1][0], np.arange(4) + 4)
+    if jax.default_backend() == "cpu":  # written in place
+        assert [b.unsafe_buffer_pointer() for b in buffer] == where
+    other = stacker.fill([(jnp.ones((2, 3)), jnp.arange(2))], 4)
+    assert [b.shape for b in other] == [(4, 2, 3), (4, 2)]
+
+
+def test_a_nan_loss_inside_a_call_of_an_iterables_batches_stops_at_its_iteration():
+    X, T = _digits(32 * 10)
+    X = np.array(X)
+    X[32 * 6 + 3] = np.nan  # the 7th batch
+    batches = _batches(X, T)
+    opts = _options(max_epochs=1, shuffle="never")
+    net, info = df.trainnet(batches, _cnn("none"), "crossentropy",
+                            opts.replace(steps_per_execution=8), key=jax.random.key(3))  # fmt: skip
+    one, info_one = df.trainnet(batches, _cnn("none"), "crossentropy",
+                                opts.replace(steps_per_execution=1), key=jax.random.key(3))  # fmt: skip
+    assert _calls(info)[:2] == [[1], [2, 3, 4, 5, 6, 7]]  # the call that met the NaN ends there
+    assert info.stop_reason == info_one.stop_reason == "Training loss is NaN"
+    assert len(info.training_history) == len(info_one.training_history) == 7
+    assert_tree_allclose(net.learnables, one.learnables, rtol=1e-6)
+
+
+def test_an_iterable_with_the_host_acting_every_iteration_is_the_same_run():
+    X, T = _digits(32 * 5)
+    opts = _options(max_epochs=1, verbose_frequency=1, steps_per_execution=4)
+    many, info = df.trainnet(_batches(X, T), _cnn(), "crossentropy", opts, key=jax.random.key(3))
+    one, info_one = df.trainnet(_batches(X, T), _cnn(), "crossentropy",
+                                opts.replace(steps_per_execution=1), key=jax.random.key(3))  # fmt: skip
+    assert _calls(info) == [[1], [2], [3], [4], [5]]
+    np.testing.assert_allclose(
+        info.training_history["loss"], info_one.training_history["loss"], rtol=1e-5
+    )
+    assert_tree_allclose(many.learnables, one.learnables, rtol=1e-5, atol=1e-6)
 
 
 def test_batches_of_other_shapes_start_a_new_call(tmp_path, monkeypatch):

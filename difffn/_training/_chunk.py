@@ -7,8 +7,8 @@ every step"). Running ``n`` steps in one call, a ``lax.fori_loop`` over the mini
 the program, allocates them once per call: the benchmark transformer's and ResNet's steps run
 1.14-1.21x faster, with the same losses to float32 rounding (issue 29). Keras calls this
 ``steps_per_execution``; JAX users write the same loop by hand. In-memory data is gathered
-inside the loop; an iterable's batches are read ahead, stacked on the device (``stack``, at most
-``STACK_BYTES`` of them) and indexed inside it.
+inside the loop; an iterable's batches are read ahead, written into one device buffer
+(``Stacker``, at most ``STACK_BYTES`` of them) and indexed inside it.
 
 ``steps(single, length)`` is the program (its compiled module is ``jit_train_steps``, which
 ``benchmarks/profile_kernels.py`` reads): it runs ``count <= length`` steps (``count`` is an
@@ -28,6 +28,7 @@ has its loop program compiled and read before it is used.
 
 from __future__ import annotations
 
+import functools
 import re
 import warnings
 from collections.abc import Callable, Iterator
@@ -36,6 +37,7 @@ from typing import Any
 import jax
 import jax.extend.core as jex
 import jax.numpy as jnp
+import numpy as np
 
 from .._core import OptionsError
 
@@ -113,8 +115,8 @@ def steps(
     ``iteration`` on, the i-th with ``learn_rates[i]``; ``losses`` and each of ``values`` hold
     ``length`` entries, the first ``count`` of them set. ``data_i``: for a ``"gather"`` feed,
     ``data = (X, T, order, b)`` with mini-batch ``b + i``; for a ``"direct"`` feed (batches an
-    iterable yielded), ``data`` holds the leaves of ``length`` batches stacked (``stack``) and
-    ``data_i`` is the i-th, in the batches' tree structure ``treedef``."""
+    iterable yielded), ``data`` holds the leaves of ``length`` batches stacked (``Stacker``)
+    and ``data_i`` is the i-th, in the batches' tree structure ``treedef``."""
 
     def pick(data, i):
         if feed == "gather":
@@ -147,7 +149,7 @@ def steps(
     return train_steps
 
 
-STACK_BYTES = 64 << 20  # at most this much of an iterable's batches stacked for one call
+STACK_BYTES = 64 << 20  # the most of an iterable's batches one call holds at once
 
 
 def batch_bytes(batch: Any) -> int:
@@ -157,7 +159,7 @@ def batch_bytes(batch: Any) -> int:
 
 def stacked_length(limit: int, batch: Any) -> int:
     """How many batches like ``batch`` one call takes: at most ``limit``, and at most
-    ``STACK_BYTES`` of them (a call holds its batches at once)."""
+    ``STACK_BYTES`` of them (1: one per call, when not even two fit)."""
     return max(1, min(limit, STACK_BYTES // max(batch_bytes(batch), 1)))
 
 
@@ -182,16 +184,39 @@ def read_ahead(feeds: Iterator[Any], feed: tuple, data: Any, n: int) -> tuple[li
     return group, None
 
 
-@jax.jit
-def _stack(group: list[Any]) -> list[Any]:
-    return [jnp.stack(column) for column in zip(*(jax.tree.leaves(b) for b in group), strict=True)]
+@functools.partial(jax.jit, donate_argnums=(0,))
+def _put(buffer: list[Any], batch: Any, i: Any) -> list[Any]:
+    return [
+        jax.lax.dynamic_update_index_in_dim(b, a, i, 0)
+        for b, a in zip(buffer, jax.tree.leaves(batch), strict=True)
+    ]
 
 
-def stack(group: list[Any], length: int) -> list[Any]:
-    """The leaves of ``group``'s batches (one signature), each stacked on a new leading axis of
-    ``length`` (the first batch repeated after the last: those entries are not trained on), on
-    the batches' device: one compiled program per signature and length."""
-    return _stack(group + [group[0]] * (length - len(group)))
+class Stacker:
+    """The device buffer a call's batches are stacked in: each leaf of ``length`` batches on a
+    new leading axis, on the batches' devices. Each call writes its batches into it in place
+    (the buffer is donated), so a call of one batch copies one batch, and no call allocates;
+    a new signature or length replaces it (one buffer at a time: batches of alternating shapes
+    do not pile up buffers)."""
+
+    def __init__(self) -> None:
+        self.key: tuple | None = None
+        self.buffer: list[Any] = []
+
+    def fill(self, group: list[Any], length: int) -> list[Any]:
+        """The buffer with ``group``'s batches (one signature) at its first entries; the rest
+        hold earlier batches, which the loop does not read."""
+        key = (signature(group[0]), length)
+        if key != self.key:
+            self.key, self.buffer = None, []  # the old buffer goes before the new one is made
+            self.buffer = [
+                jnp.zeros((length, *a.shape), a.dtype, device=a.sharding)
+                for a in jax.tree.leaves(group[0])
+            ]
+            self.key = key
+        for i, batch in enumerate(group):
+            self.buffer = _put(self.buffer, batch, np.int32(i))
+        return self.buffer
 
 
 def limit(who: str, wanted: Any, placement: Any, output_fcn: Any, *, accelerate: bool) -> int:

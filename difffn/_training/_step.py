@@ -309,8 +309,8 @@ class Steps:
                 if convolutions and not _chunk.loop_safe(jaxpr):
                     program = None
                 elif convolutions:  # and as XLA compiled them (jit reuses this compilation)
-                    data = args[1] if spec[0] == "gather" else [
-                        jax.ShapeDtypeStruct((length, *a.shape), a.dtype)
+                    data = args[1] if spec[0] == "gather" else [  # as _chunk.Stacker's
+                        jax.ShapeDtypeStruct((length, *a.shape), a.dtype, sharding=a.sharding)
                         for a in jax.tree.leaves(args[1])
                     ]  # fmt: skip
                     rest = (jax.ShapeDtypeStruct((length,), jnp.float32),

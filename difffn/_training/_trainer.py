@@ -269,6 +269,7 @@ class _Run:
             who, options.steps_per_execution, self.placement, options.output_fcn,
             accelerate=self.steps.accelerate,
         )  # fmt: skip
+        self.stacker = _chunk.Stacker()  # an iterable's batches, for calls of several
         self._initial_state(net, shuffle_key, step_key, checkpoint)
         self._setup_validation(net)
 
@@ -558,7 +559,7 @@ class _Run:
                     batches = data
                 else:  # an iterable's next batches, stacked
                     group, pending = _chunk.read_ahead(feeds, feed, data, n)
-                    n, batches = len(group), _chunk.stack(group, length)
+                    n, batches = len(group), self.stacker.fill(group, length)
                 rates = [lr] + [self.schedule(first + j, state.epoch) for j in range(1, n)]
                 padded = np.zeros(length, np.float32)
                 padded[:n] = rates
