@@ -8,6 +8,7 @@ iteration per call; and the option's errors.
 
 from __future__ import annotations
 
+import collections
 import itertools
 import math
 
@@ -18,7 +19,7 @@ import pytest
 from helpers import assert_tree_allclose
 
 import difffn as df
-from difffn._training import _chunk
+from difffn._training import _chunk, _step
 
 L = df.layers
 
@@ -92,8 +93,9 @@ def test_the_same_run_as_one_iteration_per_call():
     assert len(_calls(info_one)) == 30
 
 
-def test_auto_runs_several_iterations_per_call_on_one_cpu_device(caplog):
+def test_auto_runs_several_iterations_per_call_on_one_cpu_device(caplog, monkeypatch):
     X, T = _digits(32 * 40)
+    monkeypatch.setattr(_step, "_CACHE", collections.OrderedDict())  # no other test's steps
     with jax.log_compiles(), caplog.at_level("WARNING"):
         _, info = _train(_cnn(), X, T, max_epochs=1, verbose_frequency=25)
     compiled = [
@@ -213,7 +215,7 @@ class _NoLength:
         return iter(self.items)
 
 
-def test_an_iterable_of_batches_runs_several_iterations_per_call(caplog):
+def test_an_iterable_of_batches_runs_several_iterations_per_call(caplog, monkeypatch):
     """An iterable's batches are read ahead and stacked into one call: the same run as one
     iteration per call, with the convolution layout check on the stacked program too (whose
     compilation the calls reuse)."""
@@ -222,6 +224,7 @@ def test_an_iterable_of_batches_runs_several_iterations_per_call(caplog):
     opts = _options(max_epochs=2, steps_per_execution=4, learn_rate_schedule="warmup",
                     learn_rate_schedule_settings={"num_steps": 6})  # fmt: skip
     one_opts = opts.replace(steps_per_execution=1)
+    monkeypatch.setattr(_step, "_CACHE", collections.OrderedDict())  # no other test's steps
     for data in (batches, _NoLength(batches)):
         caplog.clear()
         with jax.log_compiles(), caplog.at_level("WARNING"):
@@ -244,23 +247,35 @@ def test_an_iterable_of_batches_runs_several_iterations_per_call(caplog):
         assert_tree_allclose(many.state, one.state, rtol=1e-5, atol=1e-6)
 
 
-def test_the_stacker_writes_each_call_into_one_buffer():
-    """A call's batches go into one device buffer in place: a call of one batch copies one
-    batch, and no call allocates; a new signature replaces the buffer."""
+def test_the_stacker_writes_each_call_into_its_buffer_in_place(monkeypatch):
+    """A call's batches go into one device buffer per signature, in place: a call of one batch
+    copies one batch, and no call allocates; buffers of alternating signatures are kept, the
+    least recently used dropped past twice STACK_BYTES."""
     batches = [(jnp.full((4, 3), float(i)), jnp.arange(4) + i) for i in range(5)]
     stacker = _chunk.Stacker()
     buffer = stacker.fill(batches[:3], 4)
     assert [b.shape for b in buffer] == [(4, 4, 3), (4, 4)]
     np.testing.assert_array_equal(buffer[0][:3, 0, 0], [0, 1, 2])
-    if jax.default_backend() == "cpu":
-        where = [b.unsafe_buffer_pointer() for b in buffer]
+    cpu = jax.default_backend() == "cpu"
+    where = [b.unsafe_buffer_pointer() for b in buffer] if cpu else None
     buffer = stacker.fill(batches[4:5], 4)  # one batch: the first entry, the rest as they were
     np.testing.assert_array_equal(buffer[0][:3, 0, 0], [4, 1, 2])
     np.testing.assert_array_equal(buffer[1][0], np.arange(4) + 4)
-    if jax.default_backend() == "cpu":  # written in place
+    if cpu:  # written in place
         assert [b.unsafe_buffer_pointer() for b in buffer] == where
     other = stacker.fill([(jnp.ones((2, 3)), jnp.arange(2))], 4)
     assert [b.shape for b in other] == [(4, 2, 3), (4, 2)]
+    buffer = stacker.fill(batches[:1], 4)  # the first signature again: its buffer, kept
+    np.testing.assert_array_equal(buffer[0][:3, 0, 0], [0, 1, 2])
+    if cpu:
+        assert [b.unsafe_buffer_pointer() for b in buffer] == where
+    assert len(stacker.buffers) == 2
+    monkeypatch.setattr(_chunk, "STACK_BYTES", 4 * _chunk.batch_bytes(batches[0]))
+    stacker.fill([(jnp.ones((3, 3)), jnp.arange(3))], 4)  # a third: past 2 * STACK_BYTES
+    assert [k[1] for k in stacker.buffers] == [4, 4] and len(stacker.buffers) == 2
+    assert _chunk.signature(other_batch := (jnp.ones((2, 3)), jnp.arange(2))) not in [
+        k[0] for k in stacker.buffers
+    ], other_batch  # the least recently used went
 
 
 def test_a_nan_loss_inside_a_call_of_an_iterables_batches_stops_at_its_iteration():
@@ -321,7 +336,46 @@ def test_batches_of_other_shapes_start_a_new_call(tmp_path, monkeypatch):
     plot = dict(plots="training-progress", plots_path=tmp_path / "progress.png")
     _, info = df.trainnet(batches, net, "crossentropy", opts.replace(**plot),
                           key=jax.random.key(1))  # fmt: skip
-    assert info.stop_reason == "Stopped by user" and info.output_network_iteration == 6
+    # looked for after each call, a call cut short by the batch read ahead too
+    assert info.stop_reason == "Stopped by user" and info.output_network_iteration == 2
+
+
+def test_a_stream_stopped_with_a_batch_read_ahead_resumes_at_that_batch(tmp_path, monkeypatch):
+    """Stopped after a call cut short by a batch of other shapes: that batch was read but not
+    trained on, so the final checkpoint's data position names it, and the resumed run equals
+    the uninterrupted one."""
+    from difffn._training import _watch
+
+    rng = np.random.default_rng(0)
+    batches = [
+        (rng.standard_normal((8, t, 3)).astype(np.float32), rng.integers(0, 4, 8))
+        for t in [5, 5, 7, 7, 5, 5, 7, 5]
+    ]
+    net = df.Network([L.SequenceInput(3, name="in"), L.LSTM(6, output_mode="last", name="lstm"),
+                      L.FullyConnected(4, name="fc"), L.Softmax(name="sm")])  # fmt: skip
+    opts = df.TrainingOptions("sgdm", max_epochs=2, steps_per_epoch=8, verbose=False,
+                              steps_per_execution=4, checkpoint_path=tmp_path,
+                              checkpoint_frequency=100)  # fmt: skip
+    whole, info_whole = df.trainnet(
+        batches, net, "crossentropy", opts.replace(checkpoint_path=None), key=jax.random.key(1)
+    )
+    looked = []
+    monkeypatch.setattr(_watch.Watch, "stop_requested", lambda self: looked.append(1) or
+                        len(looked) == 3)  # fmt: skip
+    plot = dict(plots="training-progress", plots_path=tmp_path / "progress.png")
+    _, info = df.trainnet(batches, net, "crossentropy", opts.replace(**plot),
+                          key=jax.random.key(1))  # fmt: skip
+    # calls [1], [2] (cut short: batch 3 is longer), [3, 4] (cut short: batch 5) -> stop
+    assert _calls(info) == [[1], [2], [3, 4]] and info.stop_reason == "Stopped by user"
+    monkeypatch.undo()
+    folder = next(p for p in tmp_path.iterdir() if p.name.startswith("net_checkpoint__4__"))
+    resumed, info_resumed = df.trainnet(batches, net, "crossentropy",
+                                        opts.replace(checkpoint_path=None),
+                                        key=jax.random.key(1), resume_from=folder)  # fmt: skip
+    np.testing.assert_allclose(
+        info_resumed.training_history["loss"], info_whole.training_history["loss"], rtol=1e-5
+    )
+    assert_tree_allclose(resumed.learnables, whole.learnables, rtol=1e-5, atol=1e-6)
 
 
 def test_a_call_holds_at_most_stack_bytes_of_an_iterables_batches(monkeypatch):

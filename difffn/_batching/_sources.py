@@ -409,6 +409,13 @@ class IterableSource:
         """Check each batch's targets as it is read."""
         self.check_targets = check
 
+    def unread(self) -> None:
+        """Forget the last full batch read: trainnet read it ahead for a call and stopped
+        before training on it, so a checkpoint's position must name it as the next one (a
+        stream's position; other iterables are re-read from the count of trained batches)."""
+        if self.steps is not None and self.position:
+            self.position -= 1
+
     def resume_at(self, checkpoint) -> None:
         """Continue the stream where the checkpoint left it, with the batch size it had."""
         self.data_batch_size = checkpoint.data_batch_size

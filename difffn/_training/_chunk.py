@@ -28,6 +28,7 @@ has its loop program compiled and read before it is used.
 
 from __future__ import annotations
 
+import collections
 import functools
 import re
 import warnings
@@ -193,30 +194,38 @@ def _put(buffer: list[Any], batch: Any, i: Any) -> list[Any]:
 
 
 class Stacker:
-    """The device buffer a call's batches are stacked in: each leaf of ``length`` batches on a
-    new leading axis, on the batches' devices. Each call writes its batches into it in place
-    (the buffer is donated), so a call of one batch copies one batch, and no call allocates;
-    a new signature or length replaces it (one buffer at a time: batches of alternating shapes
-    do not pile up buffers)."""
+    """The device buffers a call's batches are stacked in: each leaf of ``length`` batches on a
+    new leading axis, on the batches' devices. Each call writes its batches into its buffer in
+    place (the buffer is donated), so a call of one batch copies one batch, and no call
+    allocates. Buffers are kept per signature and length, the most recently used first, while
+    they take at most ``2 * STACK_BYTES`` (batches of a few alternating shapes, sequences padded
+    per batch, each keep theirs)."""
 
     def __init__(self) -> None:
-        self.key: tuple | None = None
-        self.buffer: list[Any] = []
+        self.buffers: collections.OrderedDict[tuple, list[Any]] = collections.OrderedDict()
 
     def fill(self, group: list[Any], length: int) -> list[Any]:
         """The buffer with ``group``'s batches (one signature) at its first entries; the rest
         hold earlier batches, which the loop does not read."""
         key = (signature(group[0]), length)
-        if key != self.key:
-            self.key, self.buffer = None, []  # the old buffer goes before the new one is made
-            self.buffer = [
-                jnp.zeros((length, *a.shape), a.dtype, device=a.sharding)
-                for a in jax.tree.leaves(group[0])
+        buffer = self.buffers.pop(key, None)
+        if buffer is None:
+            leaves = jax.tree.leaves(group[0])
+            size = length * batch_bytes(group[0])
+            while (
+                self.buffers
+                and size + sum(batch_bytes(b) for b in self.buffers.values()) > 2 * STACK_BYTES
+            ):
+                self.buffers.popitem(last=False)  # the least recently used
+            # from the host: jnp.zeros would compile (and keep) a program for every new shape
+            buffer = [
+                jax.device_put(np.zeros((length, *a.shape), a.dtype), a.sharding, may_alias=False)
+                for a in leaves
             ]
-            self.key = key
         for i, batch in enumerate(group):
-            self.buffer = _put(self.buffer, batch, np.int32(i))
-        return self.buffer
+            buffer = _put(buffer, batch, np.int32(i))
+        self.buffers[key] = buffer
+        return buffer
 
 
 def limit(who: str, wanted: Any, placement: Any, output_fcn: Any, *, accelerate: bool) -> int:

@@ -560,6 +560,7 @@ class _Run:
                 else:  # an iterable's next batches, stacked
                     group, pending = _chunk.read_ahead(feeds, feed, data, n)
                     n, batches = len(group), self.stacker.fill(group, length)
+                    del group  # in the buffer now: not held while the next call reads ahead
                 rates = [lr] + [self.schedule(first + j, state.epoch) for j in range(1, n)]
                 padded = np.zeros(length, np.float32)
                 padded[:n] = rates
@@ -573,10 +574,9 @@ class _Run:
             state.learnables, state.others, state.opt_state, state.nan_at, state.scaling = carry
             elapsed = time.perf_counter() - self.start  # the call's: its rows share it
             for i, record in enumerate(done):
-                # a call cut short by a batch read ahead is no call's end: the host acts (and
-                # may stop or checkpoint, saving the data's position) only once that batch is in
-                last = i == len(done) - 1 and pending is None
-                if self._after_step(*record, elapsed, last=last):
+                if self._after_step(*record, elapsed, last=i == len(done) - 1):
+                    if pending is not None:  # read ahead for the next call, never trained on
+                        self.source.unread()
                     return
         if fresh and state.batch == 0 and not self.source.exhausted:
             raise OptionsError(
