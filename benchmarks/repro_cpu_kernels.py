@@ -20,6 +20,13 @@ e.g. ``--xla_cpu_experimental_ynn_fusion_type=LIBRARY_FUSION_TYPE_INDIVIDUAL_CON
    naive loop nest (an ``..._elemental_kernel_module``). Printed: its time per iteration against
    item 1's, and the layouts of the loop's convolutions.
 
+5. Attention's batched products on one core and on all: ``dS K`` (YNNPACK) and ``dS^T Q``
+   (XLA's own ``dot``, the left operand contracted on its sequence axis), batch 32 x 4 heads
+   of (128, 128) x (128, 32), beside a dense (4096, 128) x (128, 512) product, each timed in a
+   child process pinned to one core (``os.sched_setaffinity`` before XLA starts its threads)
+   and in one with every core. On this 2-core machine (2026-11-28) the batched products took
+   the same time either way, while the dense one ran 1.8x faster on two cores (Linux only).
+
 On the quiet 2-core machine (2026-11-27 16:37 UTC, jax 0.10.2, torch 2.14.1) the first ran at
 23.6 GFLOP/s in XLA against 235.3 in PyTorch (10.0x slower), the second at 170.7 against
 222.7, the third at 52.0 against 128.9; ``docs/performance.md`` has the table.
@@ -159,6 +166,38 @@ def conv_filter_gradient_in_a_loop(x, w, dy, iterations=4):
     return _time(loop, x, w, dy) / iterations, labels
 
 
+def batched_products(pin: bool) -> dict[str, float]:
+    """Item 5 in this process: seconds of each product (``pin``: this process and the threads
+    XLA starts later on its first core only; call before anything runs on the CPU backend)."""
+    if pin:
+        os.sched_setaffinity(0, {min(os.sched_getaffinity(0))})
+    rng = np.random.default_rng(0)
+    ds = jnp.asarray(rng.standard_normal((32, 4, 128, 128), np.float32))
+    k = jnp.asarray(rng.standard_normal((32, 4, 128, 32), np.float32))
+    x = jnp.asarray(rng.standard_normal((4096, 128), np.float32))
+    w = jnp.asarray(rng.standard_normal((128, 512), np.float32))
+    products = {
+        "dS K (batched)": (jax.jit(lambda a, b: jnp.einsum("bnts,bnsd->bntd", a, b)), ds, k),
+        "dS^T Q (batched)": (jax.jit(lambda a, b: jnp.einsum("bnts,bntd->bnsd", a, b)), ds, k),
+        "dense x W": (jax.jit(lambda a, b: a @ b), x, w),
+    }
+    return {name: _time(fn, *args) for name, (fn, *args) in products.items()}
+
+
+def _products_in_a_child(pin: bool) -> dict[str, float]:
+    import json
+    import subprocess
+
+    code = (
+        "import json; from benchmarks import repro_cpu_kernels as r; "
+        f"print(json.dumps(r.batched_products({pin})))"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, check=True, timeout=600
+    )
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
 def main() -> int:
     conv_s, conv_flops, conv_arrays = conv_filter_gradient()
     dense_s, dense_flops, dense_arrays = dense_step()
@@ -183,6 +222,16 @@ def main() -> int:
         f"{'the same, in a fori_loop':26s} XLA {looped_s * 1e3:8.2f} ms per iteration "
         f"({looped_s / conv_s:.1f}x item 1; its convolutions' layouts: {', '.join(labels)})"
     )
+    if not hasattr(os, "sched_setaffinity") or len(os.sched_getaffinity(0)) < 2:
+        print("one core against all: needs Linux and at least two cores here")
+        return 0
+    one, every = _products_in_a_child(True), _products_in_a_child(False)
+    cores = len(os.sched_getaffinity(0))
+    for name in one:
+        print(
+            f"{name:26s} XLA {one[name] * 1e3:8.2f} ms on one core, {every[name] * 1e3:8.2f} ms "
+            f"on {cores} ({one[name] / every[name]:.2f}x from the other cores)"
+        )
     return 0
 
 

@@ -10,6 +10,7 @@ import sys
 import jax
 import jax.numpy as jnp
 import numpy as np
+import pytest
 
 from benchmarks import profile_kernels
 
@@ -75,6 +76,25 @@ def test_the_kernel_reproducer_times_the_kernels_it_names(monkeypatch, capsys):
     out = capsys.readouterr().out
     for row in ("conv 3x3 filter gradient", "dense fwd+bwd", "attention scores fwd+bwd"):
         assert re.search(rf"{re.escape(row)}\s+XLA\s+[\d.]+ ms \(\s*[\d.]+ GFLOP/s\)", out), out
+    if hasattr(os, "sched_setaffinity") and len(os.sched_getaffinity(0)) >= 2:
+        for row in ("dS K (batched)", "dS^T Q (batched)", "dense x W"):  # two children
+            pattern = rf"{re.escape(row)}\s+XLA\s+[\d.]+ ms on one core,\s+[\d.]+ ms on \d+ "
+            assert re.search(pattern, out), out
+
+
+@pytest.mark.skipif(not hasattr(os, "sched_setaffinity"), reason="Linux's CPU affinity")
+def test_the_reproducer_pins_its_child_to_one_core():
+    """Item 5's child process runs on one core when pinned, on all otherwise."""
+    code = (
+        "import os; from benchmarks import repro_cpu_kernels as r; r.REPEATS = 1; "
+        "t = r.batched_products({pin}); print(len(os.sched_getaffinity(0)), sorted(t))"
+    )
+    for pin in (True, False):
+        done = subprocess.run([sys.executable, "-c", code.format(pin=pin)], capture_output=True,
+                              text=True, check=True, timeout=300)  # fmt: skip
+        cores, names = done.stdout.split(" ", 1)
+        assert int(cores) == (1 if pin else len(os.sched_getaffinity(0))), done.stdout
+        assert "dense x W" in names
 
 
 _TRAIN_BOTH_WAYS = """
