@@ -25,7 +25,7 @@ e.g. ``--xla_cpu_experimental_ynn_fusion_type=LIBRARY_FUSION_TYPE_INDIVIDUAL_CON
    of (128, 128) x (128, 32), beside a dense (4096, 128) x (128, 512) product, each timed in a
    child process pinned to one core (``os.sched_setaffinity`` before XLA starts its threads)
    and in one with every core. On this 2-core machine (2026-11-28) the batched products took
-   the same time either way, while the dense one ran 1.8x faster on two cores (Linux only).
+   the same time either way, while the dense one ran 1.7x faster on two cores (Linux only).
 
 On the quiet 2-core machine (2026-11-27 16:37 UTC, jax 0.10.2, torch 2.14.1) the first ran at
 23.6 GFLOP/s in XLA against 235.3 in PyTorch (10.0x slower), the second at 170.7 against
