@@ -16,6 +16,8 @@ fastest short one), the number of compiled calls of each long run, and the losse
 difference between ``"auto"`` and one per call (which must be zero or float32 rounding).
 
 ``python -m benchmarks.bench_steps_per_call [--model transformer] [--rounds 3] [--quick]``
+(``--quick``: the small models of ``bench_models`` and three batches, a smoke run whose times
+are noise, even negative; the calls and losses are still checked).
 """
 
 from __future__ import annotations
