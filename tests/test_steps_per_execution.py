@@ -62,6 +62,17 @@ def _calls(info) -> list[list[int]]:
     return [[int(i) for _, i in group] for _, group in groups]
 
 
+def _assert_same_run(net, info, net_one, info_one):
+    """A run and its one-iteration-per-call reference agree: history, learnables, state."""
+    for name in ("loss", "accuracy", "learn_rate", "iteration", "epoch"):
+        np.testing.assert_allclose(
+            info.training_history[name], info_one.training_history[name], rtol=1e-5,
+            atol=1e-6, err_msg=name,
+        )  # fmt: skip
+    assert_tree_allclose(net.learnables, net_one.learnables, rtol=1e-5, atol=1e-6)
+    assert_tree_allclose(net.state, net_one.state, rtol=1e-5, atol=1e-6)
+
+
 def test_the_same_run_as_one_iteration_per_call():
     X, T = _digits()
     net = _cnn()
@@ -74,13 +85,7 @@ def test_the_same_run_as_one_iteration_per_call():
                            validation_frequency=6, **warm)  # fmt: skip
     rates = np.asarray(info_many.training_history["learn_rate"])
     assert len(set(rates[1:5].tolist())) == 4  # four learn rates inside the call [2, 3, 4, 5]
-    for name in ("loss", "accuracy", "learn_rate", "iteration", "epoch"):
-        np.testing.assert_allclose(
-            info_many.training_history[name], info_one.training_history[name], rtol=1e-5,
-            atol=1e-6, err_msg=name,
-        )  # fmt: skip
-    assert_tree_allclose(many.learnables, one.learnables, rtol=1e-5, atol=1e-6)
-    assert_tree_allclose(many.state, one.state, rtol=1e-5, atol=1e-6)
+    _assert_same_run(many, info_many, one, info_one)
     np.testing.assert_allclose(
         info_many.validation_history["loss"], info_valid.validation_history["loss"], rtol=1e-5
     )
@@ -238,13 +243,7 @@ def test_an_iterable_of_batches_runs_several_iterations_per_call(caplog, monkeyp
         # each epoch: the first iteration alone (epoch 1), then up to four, cut at its end
         assert _calls(info) == [[1], [2, 3, 4, 5], [6, 7], [8, 9, 10, 11], [12, 13, 14]]
         assert len(_calls(info_one)) == 14
-        for name in ("loss", "accuracy", "learn_rate", "iteration", "epoch"):
-            np.testing.assert_allclose(
-                info.training_history[name], info_one.training_history[name], rtol=1e-5,
-                atol=1e-6, err_msg=name,
-            )  # fmt: skip
-        assert_tree_allclose(many.learnables, one.learnables, rtol=1e-5, atol=1e-6)
-        assert_tree_allclose(many.state, one.state, rtol=1e-5, atol=1e-6)
+        _assert_same_run(many, info, one, info_one)
 
 
 def test_the_stacker_writes_each_call_into_its_buffer_in_place(monkeypatch):
@@ -307,19 +306,34 @@ def test_an_iterable_with_the_host_acting_every_iteration_is_the_same_run():
     assert_tree_allclose(many.learnables, one.learnables, rtol=1e-5, atol=1e-6)
 
 
-def test_batches_of_other_shapes_start_a_new_call(tmp_path, monkeypatch):
-    """Sequences padded per batch: a batch whose length differs from the call's first cannot
-    be stacked with it; it starts the next call, and the run is the same as one per call. A
-    call cut short so is no call's end: the stop file is looked for once that batch is in."""
-    from difffn._training import _watch
-
+def _sequences(lengths):
+    """Batches of 8 sequences of 3 channels, each batch padded to its own length."""
     rng = np.random.default_rng(0)
-    lengths = [5, 5, 7, 7, 7, 7, 5]
-    batches = [
+    return [
         (rng.standard_normal((8, t, 3)).astype(np.float32), rng.integers(0, 4, 8)) for t in lengths
     ]
-    net = df.Network([L.SequenceInput(3, name="in"), L.LSTM(6, output_mode="last", name="lstm"),
-                      L.FullyConnected(4, name="fc"), L.Softmax(name="sm")])  # fmt: skip
+
+
+def _lstm() -> df.Network:
+    return df.Network([L.SequenceInput(3, name="in"), L.LSTM(6, output_mode="last", name="lstm"),
+                       L.FullyConnected(4, name="fc"), L.Softmax(name="sm")])  # fmt: skip
+
+
+def _stop_at_look(monkeypatch, tmp_path, look: int) -> dict:
+    """The stop file "created" at trainnet's ``look``-th look; the options that make it look."""
+    from difffn._training import _watch
+
+    looked = []
+    monkeypatch.setattr(_watch.Watch, "stop_requested", lambda self: looked.append(1) or
+                        len(looked) == look)  # fmt: skip
+    return dict(plots="training-progress", plots_path=tmp_path / "progress.png")
+
+
+def test_batches_of_other_shapes_start_a_new_call(tmp_path, monkeypatch):
+    """Sequences padded per batch: a batch whose length differs from the call's first cannot
+    be stacked with it; it starts the next call, and the run is the same as one per call. The
+    host acts after every call, one cut short so too: the stop file is looked for there."""
+    batches, net = _sequences([5, 5, 7, 7, 7, 7, 5]), _lstm()
     opts = df.TrainingOptions("sgdm", max_epochs=1, verbose=False, steps_per_execution=4)
     many, info = df.trainnet(batches, net, "crossentropy", opts, key=jax.random.key(1))
     one, info_one = df.trainnet(
@@ -330,13 +344,9 @@ def test_batches_of_other_shapes_start_a_new_call(tmp_path, monkeypatch):
         info.training_history["loss"], info_one.training_history["loss"], rtol=1e-5
     )
     assert_tree_allclose(many.learnables, one.learnables, rtol=1e-5, atol=1e-6)
-    looked = []
-    monkeypatch.setattr(_watch.Watch, "stop_requested", lambda self: looked.append(1) or
-                        len(looked) == 2)  # fmt: skip
-    plot = dict(plots="training-progress", plots_path=tmp_path / "progress.png")
+    plot = _stop_at_look(monkeypatch, tmp_path, 2)
     _, info = df.trainnet(batches, net, "crossentropy", opts.replace(**plot),
                           key=jax.random.key(1))  # fmt: skip
-    # looked for after each call, a call cut short by the batch read ahead too
     assert info.stop_reason == "Stopped by user" and info.output_network_iteration == 2
 
 
@@ -344,33 +354,19 @@ def test_a_stream_stopped_with_a_batch_read_ahead_resumes_at_that_batch(tmp_path
     """Stopped after a call cut short by a batch of other shapes: that batch was read but not
     trained on, so the final checkpoint's data position names it, and the resumed run equals
     the uninterrupted one."""
-    from difffn._training import _watch
-
-    rng = np.random.default_rng(0)
-    batches = [
-        (rng.standard_normal((8, t, 3)).astype(np.float32), rng.integers(0, 4, 8))
-        for t in [5, 5, 7, 7, 5, 5, 7, 5]
-    ]
-    net = df.Network([L.SequenceInput(3, name="in"), L.LSTM(6, output_mode="last", name="lstm"),
-                      L.FullyConnected(4, name="fc"), L.Softmax(name="sm")])  # fmt: skip
+    batches, net = _sequences([5, 5, 7, 7, 5, 5, 7, 5]), _lstm()
     opts = df.TrainingOptions("sgdm", max_epochs=2, steps_per_epoch=8, verbose=False,
-                              steps_per_execution=4, checkpoint_path=tmp_path,
-                              checkpoint_frequency=100)  # fmt: skip
-    whole, info_whole = df.trainnet(
-        batches, net, "crossentropy", opts.replace(checkpoint_path=None), key=jax.random.key(1)
-    )
-    looked = []
-    monkeypatch.setattr(_watch.Watch, "stop_requested", lambda self: looked.append(1) or
-                        len(looked) == 3)  # fmt: skip
-    plot = dict(plots="training-progress", plots_path=tmp_path / "progress.png")
-    _, info = df.trainnet(batches, net, "crossentropy", opts.replace(**plot),
+                              steps_per_execution=4, checkpoint_frequency=100)  # fmt: skip
+    whole, info_whole = df.trainnet(batches, net, "crossentropy", opts, key=jax.random.key(1))
+    plot = _stop_at_look(monkeypatch, tmp_path, 3)
+    _, info = df.trainnet(batches, net, "crossentropy",
+                          opts.replace(checkpoint_path=tmp_path, **plot),
                           key=jax.random.key(1))  # fmt: skip
     # calls [1], [2] (cut short: batch 3 is longer), [3, 4] (cut short: batch 5) -> stop
     assert _calls(info) == [[1], [2], [3, 4]] and info.stop_reason == "Stopped by user"
     monkeypatch.undo()
     folder = next(p for p in tmp_path.iterdir() if p.name.startswith("net_checkpoint__4__"))
-    resumed, info_resumed = df.trainnet(batches, net, "crossentropy",
-                                        opts.replace(checkpoint_path=None),
+    resumed, info_resumed = df.trainnet(batches, net, "crossentropy", opts,
                                         key=jax.random.key(1), resume_from=folder)  # fmt: skip
     np.testing.assert_allclose(
         info_resumed.training_history["loss"], info_whole.training_history["loss"], rtol=1e-5
@@ -392,28 +388,6 @@ def test_a_call_holds_at_most_stack_bytes_of_an_iterables_batches(monkeypatch):
     assert said[0].filename == __file__
     assert "Fix: leave steps_per_execution='auto'" in str(said[0].message)
     assert _calls(info) == [[1], [2], [3], [4], [5], [6]]
-
-
-def test_resuming_a_chunked_run_on_an_iterable_equals_the_uninterrupted_run(tmp_path):
-    """A stream read ahead into calls: the checkpoints' data position is the calls' end."""
-    X, T = _digits()
-    batches = _batches(X, T)
-    kw = dict(steps_per_execution=4, steps_per_epoch=6, checkpoint_path=tmp_path,
-              checkpoint_frequency=5, checkpoint_frequency_unit="iteration",
-              checkpoint_keep=math.inf, max_epochs=3)  # fmt: skip
-    net, info = df.trainnet(batches, _cnn(), "crossentropy", _options(**kw),
-                            key=jax.random.key(3))  # fmt: skip
-    assert _calls(info)[:4] == [[1], [2, 3, 4, 5], [6], [7, 8, 9, 10]]
-    folder = next(p for p in tmp_path.iterdir() if p.name.startswith("net_checkpoint__10__"))
-    resumed, info_resumed = df.trainnet(
-        batches, _cnn(), "crossentropy", _options(**{**kw, "checkpoint_path": None}),
-        key=jax.random.key(3), resume_from=folder,
-    )  # fmt: skip
-    assert info_resumed.output_network_iteration == 18
-    np.testing.assert_allclose(
-        info_resumed.training_history["loss"], info.training_history["loss"], rtol=1e-5
-    )
-    assert_tree_allclose(resumed.learnables, net.learnables, rtol=1e-5, atol=1e-6)
 
 
 def test_a_network_run_eagerly_runs_one_iteration_per_call_and_says_so():
@@ -459,18 +433,26 @@ def test_the_stop_file_stops_at_the_end_of_a_call(tmp_path, monkeypatch):
     assert_tree_allclose(net.learnables, one.learnables, rtol=1e-5, atol=1e-6)
 
 
-def test_resuming_a_checkpoint_of_a_chunked_run_equals_the_uninterrupted_run(tmp_path):
+@pytest.mark.parametrize("form", ["arrays", "stream"])
+def test_resuming_a_checkpoint_of_a_chunked_run_equals_the_uninterrupted_run(tmp_path, form):
+    """Calls end at the checkpoints; for a stream read ahead into calls, the checkpoints' data
+    position is the calls' end."""
     X, T = _digits()
     kw = dict(steps_per_execution=4, checkpoint_path=tmp_path, checkpoint_frequency=5,
               checkpoint_frequency_unit="iteration", checkpoint_keep=math.inf)  # fmt: skip
-    net, info = _train(_cnn(), X, T, **kw)
-    assert _calls(info)[:4] == [[1], [2, 3, 4, 5], [6, 7, 8, 9], [10]]  # cut at checkpoints
-    folder = next(p for p in tmp_path.iterdir() if p.name.startswith("net_checkpoint__20__"))
+    if form == "arrays":  # 15 iterations per epoch, 2 epochs
+        data, calls, at, total = (X, T), [[1], [2, 3, 4, 5], [6, 7, 8, 9], [10]], 20, 30
+    else:  # 6 of the 15 batches per epoch, 3 epochs: the stream crosses a pass
+        data, calls, at, total = (_batches(X, T),), [[1], [2, 3, 4, 5], [6], [7, 8, 9, 10]], 10, 18
+        kw.update(steps_per_epoch=6, max_epochs=3)
+    net, info = df.trainnet(*data, _cnn(), "crossentropy", _options(**kw), key=jax.random.key(3))
+    assert _calls(info)[:4] == calls  # cut at the checkpoints (and epochs)
+    folder = next(p for p in tmp_path.iterdir() if p.name.startswith(f"net_checkpoint__{at}__"))
     resumed, info_resumed = df.trainnet(
-        X, T, _cnn(), "crossentropy", _options(**{**kw, "checkpoint_path": None}),
+        *data, _cnn(), "crossentropy", _options(**{**kw, "checkpoint_path": None}),
         key=jax.random.key(3), resume_from=folder,
     )  # fmt: skip
-    assert info_resumed.output_network_iteration == 30
+    assert info_resumed.output_network_iteration == total
     np.testing.assert_allclose(
         info_resumed.training_history["loss"], info.training_history["loss"], rtol=1e-5
     )
