@@ -662,15 +662,15 @@ class _Run:
         validate = self.validation is not None and (
             iteration % options.validation_frequency == 0 or final
         )
-        if validate or iteration == 1 or iteration % options.verbose_frequency == 0 or final:
+        log = validate or iteration == 1 or iteration % options.verbose_frequency == 0 or final
+        if log:
             self._flush()  # the host waits here anyway: a NaN loss is found here too
             if validate and state.stop_reason is None:
                 self._validate()
             self._log(state.iteration, training=state.training_rows[-1])
             self.watch.update(state, self._flushed, elapsed=time.perf_counter() - self.start)
         if not last:  # within a call: _chunk.count ended calls where the host acts
-            assert not (validate or iteration == 1 or iteration % options.verbose_frequency == 0
-                        or final or _checkpoint.due(options, "iteration", iteration))  # fmt: skip
+            assert not (log or _checkpoint.due(options, "iteration", iteration))
             return False
         if state.stop_reason is None and self._call_output_fcn("iteration", row):
             state.stop_reason = "Stopped by output_fcn"
